@@ -1,0 +1,199 @@
+"""Every failure a user can act on, under one base class.
+
+Each error names what is wrong (SEMANTICS.md section 3). After any of them the
+session that raised it keeps working.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+class HeteroExecError(Exception):
+    """Base class of every error hetero_exec raises on purpose."""
+
+
+# --- loading -----------------------------------------------------------------
+
+
+class ModelLoadError(HeteroExecError):
+    """The model could not be read: truncated, corrupt or invalid."""
+
+
+class GraphCycleError(ModelLoadError):
+    """The graph is not a DAG."""
+
+    def __init__(self, nodes: Sequence[str]):
+        self.nodes = list(nodes)
+        super().__init__(f"graph has a cycle through {len(self.nodes)} node(s): " + ", ".join(self.nodes))
+
+
+class ControlFlowError(ModelLoadError):
+    """A control-flow node's signature is inconsistent (SEMANTICS.md 1.1)."""
+
+    def __init__(self, node: str, op_type: str, reason: str):
+        self.node, self.op_type, self.reason = node, op_type, reason
+        super().__init__(f"{op_type} {node}: {reason}")
+
+
+class UnsupportedOperatorError(HeteroExecError):
+    """A node the requested provider cannot run (load time, or run time for symbolic shapes)."""
+
+    def __init__(self, node: str, domain: str, op_type: str, opset: int, provider: str, reason: str):
+        self.node, self.domain, self.op_type = node, domain, op_type
+        self.opset, self.provider, self.reason = opset, provider, reason
+        super().__init__(
+            f"unsupported operator {domain}::{op_type} (opset {opset}) at {node} "
+            f"on provider {provider!r}: {reason}"
+        )
+
+
+# --- session configuration ---------------------------------------------------
+
+
+class ProviderError(HeteroExecError):
+    """An unknown provider name, bad provider options or an unusable provider."""
+
+
+class PlacementError(HeteroExecError):
+    """The placement request cannot be satisfied (affinity pins, saved plans, guard)."""
+
+
+class HeterogeneousPlacementRequired(PlacementError):
+    """The GPU is required but some nodes would need another provider."""
+
+    def __init__(self, report: Any):
+        self.report = report
+        super().__init__(f"heterogeneous placement required: {report}")
+
+
+class MemoryAdmissionError(PlacementError):
+    """A segment needs more memory than its provider has free (refused before admission)."""
+
+    def __init__(self, segment: str, provider: str, needed: int, free: int, detail: str = ""):
+        self.segment, self.provider, self.needed, self.free = segment, provider, needed, free
+        msg = (
+            f"segment {segment} on {provider} needs {needed} bytes but {free} bytes are free"
+        )
+        super().__init__(msg + (f" ({detail})" if detail else ""))
+
+
+class UnboundedSymbolError(PlacementError):
+    """A symbolic dim has no provable ceiling, so memory cannot be admitted."""
+
+    def __init__(self, symbol: str, value: str):
+        self.symbol, self.value = symbol, value
+        super().__init__(
+            f"symbolic dim {symbol!r} (in {value!r}) has no declared bound; "
+            f"pass dim_bounds={{{symbol!r}: N}}"
+        )
+
+
+class NotSupportedForHeterogeneous(HeteroExecError):
+    """An API that needs a single device, called on a heterogeneous session."""
+
+    def __init__(self, what: str):
+        super().__init__(f"not supported for a heterogeneous session: {what}")
+
+
+# --- running -----------------------------------------------------------------
+
+
+class InputError(HeteroExecError, ValueError):
+    """Base of the errors about the feeds given to run()."""
+
+
+class UnknownInputError(InputError):
+    def __init__(self, name: str, known: Sequence[str]):
+        self.name = name
+        super().__init__(f"unknown input {name!r}; the model's inputs are {list(known)}")
+
+
+class MissingInputError(InputError):
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(f"missing required input {name!r}")
+
+
+class DtypeMismatchError(InputError):
+    def __init__(self, name: str, expected: str, got: str):
+        self.name, self.expected, self.got = name, expected, got
+        super().__init__(f"input {name!r}: dtype mismatch, expected {expected}, got {got}")
+
+
+class RankMismatchError(InputError):
+    def __init__(self, name: str, expected: Sequence[Any], got: Sequence[int]):
+        self.name, self.expected, self.got = name, tuple(expected), tuple(got)
+        super().__init__(
+            f"input {name!r}: rank mismatch, expected rank {len(self.expected)} "
+            f"{_shape(self.expected)}, got rank {len(self.got)} {_shape(self.got)}"
+        )
+
+
+class DimMismatchError(InputError):
+    def __init__(self, name: str, expected: Sequence[Any], got: Sequence[int]):
+        self.name, self.expected, self.got = name, tuple(expected), tuple(got)
+        super().__init__(
+            f"input {name!r}: static dim mismatch, expected shape {_shape(self.expected)}, "
+            f"got shape {_shape(self.got)}"
+        )
+
+
+class SymbolConflictError(InputError):
+    def __init__(self, symbol: str, first: int, second: int, where: str = ""):
+        self.symbol, self.first, self.second = symbol, first, second
+        super().__init__(
+            f"symbol conflict: dim {symbol!r} bound to {first} and to {second}"
+            + (f" ({where})" if where else "")
+        )
+
+
+class UnresolvedShapeError(HeteroExecError):
+    def __init__(self, value: str, producer: str):
+        self.value, self.producer = value, producer
+        super().__init__(f"unresolved shape for value {value!r} produced by {producer}")
+
+
+class SequenceOutputError(HeteroExecError):
+    """run() returns tensors only; a sequence/map/optional output needs run_outputs()."""
+
+    def __init__(self, name: str, kind: str):
+        self.name, self.kind = name, kind
+        super().__init__(
+            f"output {name!r} is a {kind}, not a tensor: run() returns tensors only; "
+            f"call session.run_outputs(...) to get sequences, maps and optionals"
+        )
+
+
+class UnknownOutputError(HeteroExecError, ValueError):
+    def __init__(self, name: str, known: Sequence[str]):
+        self.name = name
+        super().__init__(f"unknown output {name!r}; the model's outputs are {list(known)}")
+
+
+class KernelError(HeteroExecError):
+    """A kernel failed while running a node: names node, op, and input shapes."""
+
+    def __init__(self, node: str, op: str, detail: str, segment: str | None = None):
+        self.node, self.op, self.detail, self.segment = node, op, detail, segment
+        where = f"segment {segment}, " if segment else ""
+        super().__init__(f"{where}node {node} ({op}) failed: {detail}")
+
+
+class ActorError(HeteroExecError):
+    """A Ray segment actor could not be created, reached or recovered."""
+
+
+class BuildError(HeteroExecError):
+    """A session build failed and its release failed too (SEMANTICS.md section 6)."""
+
+    def __init__(self, build_error: BaseException, release_error: BaseException):
+        self.build_error, self.release_error = build_error, release_error
+        super().__init__(
+            f"session build failed: {build_error!r}; releasing what it created also failed: "
+            f"{release_error!r}"
+        )
+
+
+def _shape(shape: Sequence[Any]) -> str:
+    return "[" + ", ".join(str(d) if d is not None else "?" for d in shape) + "]"

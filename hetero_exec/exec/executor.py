@@ -1,0 +1,51 @@
+"""The run loop: feed, step, release, collect. Nothing else happens per node."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from hetero_exec.errors import HeteroExecError, KernelError
+from hetero_exec.exec.plan import RunPlan, Step
+
+
+def execute(plan: RunPlan, inputs: Sequence[Any], scope: list[Any] | None = None) -> list[Any]:
+    """Run ``plan`` on ``inputs`` (in ``plan.input_slots`` order); returns its outputs.
+
+    Each call has its own slot list, so concurrent calls on one plan are safe.
+    """
+    vals = plan.template.copy()
+    if scope is not None:
+        for outer, inner in plan.captures:
+            vals[inner] = scope[outer]
+    for (_, s), v in zip(plan.input_slots, inputs):
+        if v is not None:
+            vals[s] = v
+    xp = plan.xp
+    step: Step | None = None
+    try:
+        for step in plan.steps:
+            if step.wants_scope:
+                outs = step.fn(xp, *[vals[i] for i in step.inputs], scope=vals, **step.kwargs)
+            else:
+                outs = step.fn(xp, *[vals[i] for i in step.inputs], **step.kwargs)
+            for s, v in zip(step.outputs, outs):
+                vals[s] = v
+            for s in step.release:
+                vals[s] = None
+    except HeteroExecError:
+        raise
+    except Exception as e:
+        assert step is not None
+        raise kernel_error(step, vals, e, plan) from e
+    return [vals[s] for s in plan.output_slots]
+
+
+def kernel_error(step: Step, vals: list[Any], e: Exception, plan: RunPlan) -> KernelError:
+    shapes = []
+    for i in step.inputs:
+        v = vals[i]
+        shapes.append(f"{getattr(v, 'dtype', type(v).__name__)}{list(getattr(v, 'shape', ()))}"
+                      if v is not None else "None")
+    node = step.node
+    detail = f"{type(e).__name__}: {e}; inputs: {', '.join(shapes) or 'none'} on {plan.provider}"
+    return KernelError(node.identity, node.op_class, detail)

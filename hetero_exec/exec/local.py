@@ -1,0 +1,99 @@
+"""In-process execution: segments run in order, each on its provider's arrays,
+with explicit copies at seams (counted, and shown in the placement report)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from typing import Any, Mapping, Sequence
+
+from hetero_exec.exec.executor import execute
+from hetero_exec.exec.feeds import FeedChecker
+from hetero_exec.exec.plan import Compiler, RunPlan
+from hetero_exec.ir.graph import Graph
+
+
+class CompiledSegment:
+    def __init__(self, graph: Graph, segment, fold_constants: bool = True):
+        prov = segment.provider
+        self.segment = segment
+        self.provider = prov
+        compiler = Compiler(prov.xp, prov.name, fold_constants=fold_constants, to_device=prov.to_device)
+        self.plan: RunPlan = compiler.compile(graph, segment.nodes, segment.inputs, segment.outputs)
+
+
+class LocalExecutor:
+    """Runs a PlacementPlan's segments in one process. Thread-safe."""
+
+    def __init__(self, graph: Graph, build, options):
+        self.graph = graph
+        self.build = build
+        self.checker = FeedChecker(graph)
+        self.segments = [CompiledSegment(graph, s, options.fold_constants) for s in build.placement.segments]
+        self.copies = 0
+        self.copy_bytes = 0
+        self._lock = threading.Lock()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        single = len(self.segments) == 1 and not self.segments[0].provider.is_device
+        self._single = self.segments[0] if single else None
+        if single:
+            plan = self._single.plan
+            pos = {n: i for i, n in enumerate(graph.inputs)}
+            self._feed_pos = [pos.get(n) for n, _ in plan.input_slots]
+
+    def run(self, names: Sequence[str], feed: Mapping[str, Any]) -> list[Any]:
+        ordered, _symbols = self.checker.check(feed)
+        if self._single is not None:
+            plan = self._single.plan
+            outs = execute(plan, [ordered[i] if i is not None else None for i in self._feed_pos])
+            by_name = dict(zip(plan.output_names, outs))
+            return [by_name[n] for n in names]
+        return self._run_segments(names, dict(zip(self.graph.inputs, ordered)))
+
+    def _run_segments(self, names: Sequence[str], env: dict[str, Any]) -> list[Any]:
+        env = {k: v for k, v in env.items() if v is not None}
+        where: dict[str, Any] = {k: None for k in env}  # provider holding each value (None: host)
+        for seg in self.segments:
+            prov = seg.provider
+            args = []
+            for name, _slot in seg.plan.input_slots:
+                v = env.get(name)
+                if v is not None and where.get(name) is not prov:
+                    v = self._move(v, where.get(name), prov)
+                args.append(v)
+            outs = execute(seg.plan, args)
+            for name, v in zip(seg.plan.output_names, outs):
+                env[name] = v
+                where[name] = prov
+        result = []
+        for n in names:
+            v = env[n]
+            holder = where.get(n)
+            if holder is not None and holder.is_device:
+                v = holder.to_host(v)
+            result.append(v)
+        return result
+
+    def _move(self, v: Any, src, dst) -> Any:
+        nbytes = int(getattr(v, "nbytes", 0) or 0)
+        if src is not None and src.is_device:
+            v = src.to_host(v)
+        if dst.is_device:
+            v = dst.to_device(v)
+        with self._lock:
+            self.copies += 1
+            self.copy_bytes += nbytes
+        return v
+
+    def run_async(self, names: Sequence[str], feed: Mapping[str, Any]) -> concurrent.futures.Future:
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+        return self._pool.submit(self.run, names, feed)
+
+    def end_profiling(self) -> str | None:
+        return None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)

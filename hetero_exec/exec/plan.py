@@ -1,0 +1,234 @@
+"""Compiling a graph (or a segment of one) into a flat RunPlan.
+
+A RunPlan is a list of Steps over integer value slots: attributes are parsed, kernels
+looked up and liveness computed here, once, so the run loop does no attribute parsing
+and no string lookups (SEMANTICS.md section 4).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import onnx
+
+from hetero_exec.errors import UnsupportedOperatorError
+from hetero_exec.ir.graph import Graph, Node, attr_value
+from hetero_exec.kernels.registry import KernelDef, lookup
+from hetero_exec.exec.functions import expand_function
+
+log = logging.getLogger(__name__)
+
+NONE_SLOT = 0  # always None: omitted optional inputs read it
+TRASH_SLOT = 1  # written by omitted optional outputs, never read
+
+#: ops never folded at compile time (their outputs change from run to run)
+NONDETERMINISTIC = frozenset(
+    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
+     "Multinomial", "Dropout"}
+)
+
+
+@dataclass(frozen=True)
+class Step:
+    fn: Callable
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    kwargs: dict[str, Any]
+    release: tuple[int, ...]
+    node: Node
+    wants_scope: bool = False
+
+
+@dataclass
+class RunPlan:
+    steps: list[Step]
+    template: list[Any]  # the slot list a run starts from: constants in place
+    input_slots: list[tuple[str, int]]
+    output_slots: list[int]
+    output_names: list[str]
+    #: (slot in the enclosing plan, slot here) for values read from outer scopes
+    captures: list[tuple[int, int]] = field(default_factory=list)
+    slot_of: dict[str, int] = field(default_factory=dict)
+    xp: Any = np
+    provider: str = "cpu"
+
+    @property
+    def nslots(self) -> int:
+        return len(self.template)
+
+
+class Subgraph:
+    """A compiled body (If branch, Loop/Scan body, function body): what kernels call."""
+
+    def __init__(self, plan: RunPlan, output_dtypes: list | None = None):
+        self.plan = plan
+        self.output_dtypes = output_dtypes or []
+
+    @property
+    def input_count(self) -> int:
+        return len(self.plan.input_slots)
+
+    @property
+    def output_count(self) -> int:
+        return len(self.plan.output_slots)
+
+    def output_dtype(self, i: int):
+        """The declared dtype of output i (float32 when the body does not say)."""
+        import numpy as np
+
+        return self.output_dtypes[i] if i < len(self.output_dtypes) and self.output_dtypes[i] is not None else np.float32
+
+    def run(self, scope: list[Any] | None, inputs: Sequence[Any]) -> list[Any]:
+        from hetero_exec.exec.executor import execute
+
+        return execute(self.plan, inputs, scope)
+
+    __call__ = run
+
+
+class Compiler:
+    """Compiles node lists for one provider (its array module and its kernel choice)."""
+
+    def __init__(self, xp: Any = np, provider: str = "cpu", fold_constants: bool = True,
+                 to_device: Callable[[Any], Any] | None = None):
+        self.xp = xp
+        self.provider = provider
+        self.fold_constants = fold_constants
+        self.to_device = to_device or (lambda a: a)
+
+    def compile_graph(self, graph: Graph, outer: dict[str, int] | None = None) -> RunPlan:
+        return self.compile(graph, graph.nodes, graph.inputs, graph.outputs, outer)
+
+    def compile(self, graph: Graph, nodes: Sequence[Node], inputs: Sequence[str],
+                outputs: Sequence[str], outer: dict[str, int] | None = None) -> RunPlan:
+        """Compile ``nodes`` (already in a valid order) fed by ``inputs`` into a RunPlan."""
+        slot_of: dict[str, int] = {"": NONE_SLOT}
+        template: list[Any] = [None, None]
+        constants: set[int] = set()
+
+        def slot(name: str) -> int:
+            s = slot_of.get(name)
+            if s is None:
+                s = slot_of[name] = len(template)
+                template.append(None)
+            return s
+
+        input_slots = [(name, slot(name)) for name in inputs]
+        fed = {name for name in inputs}
+        captures: list[tuple[int, int]] = []
+        if outer is not None:
+            for name in graph.captures:
+                if name in outer and name not in fed:
+                    captures.append((outer[name], slot(name)))
+        for name, arr in graph.initializers.items():
+            s = slot(name)
+            if template[s] is None:
+                template[s] = self.to_device(arr)
+            if name not in fed:
+                constants.add(s)
+
+        raw_steps: list[tuple[Node, KernelDef | None, Callable, tuple[int, ...], tuple[int, ...], dict, bool]] = []
+        for node in nodes:
+            # captures of bodies are read from this plan's slots: give them slots before
+            # the bodies compile against slot_of, and count them as uses for liveness
+            cap_slots = tuple(slot(c) for sub in node.subgraphs.values() for c in sub.captures)
+            fn, kwargs, wants_scope = self._resolve(graph, node, slot_of)
+            in_slots = tuple(slot(i) if i else NONE_SLOT for i in _trim(node.inputs))
+            out_slots = tuple(slot(o) if o else TRASH_SLOT for o in node.outputs)
+            if (self.fold_constants and not wants_scope and node.op_type not in NONDETERMINISTIC
+                    and all(s in constants or s == NONE_SLOT for s in in_slots)):
+                if self._fold(fn, kwargs, in_slots, out_slots, template, node):
+                    constants.update(s for s in out_slots if s != TRASH_SLOT)
+                    continue
+            raw_steps.append((node, fn, in_slots, cap_slots, out_slots, kwargs, wants_scope))
+
+        output_slots = [slot(o) for o in outputs]
+        keep = set(constants) | {s for _, s in input_slots} | set(output_slots) | {NONE_SLOT, TRASH_SLOT}
+        last_use: dict[int, int] = {}
+        for idx, (_, _, in_slots, cap_slots, _, _, _) in enumerate(raw_steps):
+            for s in in_slots + cap_slots:
+                last_use[s] = idx
+        release_at: dict[int, list[int]] = {}
+        for s, idx in last_use.items():
+            if s not in keep:
+                release_at.setdefault(idx, []).append(s)
+        # values produced and never read are dropped right away too
+        for idx, (_, _, _, _, out_slots, _, _) in enumerate(raw_steps):
+            for s in out_slots:
+                if s not in keep and s not in last_use:
+                    release_at.setdefault(idx, []).append(s)
+        steps = [
+            Step(fn=fn, inputs=in_slots, outputs=out_slots,
+                 kwargs=kwargs, release=tuple(sorted(set(release_at.get(idx, ())))), node=node,
+                 wants_scope=wants_scope)
+            for idx, (node, fn, in_slots, cap_slots, out_slots, kwargs, wants_scope) in enumerate(raw_steps)
+        ]
+        return RunPlan(steps=steps, template=template, input_slots=input_slots,
+                       output_slots=output_slots, output_names=list(outputs), captures=captures,
+                       slot_of=slot_of, xp=self.xp, provider=self.provider)
+
+    # -- one node --------------------------------------------------------------
+
+    def _resolve(self, graph: Graph, node: Node, slot_of: dict[str, int]) -> tuple[Callable, dict, bool]:
+        opset = graph.opset(node.domain)
+        kdef = lookup(node.domain, node.op_type, opset)
+        if kdef is None:
+            body = expand_function(graph, node)
+            if body is None:
+                raise UnsupportedOperatorError(
+                    node.identity, node.canonical_domain, node.op_type, opset, self.provider,
+                    "no kernel registered and the op has no function body")
+            sub = Subgraph(self.compile_graph(body, outer=None))
+            return _function_step(sub), {}, False
+        kwargs: dict[str, Any] = {}
+        for name, attr in node.attrs.items():
+            if kdef.attrs is not None and name not in kdef.attrs:
+                raise UnsupportedOperatorError(
+                    node.identity, node.canonical_domain, node.op_type, opset, self.provider,
+                    f"attribute {name!r} is not supported by the kernel")
+            if attr.type == onnx.AttributeProto.GRAPH:
+                body = node.subgraphs[name]
+                kwargs[name] = Subgraph(self.compile_graph(body, outer=slot_of),
+                                        [body.value(o).dtype for o in body.outputs])
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                raise UnsupportedOperatorError(node.identity, node.canonical_domain, node.op_type,
+                                               opset, self.provider, "GRAPHS attributes are not supported")
+            else:
+                kwargs[name] = attr_value(attr)
+        if "num_outputs" in kdef.wants:
+            kwargs["num_outputs"] = len(_trim(node.outputs))
+        if "opset" in kdef.wants:
+            kwargs["opset"] = kdef.since
+        return kdef.fn, kwargs, "scope" in kdef.wants
+
+    def _fold(self, fn: Callable, kwargs: dict, in_slots: tuple[int, ...], out_slots: tuple[int, ...],
+              template: list[Any], node: Node) -> bool:
+        try:
+            outs = fn(self.xp, *(template[s] for s in in_slots), **kwargs)
+        except Exception as e:  # leave it to run time, where the error names the node
+            log.debug("not folding %s: %s", node.identity, e)
+            return False
+        for s, v in zip(out_slots, outs):
+            if s != TRASH_SLOT:
+                template[s] = v
+        return True
+
+
+def _function_step(sub: Subgraph) -> Callable:
+    def run_function(xp, *inputs):
+        n = sub.input_count
+        padded = list(inputs[:n]) + [None] * (n - len(inputs))
+        return tuple(sub.run(None, padded))
+
+    return run_function
+
+
+def _trim(names: Sequence[str]) -> list[str]:
+    """Trailing omitted optional inputs are trimmed; inner ones keep their position."""
+    names = list(names)
+    while names and not names[-1]:
+        names.pop()
+    return names

@@ -1,0 +1,184 @@
+"""The one kernel table: (domain, op_type, since_version) -> KernelDef.
+
+Kernels are plain functions named after the ONNX op::
+
+    @kernel("Relu")
+    def Relu(xp, x):
+        return (xp.maximum(x, 0),)
+
+* the first parameter is the array module (numpy or cupy) of the provider running it;
+* then the node's inputs, positionally (an omitted optional input is ``None``);
+* then the node's attributes as keyword parameters with the spec's defaults
+  (an op that turned an attribute into an input keeps one kernel: the same name is
+  a positional input in new opsets and a keyword attribute in old ones);
+* it returns a tuple of outputs.
+
+Optional keyword-only parameters the executor fills in when a kernel declares them:
+``num_outputs`` (how many outputs the node asks for), ``scope`` (the enclosing values,
+for kernels that run subgraphs), ``opset`` (the resolved since_version of the node).
+
+A provider answers "supported?" from this table (`lookup`) plus its own dtype rules,
+so why a node was refused is data, not scattered ``if``s.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import onnx.defs
+
+log = logging.getLogger(__name__)
+
+# The canonical names for the default ONNX domain.
+DEFAULT_DOMAIN = ""
+ONNX_DOMAINS = ("", "ai.onnx")
+
+#: parameters the executor passes when a kernel declares them
+CONTEXT_PARAMS = frozenset({"num_outputs", "scope", "opset"})
+
+
+@dataclass(frozen=True)
+class KernelDef:
+    domain: str
+    op_type: str
+    since: int
+    fn: Callable
+    #: input positions whose values the kernel reads on the host (shape, axes, pads...):
+    #: the planner keeps their producers on cpu
+    host_inputs: frozenset[int] = frozenset()
+    #: None when the kernel runs on device arrays too; else why it is host-only
+    host_only: str | None = None
+    #: ONNX dtype names (``"float"``, ``"int64"`` ...) the kernel accepts for its
+    #: inputs; None means whatever the op's schema allows
+    dtypes: frozenset[str] | None = None
+    #: context parameters the function declares (subset of CONTEXT_PARAMS)
+    wants: frozenset[str] = field(default_factory=frozenset)
+    #: the attribute names the function accepts, or None for **kwargs
+    attrs: frozenset[str] | None = None
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.domain, self.op_type, self.since)
+
+    @property
+    def device(self) -> bool:
+        return self.host_only is None
+
+
+class DuplicateKernelError(ValueError):
+    pass
+
+
+_TABLE: dict[tuple[str, str], dict[int, KernelDef]] = {}
+
+
+def canonical_domain(domain: str) -> str:
+    return "" if domain in ONNX_DOMAINS else domain
+
+
+def kernel(
+    op_type: str,
+    since: int | Iterable[int] = 1,
+    domain: str = "",
+    *,
+    host_inputs: Iterable[int] = (),
+    host_only: str | None = None,
+    dtypes: Iterable[str] | None = None,
+) -> Callable[[Callable], Callable]:
+    """Register ``fn`` for ``op_type`` from opset ``since`` on (several sinces allowed)."""
+    sinces = (since,) if isinstance(since, int) else tuple(since)
+
+    def register(fn: Callable) -> Callable:
+        params = inspect.signature(fn).parameters
+        wants = frozenset(p for p in params if p in CONTEXT_PARAMS)
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            attrs = None
+        else:
+            attrs = frozenset(
+                name
+                for name, p in params.items()
+                if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and name not in CONTEXT_PARAMS
+            )
+        for s in sinces:
+            kdef = KernelDef(
+                domain=canonical_domain(domain),
+                op_type=op_type,
+                since=s,
+                fn=fn,
+                host_inputs=frozenset(host_inputs),
+                host_only=host_only,
+                dtypes=frozenset(dtypes) if dtypes is not None else None,
+                wants=wants,
+                attrs=attrs,
+            )
+            versions = _TABLE.setdefault((kdef.domain, op_type), {})
+            if s in versions:
+                raise DuplicateKernelError(f"kernel {domain}::{op_type} since {s} registered twice")
+            versions[s] = kdef
+        return fn
+
+    return register
+
+
+def resolve_since(domain: str, op_type: str, opset: int) -> int | None:
+    """The since_version of the op's schema in force at ``opset`` (None if unknown to onnx)."""
+    try:
+        return onnx.defs.get_schema(op_type, opset, canonical_domain(domain)).since_version
+    except onnx.defs.SchemaError:
+        return None
+
+
+def lookup(domain: str, op_type: str, opset: int) -> KernelDef | None:
+    """The kernel for a node of ``op_type`` in a model importing ``domain`` at ``opset``.
+
+    The newest registered kernel whose ``since`` is at most the schema's since_version
+    (a kernel registered at 1 serves every later version until a newer one is added).
+    """
+    _ensure_loaded()
+    versions = _TABLE.get((canonical_domain(domain), op_type))
+    if not versions:
+        return None
+    since = resolve_since(domain, op_type, opset)
+    if since is None:  # a domain onnx does not know (custom ops): match on opset itself
+        since = opset
+    best = None
+    for s, kdef in versions.items():
+        if s <= since and (best is None or s > best.since):
+            best = kdef
+    return best
+
+
+def registered() -> list[KernelDef]:
+    _ensure_loaded()
+    return [k for versions in _TABLE.values() for k in versions.values()]
+
+
+def has_op(domain: str, op_type: str) -> bool:
+    _ensure_loaded()
+    return (canonical_domain(domain), op_type) in _TABLE
+
+
+_LOADED = False
+
+
+def _ensure_loaded() -> None:
+    """Import every kernel module once, so their decorators fill the table."""
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    import importlib
+    import pkgutil
+
+    import hetero_exec.kernels as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name.startswith("_") or info.name == "registry":
+            continue
+        try:
+            importlib.import_module(f"{pkg.__name__}.{info.name}")
+        except Exception:  # one broken family must not take the others down
+            log.exception("kernel module %s failed to import", info.name)

@@ -1,0 +1,67 @@
+"""PlacementPlan: segments (a provider and its nodes) and the seams between them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetero_exec.ir.graph import Graph, Node
+from hetero_exec.providers.base import Provider
+
+
+@dataclass
+class Segment:
+    """A maximal same-provider region, run as one compiled RunPlan."""
+
+    id: int
+    provider: Provider
+    nodes: list[Node]
+    inputs: list[str] = field(default_factory=list)  # graph inputs, initializers and seams it reads
+    outputs: list[str] = field(default_factory=list)  # seams it produces and graph outputs
+    predicted_cost: float | None = None
+    mem_need: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"segment#{self.id}"
+
+    @property
+    def provider_name(self) -> str:
+        return self.provider.name
+
+
+@dataclass
+class Seam:
+    """A value produced in one segment and read in others."""
+
+    value: str
+    producer: int  # segment id (-1: a graph input or initializer, fed from the host)
+    consumers: list[int]
+    dtype: str
+    shape: tuple[Any, ...] | None
+    nbytes: int | None
+
+
+@dataclass
+class PlacementPlan:
+    segments: list[Segment]
+    seams: list[Seam]
+    graph: Graph
+    strategy: str = "single"
+    #: node -> provider name, for every top-level node
+    assignment: dict[Node, str] = field(default_factory=dict)
+
+    @property
+    def providers(self) -> list[str]:
+        out: list[str] = []
+        for s in self.segments:
+            if s.provider.name not in out:
+                out.append(s.provider.name)
+        return out
+
+    @property
+    def is_single(self) -> bool:
+        return len(self.segments) <= 1
+
+    def seam_bytes(self) -> int:
+        return sum(s.nbytes or 0 for s in self.seams)

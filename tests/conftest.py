@@ -1,0 +1,43 @@
+"""Shared fixtures. Tiers: pure (no Ray), provider, ray (one local Ray per test session)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+
+def _array_modules():
+    mods = [pytest.param(np, id="numpy")]
+    try:  # cupy joins only where it imports and sees a device, so CPU-only CI passes
+        import cupy
+
+        cupy.cuda.runtime.getDeviceCount()
+        mods.append(pytest.param(cupy, id="cupy"))
+    except Exception:
+        pass
+    return mods
+
+
+@pytest.fixture(params=_array_modules())
+def xp(request):
+    """The array module a kernel runs on: numpy, plus cupy when it imports."""
+    return request.param
+
+
+def to_numpy(a):
+    if hasattr(a, "get") and not isinstance(a, np.ndarray):
+        return a.get()
+    return np.asarray(a)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One real local Ray per test session (ray.init costs seconds)."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,41 @@
+"""Checking a kernel against onnx's ReferenceEvaluator on a one-node model."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper
+from onnx.reference import ReferenceEvaluator
+
+from hetero_exec.kernels import lookup
+
+
+def reference(op_type: str, inputs: Sequence[np.ndarray | None], opset: int = 21,
+              domain: str = "", n_outputs: int = 1, **attrs: Any) -> list[np.ndarray]:
+    """Run one node of ``op_type`` through onnx.reference."""
+    in_names = [f"x{i}" if v is not None else "" for i, v in enumerate(inputs)]
+    out_names = [f"y{i}" for i in range(n_outputs)]
+    node = helper.make_node(op_type, in_names, out_names, domain=domain, **attrs)
+    graph = helper.make_graph(
+        [node], "one",
+        [helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+         for n, v in zip(in_names, inputs) if v is not None],
+        [helper.make_tensor_value_info(n, onnx.TensorProto.UNDEFINED, None) for n in out_names],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(domain, opset)])
+    feeds = {n: v for n, v in zip(in_names, inputs) if v is not None}
+    return list(ReferenceEvaluator(model).run(None, feeds))
+
+
+def ours(xp, op_type: str, inputs: Sequence[np.ndarray | None], opset: int = 21,
+         domain: str = "", **attrs: Any):
+    """Run the registered kernel directly on ``xp`` arrays."""
+    kdef = lookup(domain, op_type, opset)
+    assert kdef is not None, f"no kernel for {op_type} at opset {opset}"
+    args = [xp.asarray(v) if v is not None else None for v in inputs]
+    extra = {}
+    if "opset" in kdef.wants:
+        extra["opset"] = kdef.since
+    return kdef.fn(xp, *args, **attrs, **extra)
