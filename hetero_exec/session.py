@@ -114,10 +114,10 @@ class InferenceSession:
         if self.options.executor == "ray":
             from actors.coordinator import RayExecutor  # the one lazy import of the Ray layer
 
-            return RayExecutor(self.graph, self._build, self.options)
+            return RayExecutor(self._build.graph, self._build, self.options)
         from hetero_exec.exec.local import LocalExecutor
 
-        return LocalExecutor(self.graph, self._build, self.options)
+        return LocalExecutor(self._build.graph, self._build, self.options)
 
     # -- metadata ----------------------------------------------------------------
 

@@ -172,6 +172,10 @@ class Compiler:
 
     # -- one node --------------------------------------------------------------
 
+    def check_node(self, graph: Graph, node: Node) -> None:
+        """Create the node's kernel call (lookup, attributes) without running it."""
+        self._resolve(graph, node, {c: -1 for sub in node.subgraphs.values() for c in sub.captures})
+
     def _resolve(self, graph: Graph, node: Node, slot_of: dict[str, int]) -> tuple[Callable, dict, bool]:
         opset = graph.opset(node.domain)
         kdef = lookup(node.domain, node.op_type, opset)

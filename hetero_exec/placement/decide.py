@@ -1,31 +1,50 @@
-"""The session-building decision of SEMANTICS.md section 1: which providers run what.
+"""The session-building decision of SEMANTICS.md section 1, in its order.
 
-Order: (signatures and cycles are checked by ir.load) -> unsupported-operator
-rejection when cpu is requested -> provider passes -> GPU coverage -> fallback,
-require or hetero -> guard -> memory admission.
+(ir.load has checked control-flow signatures and cycles.) Then:
+hetero (opt-in, decided first) -> unsupported-operator rejection on cpu -> provider
+passes -> GPU coverage -> require / guard / whole-session fallback -> memory admission.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
-from hetero_exec.errors import ProviderError, UnsupportedOperatorError
-from hetero_exec.ir.graph import Graph, Node
+from hetero_exec.errors import (
+    HeterogeneousPlacementRequired,
+    PlacementError,
+    ProviderError,
+    UnsupportedOperatorError,
+)
+from hetero_exec.ir.graph import Graph
+from hetero_exec.placement.coverage import (
+    FallbackReport,
+    assigned_ops,
+    coverage_report,
+    is_static,
+    node_signature,
+    skipped,
+    walk_scoped,
+)
+from hetero_exec.placement.memory import admit
 from hetero_exec.placement.plan import PlacementPlan
-from hetero_exec.placement.segments import build_plan
+from hetero_exec.placement.planner import classify_placement, single_plan
 from hetero_exec.providers import Provider, parse_provider
-from hetero_exec.providers.base import CONTROL_FLOW_OPS, SEQUENCE_OPS
 
 log = logging.getLogger(__name__)
+
+FALLBACK_HINT = "Set HETERO_EXEC_REQUIRE_GPU=1 to reject this fallback"
 
 
 @dataclass
 class SessionBuild:
+    """What the session runs: the plan, the providers in use, and any fallback report."""
+
     placement: PlacementPlan
     providers: list[Provider]
-    fallback_report: Any = None
+    graph: Graph
+    fallback_report: FallbackReport | None = None
     requested: str = "cpu"
 
     @property
@@ -34,6 +53,7 @@ class SessionBuild:
 
 
 def parse_providers(providers: Sequence[Any] | None) -> list[Provider]:
+    """Rank: the requested provider first, cpu last (added when absent)."""
     if providers is None:
         providers = ["cpu"]
     if isinstance(providers, (str, tuple)):
@@ -41,35 +61,25 @@ def parse_providers(providers: Sequence[Any] | None) -> list[Provider]:
     parsed = [parse_provider(p) for p in providers]
     if not parsed:
         raise ProviderError("providers must name at least one provider")
+    names = [p.name for p in parsed]
+    if len(set(names)) != len(names):
+        raise ProviderError(f"a provider is listed twice: {names}")
+    cpus = [p for p in parsed if p.kind == "cpu"]
+    if not cpus:
+        from hetero_exec.providers.cpu import CpuProvider
+
+        parsed.append(CpuProvider())
+    elif parsed[-1].kind != "cpu" and parsed[0].kind != "cpu":
+        parsed.remove(cpus[0])
+        parsed.append(cpus[0])
     return parsed
 
 
-def node_signature(graph: Graph, node: Node) -> tuple[list, list, list]:
-    shapes, dtypes, kinds = [], [], []
-    for name in node.inputs:
-        if not name:
-            continue
-        v = graph.value(name)
-        shapes.append(v.shape)
-        dtypes.append(v.dtype if v.kind == "tensor" else None)
-        kinds.append(v.kind)
-    for name in node.outputs:
-        if name:
-            v = graph.value(name)
-            if v.kind in ("sequence", "map", "optional"):
-                kinds.append(v.kind)
-    return shapes, dtypes, kinds
-
-
-def is_static(shapes: Sequence[Any]) -> bool:
-    return all(s is not None and all(isinstance(d, int) for d in s) for s in shapes)
-
-
 def reject_unsupported_operators(graph: Graph, provider: Provider) -> None:
-    """On a cpu request, the first node with static input shapes that cpu cannot run
-    is a load-time error (symbolic ones are deferred to run time)."""
-    for g, node in walk_with_graph(graph):
-        if node.op_type in CONTROL_FLOW_OPS or node.op_type in SEQUENCE_OPS:
+    """When cpu is requested, the first node with static input shapes it cannot run is
+    a load-time error; symbolic ones are deferred to run time."""
+    for g, node in walk_scoped(graph):
+        if skipped(node):
             continue
         shapes, dtypes, kinds = node_signature(g, node)
         if not is_static(shapes):
@@ -81,16 +91,78 @@ def reject_unsupported_operators(graph: Graph, provider: Provider) -> None:
                                            opset, provider.name, sup.reason)
 
 
-def walk_with_graph(graph: Graph):
-    for node in graph.nodes:
-        yield graph, node
-        for sub in node.subgraphs.values():
-            yield from walk_with_graph(sub)
-
-
 def build_session_plan(graph: Graph, providers: Sequence[Any] | None, options) -> SessionBuild:
     provs = parse_providers(providers)
     requested = provs[0]
-    from hetero_exec.placement.coverage import decide_placement
+    cpu = provs[-1]
+    require = options.require_gpu_on
+    hetero = options.hetero_on
+    bounds = dict(options.dim_bounds or {})
+    _check_affinity_needs_hetero(options, requested, hetero)
 
-    return decide_placement(graph, provs, requested, options)
+    if options.placement is not None:
+        from hetero_exec.placement.artifacts import load_plan
+
+        plan = load_plan(options.placement, graph, provs)
+        admit(plan, bounds)
+        return SessionBuild(plan, _used(plan, provs), graph, requested=requested.name)
+
+    # -- opt-in mixed placement, decided before the single-provider path ------------
+    if hetero and not require and requested.kind != "cpu":
+        plan = classify_placement(graph, provs, affinity=options.affinity,
+                                  strategy=options.strategy, dim_bounds=bounds)
+        if plan is not None:
+            admit(plan, bounds)
+            log.info("heterogeneous placement: %s", plan.summary())
+            return SessionBuild(plan, _used(plan, provs), graph, requested=requested.name)
+
+    # -- the single-provider path (place_graph) ----------------------------------------
+    if not requested.is_device:
+        reject_unsupported_operators(graph, requested)
+    from hetero_exec.placement.passes import run_provider_passes
+
+    graph_before = graph
+    graph = run_provider_passes(graph, requested)
+    report = coverage_report(graph, requested)
+    if report is not None:
+        if require:
+            raise HeterogeneousPlacementRequired(report)
+        guard_heterogeneous_fallback(graph_before, provs, hetero)
+        graph = run_provider_passes(graph_before, cpu)
+        report.assigned_node_count, report.assigned_ops = assigned_ops(graph)
+        log.warning("%s. %s", report, FALLBACK_HINT)
+        reject_unsupported_operators(graph, cpu)
+        requested_name, requested = requested.name, cpu
+    else:
+        requested_name = requested.name
+    plan = single_plan(graph, requested)
+    admit(plan, bounds)
+    return SessionBuild(plan, [requested], graph, fallback_report=report, requested=requested_name)
+
+
+def guard_heterogeneous_fallback(graph_before: Graph, provs: Sequence[Provider], hetero: bool) -> None:
+    """With hetero on, reaching the fallback means the planner judged the graph
+    single-provider before the provider passes, and a pass introduced a decline:
+    fail closed instead of collapsing silently to cpu."""
+    if not hetero:
+        return
+    if classify_placement(graph_before, provs) is None and provs[0].available():
+        raise PlacementError(
+            "heterogeneous placement guard: the graph was single-provider on "
+            f"{provs[0].name} before its provider passes, which introduced declines; "
+            "refusing to fall back to cpu silently")
+
+
+def _check_affinity_needs_hetero(options, requested: Provider, hetero: bool) -> None:
+    if options.affinity and not (hetero and requested.kind != "cpu"):
+        from hetero_exec.placement.planner import compile_affinity
+
+        compile_affinity(options.affinity)  # still reject malformed rules
+        if any(prov not in (requested.name, requested.kind) for _, prov in options.affinity):
+            raise PlacementError("affinity pins nodes to another provider; mixed placement needs "
+                                 "hetero=True (or HETERO_EXEC_HETERO=1) and a non-cpu provider first")
+
+
+def _used(plan: PlacementPlan, provs: Sequence[Provider]) -> list[Provider]:
+    used = {s.provider.name for s in plan.segments}
+    return [p for p in provs if p.name in used]

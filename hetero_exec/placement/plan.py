@@ -65,3 +65,35 @@ class PlacementPlan:
 
     def seam_bytes(self) -> int:
         return sum(s.nbytes or 0 for s in self.seams)
+
+    # -- artifacts -------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        from hetero_exec.placement.artifacts import plan_to_dict
+
+        return plan_to_dict(self)
+
+    def to_json(self, path: str | None = None) -> str:
+        """The plan as JSON (written to ``path`` too when given); reload it with
+        ``InferenceSession(model, providers, placement=path)``."""
+        import json
+
+        text = json.dumps(self.to_dict(), indent=2)
+        if path is not None:
+            with open(path, "w") as f:
+                f.write(text)
+        return text
+
+    def report(self) -> str:
+        from hetero_exec.placement.artifacts import plan_report
+
+        return plan_report(self)
+
+    def to_dot(self) -> str:
+        from hetero_exec.placement.artifacts import plan_to_dot
+
+        return plan_to_dot(self)
+
+    def summary(self) -> str:
+        segs = ", ".join(f"{s.name}={s.provider.name}({len(s.nodes)})" for s in self.segments)
+        return f"{len(self.segments)} segments [{segs}], {len(self.seams)} seams, {self.seam_bytes()} B"

@@ -96,7 +96,7 @@ class Provider:
                     dtypes: Sequence[np.dtype | None] = (), kinds: Sequence[str] = ()) -> Support:
         """Supported, or not with the reason (the provider's capability table)."""
         excluded = self._excluded(node)
-        if excluded:
+        if excluded is not None:
             return excluded
         kdef = self.kernel_for(node, opset)
         if kdef is None:

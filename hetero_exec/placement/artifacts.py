@@ -1,0 +1,137 @@
+"""Plans as artifacts: JSON (save and reload), a text report, and Graphviz DOT."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Sequence
+
+from hetero_exec.errors import PlacementError
+from hetero_exec.ir.graph import Graph
+from hetero_exec.placement.coverage import node_support, skipped
+from hetero_exec.placement.plan import PlacementPlan
+from hetero_exec.providers.base import Provider
+
+PLAN_FORMAT = "hetero_exec.placement/1"
+
+#: fill colours by provider kind for DOT output
+COLOURS = {"cpu": "#9ecae1", "gpu": "#a1d99b", "sim-gpu": "#fdae6b"}
+DEVICE_SHADES = ["#a1d99b", "#fdae6b", "#bcbddc", "#fc9272", "#c7e9c0", "#fdd0a2"]
+
+
+def plan_to_dict(plan: PlacementPlan) -> dict[str, Any]:
+    return {
+        "format": PLAN_FORMAT,
+        "graph": plan.graph.name,
+        "strategy": plan.strategy,
+        "providers": plan.providers,
+        "segments": [
+            {"id": s.id, "provider": s.provider.name, "nodes": [n.identity for n in s.nodes],
+             "inputs": s.inputs, "outputs": s.outputs, "predicted_cost_s": s.predicted_cost,
+             "mem_need_bytes": s.mem_need}
+            for s in plan.segments
+        ],
+        "seams": [
+            {"value": s.value, "producer": s.producer, "consumers": s.consumers, "dtype": s.dtype,
+             "shape": list(s.shape) if s.shape is not None else None, "bytes": s.nbytes}
+            for s in plan.seams
+        ],
+    }
+
+
+def load_plan(source: Any, graph: Graph, providers: Sequence[Provider]) -> PlacementPlan:
+    """Rebuild a saved plan for ``graph``; every node must be placed on a provider of the
+    session that can run it."""
+    from hetero_exec.placement.segments import build_plan
+
+    data = source
+    if isinstance(source, (str, os.PathLike)):
+        try:
+            with open(source) as f:
+                data = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise PlacementError(f"cannot read saved plan {source!r}: {e}") from None
+    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+        raise PlacementError(f"not a saved hetero_exec plan (format {PLAN_FORMAT!r} expected)")
+    by_name = {p.name: p for p in providers}
+    by_ident = {n.identity: n for n in graph.nodes}
+    assign = {}
+    order = []
+    for seg in data["segments"]:
+        prov = by_name.get(seg["provider"])
+        if prov is None:
+            raise PlacementError(f"saved plan uses provider {seg['provider']!r}, not among the "
+                                 f"session's providers {list(by_name)}")
+        for ident in seg["nodes"]:
+            node = by_ident.get(ident)
+            if node is None:
+                raise PlacementError(f"saved plan names node {ident}, which the model does not have")
+            if prov.is_device and (skipped(node) or not node_support(graph, node, prov)):
+                raise PlacementError(f"saved plan places {ident} ({node.op_class}) on {prov.name}, "
+                                     "which cannot run it")
+            assign[node] = prov
+            order.append(node)
+    missing = [n.identity for n in graph.nodes if n not in assign]
+    if missing:
+        raise PlacementError(f"saved plan does not place {len(missing)} node(s): {missing[:5]}")
+    position = {n: i for i, n in enumerate(order)}
+    for node in order:  # the saved order must still be a valid topological order
+        for name in node.inputs:
+            p = graph.producer.get(name)
+            if p is not None and position[p] > position[node]:
+                raise PlacementError(f"saved plan runs {node.identity} before its producer {p.identity}")
+    return build_plan(graph, order, assign, strategy=data.get("strategy", "saved"))
+
+
+def plan_report(plan: PlacementPlan) -> str:
+    lines = [f"placement ({plan.strategy}): {len(plan.segments)} segment(s), "
+             f"{len(plan.seams)} seam(s), {plan.seam_bytes()} seam bytes known"]
+    for s in plan.segments:
+        ops: dict[str, int] = {}
+        for n in s.nodes:
+            ops[n.op_type] = ops.get(n.op_type, 0) + 1
+        top = ", ".join(f"{k}x{v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:6])
+        cost = f", predicted {s.predicted_cost * 1e3:.3f} ms" if s.predicted_cost is not None else ""
+        mem = f", needs {s.mem_need} B" if s.mem_need is not None else ""
+        lines.append(f"  {s.name} on {s.provider.name}: {len(s.nodes)} node(s) [{top}]{cost}{mem}")
+    for seam in plan.seams:
+        nb = f"{seam.nbytes} B" if seam.nbytes is not None else "? B"
+        shape = list(seam.shape) if seam.shape is not None else "?"
+        lines.append(f"  seam {seam.value!r}: segment#{seam.producer} -> "
+                     f"{', '.join(f'segment#{c}' for c in seam.consumers)} ({seam.dtype} {shape}, {nb})")
+    return "\n".join(lines)
+
+
+def plan_to_dot(plan: PlacementPlan) -> str:
+    """Graphviz DOT: one cluster per segment, filled by provider."""
+    colour_of: dict[str, str] = {}
+    shades = iter(DEVICE_SHADES)
+    for name in plan.providers:
+        kind = name.split(":")[0]
+        colour_of[name] = COLOURS["cpu"] if kind == "cpu" else next(shades, COLOURS.get(kind, "#dddddd"))
+    out = ["digraph placement {", "  rankdir=TB;", '  node [shape=box, style="rounded,filled", fontsize=10];']
+    node_id = {}
+    for seg in plan.segments:
+        out.append(f"  subgraph cluster_{seg.id} {{")
+        out.append(f'    label="{seg.name} on {seg.provider.name}"; style=dashed;')
+        for n in seg.nodes:
+            nid = f"n{len(node_id)}"
+            node_id[n] = nid
+            label = f"{n.op_type}\\n{_esc(n.name or n.identity)}"
+            out.append(f'    {nid} [label="{label}", fillcolor="{colour_of[seg.provider.name]}"];')
+        out.append("  }")
+    seam_values = {s.value for s in plan.seams}
+    graph = plan.graph
+    for seg in plan.segments:
+        for n in seg.nodes:
+            for name in n.inputs:
+                p = graph.producer.get(name)
+                if p in node_id:
+                    style = ' [color=red, penwidth=2, label="seam"]' if name in seam_values else ""
+                    out.append(f"  {node_id[p]} -> {node_id[n]}{style};")
+    out.append("}")
+    return "\n".join(out)
+
+
+def _esc(s: str) -> str:
+    return s.replace('"', '\\"')

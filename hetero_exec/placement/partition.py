@@ -1,0 +1,230 @@
+"""Multi-GPU pipeline stages: a per-node cost model and three split strategies.
+
+* ``greedy``: walk the order, fill each device to an equal share of the total cost;
+* ``balanced``: dynamic programming over the order, minimising the slowest stage
+  (its compute plus the seam transfer into it);
+* ``memory``: fill each device up to its ``mem_limit`` (weights + activations).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from hetero_exec.errors import MemoryAdmissionError
+from hetero_exec.ir.graph import Graph, Node
+from hetero_exec.providers.base import Provider
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = ("greedy", "balanced", "memory")
+
+
+@dataclass
+class CostModel:
+    """seconds = flops / flops_per_s + bytes / bytes_per_s + per_node_s; seams cost
+    bytes / link_bytes_per_s + link_latency_s. Defaults are a nominal GPU; `calibrate`
+    fits them to a short profile."""
+
+    flops_per_s: float = 2e12
+    bytes_per_s: float = 5e11
+    per_node_s: float = 10e-6
+    link_bytes_per_s: float = 1.2e10
+    link_latency_s: float = 20e-6
+
+    def node_seconds(self, flops: float, nbytes: float) -> float:
+        return flops / self.flops_per_s + nbytes / self.bytes_per_s + self.per_node_s
+
+    def seam_seconds(self, nbytes: float) -> float:
+        return nbytes / self.link_bytes_per_s + self.link_latency_s if nbytes else 0.0
+
+    @classmethod
+    def calibrate(cls, graph: Graph, samples: Sequence[tuple[float, float, float]]) -> "CostModel":
+        """Fit (flops, bytes, seconds) samples by non-negative least squares."""
+        if not samples:
+            return cls()
+        a = np.array([[f, b, 1.0] for f, b, _ in samples], dtype=np.float64)
+        y = np.array([s for _, _, s in samples], dtype=np.float64)
+        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+        coef = np.maximum(coef, 1e-15)
+        return cls(flops_per_s=1.0 / coef[0], bytes_per_s=1.0 / coef[1], per_node_s=float(coef[2]))
+
+
+def resolve_shape(graph: Graph, name: str, bounds: dict[str, int]) -> tuple[int, ...] | None:
+    v = graph.value(name)
+    if v.shape is None:
+        return None
+    out = []
+    for d in v.shape:
+        if isinstance(d, int):
+            out.append(d)
+        elif isinstance(d, str) and d in bounds:
+            out.append(int(bounds[d]))
+        else:
+            return None
+    return tuple(out)
+
+
+def value_bytes(graph: Graph, name: str, bounds: dict[str, int], default: int = 0) -> int:
+    shape = resolve_shape(graph, name, bounds)
+    v = graph.value(name)
+    if shape is None or v.dtype is None or v.kind != "tensor":
+        return default
+    return int(np.prod(shape, dtype=np.int64)) * v.dtype.itemsize
+
+
+def node_flops(graph: Graph, node: Node, bounds: dict[str, int]) -> float:
+    """A rough FLOP count: GEMM-like ops from their shapes, others per output element."""
+    outs = [resolve_shape(graph, o, bounds) for o in node.outputs if o]
+    out_elems = sum(math.prod(s) for s in outs if s is not None)
+    ins = [resolve_shape(graph, i, bounds) if i else None for i in node.inputs]
+    op = node.op_type
+    if op in ("MatMul", "Gemm", "MatMulInteger", "QLinearMatMul") and ins and ins[0]:
+        k = ins[0][-1] if op != "Gemm" or not _attr_int(node, "transA") else ins[0][0]
+        return 2.0 * out_elems * k
+    if op in ("Conv", "ConvTranspose", "ConvInteger", "QLinearConv") and len(ins) > 1 and ins[1]:
+        w = ins[1]
+        group = _attr_int(node, "group") or 1
+        per_out = math.prod(w[1:]) if op != "ConvTranspose" else w[0] * math.prod(w[2:]) / group
+        return 2.0 * out_elems * per_out
+    if op in ("Attention",):
+        return 4.0 * out_elems * (ins[0][-2] if ins and ins[0] and len(ins[0]) > 1 else 1)
+    return float(out_elems)
+
+
+def _attr_int(node: Node, name: str) -> int:
+    a = node.attrs.get(name)
+    return int(a.i) if a is not None else 0
+
+
+def node_cost(graph: Graph, node: Node, bounds: dict[str, int], model: CostModel) -> float:
+    nbytes = sum(value_bytes(graph, n, bounds) for n in node.inputs + node.outputs if n)
+    return model.node_seconds(node_flops(graph, node, bounds), nbytes)
+
+
+def weight_bytes(graph: Graph, nodes: Sequence[Node]) -> int:
+    seen: set[str] = set()
+    total = 0
+    for n in nodes:
+        for i in n.inputs:
+            if i in graph.initializers and i not in seen:
+                seen.add(i)
+                total += int(graph.initializers[i].nbytes)
+    return total
+
+
+def split_devices(graph: Graph, order: Sequence[Node], assign: dict[Node, Provider],
+                  devices: Sequence[Provider], strategy: str, bounds: dict[str, int],
+                  pinned: set[Node], cost_model: CostModel | None = None) -> None:
+    """Reassign the device-eligible nodes of ``order`` to ``devices`` as pipeline stages."""
+    if strategy not in STRATEGIES:
+        from hetero_exec.errors import PlacementError
+
+        raise PlacementError(f"unknown multi-GPU strategy {strategy!r}; use one of {STRATEGIES}")
+    model = cost_model or CostModel()
+    dev_nodes = [n for n in order if assign[n].is_device and n not in pinned]
+    if not dev_nodes:
+        return
+    costs = [node_cost(graph, n, bounds, model) for n in dev_nodes]
+    k = len(devices)
+    if strategy == "greedy":
+        cuts = _greedy_cuts(costs, k)
+    elif strategy == "balanced":
+        cuts = _balanced_cuts(graph, dev_nodes, costs, k, bounds, model)
+    else:
+        cuts = _memory_cuts(graph, dev_nodes, devices, bounds)
+    for stage, (lo, hi) in enumerate(zip([0] + cuts, cuts + [len(dev_nodes)])):
+        for n in dev_nodes[lo:hi]:
+            assign[n] = devices[stage]
+
+
+def _greedy_cuts(costs: Sequence[float], k: int) -> list[int]:
+    share = sum(costs) / k
+    cuts: list[int] = []
+    acc = 0.0
+    for i, c in enumerate(costs):
+        acc += c
+        if len(cuts) < k - 1 and acc >= share * (len(cuts) + 1) and i + 1 < len(costs):
+            cuts.append(i + 1)
+    return cuts
+
+
+def _balanced_cuts(graph: Graph, nodes: Sequence[Node], costs: Sequence[float], k: int,
+                   bounds: dict[str, int], model: CostModel) -> list[int]:
+    """DP: best[j][i] = the minimal slowest stage covering nodes[:i] with j stages."""
+    n = len(nodes)
+    prefix = np.concatenate([[0.0], np.cumsum(costs)])
+    # transfer into a stage starting at i: bytes of values produced before i, read at/after i
+    produced_at = {}
+    for idx, node in enumerate(nodes):
+        for o in node.outputs:
+            if o:
+                produced_at[o] = idx
+    last_read: dict[str, int] = {}
+    for idx, node in enumerate(nodes):
+        for i in node.inputs:
+            if i in produced_at:
+                last_read[i] = max(last_read.get(i, -1), idx)
+    cut_bytes = np.zeros(n + 1)
+    for name, p in produced_at.items():
+        r = last_read.get(name, -1)
+        if r > p:
+            cut_bytes[p + 1:r + 1] += value_bytes(graph, name, bounds)
+    seam = np.array([model.seam_seconds(b) for b in cut_bytes])
+    inf = float("inf")
+    best = np.full((k + 1, n + 1), inf)
+    arg = np.zeros((k + 1, n + 1), dtype=np.int64)
+    best[0][0] = 0.0
+    for j in range(1, k + 1):
+        for i in range(1, n + 1):
+            for s in range(j - 1, i):
+                stage = prefix[i] - prefix[s] + (seam[s] if s > 0 else 0.0)
+                val = max(best[j - 1][s], stage)
+                if val < best[j][i]:
+                    best[j][i], arg[j][i] = val, s
+    j = min(k, n)
+    cuts = []
+    i = n
+    while j > 1:
+        i = int(arg[j][i])
+        cuts.append(i)
+        j -= 1
+    return sorted(c for c in cuts if 0 < c < n)
+
+
+def _memory_cuts(graph: Graph, nodes: Sequence[Node], devices: Sequence[Provider],
+                 bounds: dict[str, int]) -> list[int]:
+    cuts: list[int] = []
+    dev = 0
+    used = 0
+    for i, node in enumerate(nodes):
+        need = weight_bytes(graph, [node]) + sum(value_bytes(graph, o, bounds) for o in node.outputs if o)
+        limit = devices[dev].mem_limit
+        while limit is not None and used + need > limit:
+            if dev + 1 >= len(devices):
+                raise MemoryAdmissionError(f"stage of {node.identity}", devices[dev].name, used + need,
+                                           max(limit - used, 0), "memory strategy: no device left")
+            dev += 1
+            cuts.append(i)
+            used = 0
+            limit = devices[dev].mem_limit
+        used += need
+    return cuts
+
+
+def annotate_costs(plan: Any, bounds: dict[str, int], cost_model: CostModel | None = None) -> None:
+    """Each segment's predicted seconds: its nodes plus the seams it reads."""
+    model = cost_model or CostModel()
+    graph = plan.graph
+    for s in plan.seams:
+        if s.nbytes is None and resolve_shape(graph, s.value, bounds) is not None:
+            s.nbytes = value_bytes(graph, s.value, bounds)
+    seam_bytes = {s.value: s.nbytes or 0 for s in plan.seams}
+    for seg in plan.segments:
+        compute = sum(node_cost(graph, n, bounds, model) for n in seg.nodes)
+        transfer = sum(model.seam_seconds(seam_bytes.get(i, 0)) for i in seg.inputs if i in seam_bytes)
+        seg.predicted_cost = compute + transfer

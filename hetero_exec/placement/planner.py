@@ -1,0 +1,202 @@
+"""classify_placement: single provider, or a PlacementPlan of segments and seams.
+
+Rules, as onnxruntime's design has them: providers in priority order claim the nodes
+they support, cpu goes last so every node is placed; shape arithmetic that only feeds
+host inputs stays on cpu ("CPU-preferred nodes"); control-flow and sequence nodes run
+on the coordinator's host; segments are grouped by a topological order chosen to
+minimise provider switches, not the file order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import re
+from typing import Sequence
+
+from hetero_exec.errors import PlacementError
+from hetero_exec.ir.graph import Graph, Node, node_reads
+from hetero_exec.kernels.registry import lookup
+from hetero_exec.placement.coverage import node_support, skipped
+from hetero_exec.placement.plan import PlacementPlan
+from hetero_exec.placement.segments import build_plan
+from hetero_exec.providers.base import Provider
+
+log = logging.getLogger(__name__)
+
+#: ops whose output is metadata of their input: they stay with the input's provider
+#: (a device Shape hands the host a few bytes; a host Shape would copy the whole tensor)
+METADATA_OPS = frozenset({"Shape", "Size"})
+#: small-integer outputs at most this large may move to the host as shape arithmetic
+HOST_PREFERRED_MAX_BYTES = 4096
+
+
+def compile_affinity(affinity: Sequence[tuple[str, str]] | None) -> list[tuple[re.Pattern, str]]:
+    out = []
+    for item in affinity or ():
+        try:
+            pattern, prov = item
+            out.append((re.compile(pattern), str(prov)))
+        except (TypeError, ValueError, re.error) as e:
+            raise PlacementError(f"bad affinity entry {item!r}: expected (regex, provider): {e}") from None
+    return out
+
+
+def match_affinity(rules: list[tuple[re.Pattern, str]], node: Node) -> str | None:
+    """First rule whose regex matches the node's name or op type wins."""
+    for pattern, prov in rules:
+        if (node.name and pattern.fullmatch(node.name)) or pattern.fullmatch(node.op_type):
+            return prov
+    return None
+
+
+def find_provider(providers: Sequence[Provider], name: str) -> Provider:
+    for p in providers:
+        if p.name == name or p.kind == name:
+            return p
+    raise PlacementError(f"affinity names provider {name!r}, which is not in the session's "
+                         f"providers {[p.name for p in providers]}")
+
+
+def capability(graph: Graph, providers: Sequence[Provider],
+               affinity: list[tuple[re.Pattern, str]]) -> dict[Node, Provider]:
+    """First provider (in rank order) that supports each top-level node; pins win."""
+    cpu = providers[-1]
+    usable = [p for p in providers if p.available()]
+    assign: dict[Node, Provider] = {}
+    for node in graph.nodes:
+        pin = match_affinity(affinity, node)
+        if pin is not None:
+            prov = find_provider(providers, pin)
+            sup = node_support(graph, node, prov) if not skipped(node) or not prov.is_device else None
+            if skipped(node) and prov.is_device:
+                raise PlacementError(f"affinity pins {node.identity} ({node.op_class}) to {prov.name}, "
+                                     f"which cannot run it: control-flow and sequence ops run on the host")
+            if sup is not None and not sup:
+                raise PlacementError(f"affinity pins {node.identity} ({node.op_class}) to {prov.name}, "
+                                     f"which cannot run it: {sup.reason}")
+            assign[node] = prov
+            continue
+        if skipped(node):
+            assign[node] = cpu
+            continue
+        for prov in usable:
+            if not prov.is_device or node_support(graph, node, prov):
+                assign[node] = prov
+                break
+        else:
+            assign[node] = cpu
+    return assign
+
+
+def host_preferred(graph: Graph, order: Sequence[Node], assign: dict[Node, Provider],
+                   cpu: Provider, pinned: set[Node]) -> set[Node]:
+    """Device nodes doing shape arithmetic whose outputs only feed host inputs or host
+    nodes: moving them to cpu avoids copies back and forth across seams."""
+    moved: set[Node] = set()
+    for node in reversed(order):
+        prov = assign[node]
+        if not prov.is_device or node in pinned or node.op_type in METADATA_OPS:
+            continue
+        outs = [o for o in node.outputs if o]
+        if not outs or not all(_small_int(graph, o) for o in outs):
+            continue
+        ok = True
+        has_use = False
+        for o in outs:
+            for consumer in graph.consumers.get(o, []):
+                has_use = True
+                if assign[consumer] is cpu or consumer in moved:
+                    continue
+                kdef = lookup(consumer.domain, consumer.op_type, graph.opset(consumer.domain))
+                host_pos = kdef.host_inputs if kdef else frozenset()
+                positions = [i for i, name in enumerate(consumer.inputs) if name == o]
+                if not positions or not all(i in host_pos for i in positions):
+                    ok = False
+                    break
+            if not ok:
+                break
+        if ok and has_use and not any(o in graph.outputs for o in outs):
+            moved.add(node)
+    return moved
+
+
+def _small_int(graph: Graph, name: str) -> bool:
+    v = graph.value(name)
+    if v.kind != "tensor" or v.dtype is None or v.dtype.kind not in "iub":
+        return False
+    n = v.nbytes()
+    if n is not None:
+        return n <= HOST_PREFERRED_MAX_BYTES
+    return v.shape is not None and len(v.shape) <= 1  # a 1-D shape vector of unknown length
+
+
+def grouped_order(graph: Graph, assign: dict[Node, Provider]) -> list[Node]:
+    """A topological order that keeps running the current provider's ready nodes, so
+    segments are as few (and as large) as the dependencies allow."""
+    nodes = graph.nodes
+    idx = {n: i for i, n in enumerate(nodes)}
+    producer = {o: n for n in nodes for o in n.outputs if o}
+    deps: dict[Node, set[Node]] = {n: set() for n in nodes}
+    users: dict[Node, list[Node]] = {n: [] for n in nodes}
+    for n in nodes:
+        for name in node_reads(n):
+            p = producer.get(name)
+            if p is not None and p is not n and p not in deps[n]:
+                deps[n].add(p)
+                users[p].append(n)
+    indeg = {n: len(d) for n, d in deps.items()}
+    ready: dict[str, list[tuple[int, Node]]] = {}
+
+    def push(n: Node) -> None:
+        heapq.heappush(ready.setdefault(assign[n].name, []), (idx[n], n))
+
+    for n in nodes:
+        if indeg[n] == 0:
+            push(n)
+    order: list[Node] = []
+    current: str | None = None
+    while any(ready.values()):
+        if current is None or not ready.get(current):
+            # switch to the provider whose earliest ready node comes first
+            current = min((q[0][0], name) for name, q in ready.items() if q)[1]
+        _, n = heapq.heappop(ready[current])
+        order.append(n)
+        for u in users[n]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                push(u)
+    return order
+
+
+def classify_placement(graph: Graph, providers: Sequence[Provider], *, affinity=None,
+                       strategy: str = "greedy", dim_bounds: dict[str, int] | None = None,
+                       cost_model=None) -> PlacementPlan | None:
+    """None when the first provider covers everything alone (single provider);
+    otherwise the heterogeneous PlacementPlan."""
+    rules = compile_affinity(affinity)
+    cpu = providers[-1]
+    assign = capability(graph, providers, rules)
+    devices = [p for p in providers if p.is_device and p.available()]
+    first = providers[0]
+    if len(devices) <= 1 and all(p is first for p in assign.values()):
+        return None
+    pinned = {n for n in graph.nodes if match_affinity(rules, n) is not None}
+    order = grouped_order(graph, assign)
+    for n in host_preferred(graph, order, assign, cpu, pinned):
+        assign[n] = cpu
+    if len(devices) > 1:
+        from hetero_exec.placement.partition import split_devices
+
+        split_devices(graph, grouped_order(graph, assign), assign, devices, strategy,
+                      dim_bounds or {}, pinned, cost_model)
+    order = grouped_order(graph, assign)
+    plan = build_plan(graph, order, assign, strategy=strategy if len(devices) > 1 else "hetero")
+    from hetero_exec.placement.partition import annotate_costs
+
+    annotate_costs(plan, dim_bounds or {}, cost_model)
+    return plan
+
+
+def single_plan(graph: Graph, provider: Provider) -> PlacementPlan:
+    return build_plan(graph, graph.nodes, {n: provider for n in graph.nodes})
