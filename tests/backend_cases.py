@@ -70,6 +70,24 @@ def assert_similar(ref: Any, out: Any, rtol: float, atol: float, where: str = ""
     np.testing.assert_allclose(out, ref, rtol=rtol, atol=atol, err_msg=where)
 
 
+def to_value(v: Any) -> Any:
+    """Case data may be protos (TensorProto, SequenceProto, ...): make them values."""
+    import onnx
+    from onnx import numpy_helper
+
+    if isinstance(v, onnx.TensorProto):
+        return numpy_helper.to_array(v)
+    if isinstance(v, onnx.SequenceProto):
+        return numpy_helper.to_list(v)
+    if isinstance(v, onnx.OptionalProto):
+        return numpy_helper.to_optional(v)
+    if isinstance(v, onnx.MapProto):
+        return numpy_helper.to_dict(v)
+    if isinstance(v, list):
+        return [to_value(x) for x in v]
+    return v
+
+
 def run_case(case: Any, providers: list | None = None, **options: Any) -> None:
     """Run every data set of one case through an InferenceSession; raise on mismatch."""
     from hetero_exec import InferenceSession
@@ -78,7 +96,8 @@ def run_case(case: Any, providers: list | None = None, **options: Any) -> None:
     inputs_decl = [i.name for i in case.model.graph.input]
     outputs_decl = [o.name for o in case.model.graph.output]
     for inputs, expected in case.data_sets:
-        feed = dict(zip(inputs_decl, inputs))
+        feed = dict(zip(inputs_decl, [to_value(i) for i in inputs]))
+        expected = [to_value(e) for e in expected]
         got = sess.run_outputs(outputs_decl, feed)
         assert len(got) == len(expected)
         for name, e, g in zip(outputs_decl, expected, got):

@@ -1,0 +1,88 @@
+"""Helpers private to the tensor / gather / resize / detection kernel families."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def to_host(v: Any) -> np.ndarray:
+    """A (small) value as a numpy array, whether it lives in numpy or cupy."""
+    if hasattr(v, "get") and not isinstance(v, (np.ndarray, dict)):  # cupy array
+        v = v.get()
+    return np.asarray(v)
+
+
+def host_floats(v: Any) -> list[float]:
+    """A host value (scales, roi...) as a Python float list; [] for None or empty."""
+    if v is None:
+        return []
+    return [float(f) for f in to_host(v).reshape(-1)]
+
+
+def is_empty(v: Any) -> bool:
+    return v is None or int(np.prod(v.shape)) == 0
+
+
+def full_index(xp, indices, axis: int) -> tuple:
+    """The advanced-index tuple addressing ``data[i0, .., indices[i], .., in]`` for every
+    position of ``indices`` (GatherElements / ScatterElements); broadcast aranges elsewhere."""
+    rank = indices.ndim
+    ix = []
+    for d, n in enumerate(indices.shape):
+        if d == axis:
+            ix.append(indices)
+        else:
+            shape = [1] * rank
+            shape[d] = n
+            ix.append(xp.arange(n).reshape(shape))
+    return tuple(ix)
+
+
+def normalize_indices(xp, indices, dim):
+    """Negative indices counted from the end (``dim`` may be a broadcastable array)."""
+    if indices.dtype.kind == "u":
+        return indices
+    return xp.where(indices < 0, indices + dim, indices)
+
+
+_UFUNCS = {"add": "add", "mul": "multiply", "max": "maximum", "min": "minimum"}
+
+
+def scatter_reduce(xp, out, idx, updates, reduction: str) -> None:
+    """``out[idx] = reduction(out[idx], updates)`` in place, duplicates in ``idx``
+    (a 1-D array of row indices into ``out``) all applied.
+
+    Uses ``ufunc.at`` where the array module has it for the ufunc (numpy; cupy for some),
+    else applies the updates in rounds in which every row index is unique.
+    """
+    if reduction in (None, "none"):
+        out[idx] = updates
+        return
+    name = _UFUNCS.get(reduction)
+    if name is None:
+        raise ValueError(f"unsupported scatter reduction {reduction!r}")
+    ufunc = getattr(xp, name)
+    if xp is np:
+        ufunc.at(out, idx, updates)
+        return
+    try:
+        ufunc.at(out, idx, updates)
+        return
+    except (AttributeError, NotImplementedError, TypeError):
+        pass
+    n = idx.shape[0]
+    if n == 0:
+        return
+    order = xp.argsort(idx)
+    s = idx[order]
+    u = updates[order]
+    is_start = xp.concatenate([xp.ones((1,), dtype=bool), s[1:] != s[:-1]])
+    group = xp.cumsum(is_start) - 1
+    first = xp.nonzero(is_start)[0]
+    rank = xp.arange(n) - first[group]
+    for r in range(int(rank.max()) + 1):
+        m = rank == r
+        rows = s[m]
+        out[rows] = ufunc(out[rows], u[m])

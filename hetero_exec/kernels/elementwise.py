@@ -1,0 +1,432 @@
+"""Element-wise ONNX ops: math, activations, comparisons, logic and bit ops.
+
+Each kernel is registered once at its first opset; later versions only widen the
+accepted types. Kernels of ops whose opset 1 (or 6) carried ``consumed_inputs`` or the
+legacy ``broadcast``/``axis`` attributes accept those too, so one function serves every
+version. Outputs are always arrays (numpy turns 0-d results into scalars, hence the
+``xp.asarray`` wrappers) of the dtype the spec requires.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from hetero_exec.kernels.registry import kernel
+
+
+
+def _keep(y, x):
+    """y in x's dtype: ml_dtypes (bfloat16...) promote to float32 with Python floats."""
+    return y if y.dtype == x.dtype else y.astype(x.dtype)
+
+
+def _unary(op_type: str, fn: Callable[[Any, Any], Any], since: int = 1, legacy: bool = False,
+           keep: bool = True) -> None:
+    """Register ``y = fn(xp, x)`` (in x's dtype when ``keep``); ``legacy`` adds opset-1's
+    ignored ``consumed_inputs``."""
+    if keep:
+        def f(xp, x):
+            return _keep(xp.asarray(fn(xp, x)), x)
+    else:
+        def f(xp, x):
+            return xp.asarray(fn(xp, x))
+    if legacy:
+        def k(xp, x, consumed_inputs=None):
+            return (f(xp, x),)
+    else:
+        def k(xp, x):
+            return (f(xp, x),)
+    k.__name__ = k.__qualname__ = op_type
+    kernel(op_type, since)(k)
+
+
+def _legacy_b(a, b, axis, broadcast):
+    """Opset<7 broadcasting: B aligned with A from ``axis`` (suffix-aligned by default)."""
+    if broadcast and axis is not None and b.ndim and b.ndim < a.ndim:
+        ax = axis + a.ndim if axis < 0 else axis
+        trailing = a.ndim - ax - b.ndim
+        if trailing > 0:
+            b = b.reshape(b.shape + (1,) * trailing)
+    return b
+
+
+def _binary(op_type: str, fn: Callable[[Any, Any, Any], Any], since: int = 1, legacy: bool = False) -> None:
+    """Register a broadcasting ``z = fn(xp, a, b)``; ``legacy`` adds axis/broadcast/consumed_inputs."""
+    if legacy:
+        def k(xp, a, b, axis=None, broadcast=0, consumed_inputs=None):
+            return (xp.asarray(fn(xp, a, _legacy_b(a, b, axis, broadcast))),)
+    else:
+        def k(xp, a, b):
+            return (xp.asarray(fn(xp, a, b)),)
+    k.__name__ = k.__qualname__ = op_type
+    kernel(op_type, since)(k)
+
+
+def _fold(xp, ufunc, xs):
+    """ufunc folded over broadcasting inputs, accumulating in place once the shape is final."""
+    out = xp.asarray(ufunc(xs[0], xs[1]))
+    for x in xs[2:]:
+        if np.broadcast_shapes(out.shape, x.shape) == out.shape:
+            ufunc(out, x, out=out)
+        else:
+            out = xp.asarray(ufunc(out, x))
+    return out
+
+
+def _variadic(op_type: str, ufunc_name: str, since: int = 1) -> None:
+    def k(xp, *xs, consumed_inputs=None):
+        if len(xs) == 1:
+            return (xs[0],)
+        return (_fold(xp, getattr(xp, ufunc_name), xs),)
+
+    k.__name__ = k.__qualname__ = op_type
+    kernel(op_type, since)(k)
+
+
+# ---------------------------------------------------------------- erf
+# float64 inputs: W. J. Cody's rational approximations (CALERF, netlib specfun), relative
+# error ~1e-16: |x| <= 0.46875: erf = x A(x^2)/B(x^2); up to 4: erfc = exp(-x^2) C(|x|)/D(|x|);
+# beyond: erfc = exp(-x^2)/|x| (1/sqrt(pi) - P(1/x^2)/(x^2 Q(1/x^2))).
+# Narrower floats: one rational x P(x^2)/Q(x^2) on x clamped to [-4, 4] (the XLA/Eigen
+# float32 erf), evaluated in float64, where its relative error is below 6.5e-8: a third
+# of Cody's element-wise passes for a result that float32 cannot tell apart.
+_ERF_A = (3.16112374387056560e00, 1.13864154151050156e02, 3.77485237685302021e02,
+          3.20937758913846947e03, 1.85777706184603153e-1)
+_ERF_B = (2.36012909523441209e01, 2.44024637934444173e02, 1.28261652607737228e03,
+          2.84423683343917062e03)
+_ERF_C = (5.64188496988670089e-1, 8.88314979438837594e00, 6.61191906371416295e01,
+          2.98635138197400131e02, 8.81952221241769090e02, 1.71204761263407058e03,
+          2.05107837782607147e03, 1.23033935479799725e03, 2.15311535474403846e-8)
+_ERF_D = (1.57449261107098347e01, 1.17693950891312499e02, 5.37181101862009858e02,
+          1.62138957456669019e03, 3.29079923573345963e03, 4.36261909014324716e03,
+          3.43936767414372164e03, 1.23033935480374942e03)
+_ERF_P = (3.05326634961232344e-1, 3.60344899949804439e-1, 1.25781726111229246e-1,
+          1.60837851487422766e-2, 6.58749161529837803e-4, 1.63153871373020978e-2)
+_ERF_Q = (2.56852019228982242e00, 1.87295284992346725e00, 5.27905102951428412e-1,
+          6.05183413124413191e-2, 2.33520497626869185e-3)
+_SQRPI = 5.6418958354775628695e-1
+# highest degree first
+_ERF32_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+            -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
+            -1.60960333262415e-02)
+_ERF32_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+            -7.37332916720468e-03, -1.42647390514189e-02)
+
+
+def _horner(xp, z, coeffs):
+    """coeffs[0] z^n + ... + coeffs[n], evaluated in place in one new array."""
+    acc = z * coeffs[0]
+    acc += coeffs[1]
+    for c in coeffs[2:]:
+        acc *= z
+        acc += c
+    return acc
+
+
+def _horner_monic(xp, z, coeffs):
+    """z^n + coeffs[0] z^(n-1) + ... + coeffs[n-1]."""
+    acc = z + coeffs[0]
+    for c in coeffs[1:]:
+        acc *= z
+        acc += c
+    return acc
+
+
+def _erf_narrow(xp, x):
+    t = xp.clip(x.astype(np.float64), -4.0, 4.0)
+    z = t * t
+    num = _horner(xp, z, _ERF32_P)
+    num *= t
+    num /= _horner(xp, z, _ERF32_Q)
+    return num
+
+
+def _erf_cody(xp, x):
+    y = xp.abs(x)
+    # |x| <= 0.46875 (x clipped so the unused lanes stay finite)
+    xs = xp.clip(x, -0.5, 0.5)
+    z = xs * xs
+    small = _horner(xp, z, (_ERF_A[4],) + _ERF_A[:4])
+    small *= xs
+    small /= _horner_monic(xp, z, _ERF_B)
+    # erfc for |x| > 0.46875, y clipped so that inf gives erfc = 0 without nan
+    yc = xp.clip(y, 0.46875, 30.0)
+    mid = _horner(xp, yc, (_ERF_C[8],) + _ERF_C[:8])
+    mid /= _horner_monic(xp, yc, _ERF_D)
+    yt = xp.maximum(yc, 4.0)
+    isq = 1.0 / (yt * yt)
+    tail = _horner(xp, isq, (_ERF_P[5],) + _ERF_P[:5])
+    tail *= isq
+    tail /= _horner_monic(xp, isq, _ERF_Q)
+    xp.subtract(_SQRPI, tail, out=tail)
+    tail /= yt
+    r = xp.where(yc <= 4.0, mid, tail)
+    e = yc * yc  # exp(-y^2) in one go: its error, y^2 ulp(1), stays far below erf's
+    xp.negative(e, out=e)
+    xp.exp(e, out=e)
+    e *= r
+    xp.subtract(1.0, e, out=e)
+    xp.copysign(e, x, out=e)
+    return xp.where(y <= 0.46875, small, e)
+
+
+def erf(xp, x):
+    """erf of a float array, in x's dtype (see above for the approximations)."""
+    if x.dtype == np.float64:
+        return _erf_cody(xp, x)
+    return _erf_narrow(xp, x).astype(x.dtype)
+
+
+@kernel("Erf", 9)
+def Erf(xp, x):
+    if x.dtype.kind in "iu":
+        return (xp.asarray(erf(xp, x.astype(np.float64)).astype(x.dtype)),)
+    return (_keep(xp.asarray(erf(xp, x)), x),)
+
+
+# ---------------------------------------------------------------- plain math
+_unary("Abs", lambda xp, x: xp.abs(x), legacy=True)
+_unary("Neg", lambda xp, x: xp.negative(x), legacy=True)
+_unary("Ceil", lambda xp, x: xp.ceil(x), legacy=True)
+_unary("Floor", lambda xp, x: xp.floor(x), legacy=True)
+_unary("Exp", lambda xp, x: xp.exp(x), legacy=True)
+_unary("Log", lambda xp, x: xp.log(x), legacy=True)
+_unary("Sqrt", lambda xp, x: xp.sqrt(x), legacy=True)
+_unary("Reciprocal", lambda xp, x: xp.reciprocal(x), legacy=True)
+_unary("Tanh", lambda xp, x: xp.tanh(x), legacy=True)
+_unary("Relu", lambda xp, x: xp.maximum(x, 0), legacy=True)
+_unary("Round", lambda xp, x: xp.round(x), 11)  # numpy/cupy round half to even
+_unary("Sign", lambda xp, x: xp.sign(x), 9)
+_unary("Cos", lambda xp, x: xp.cos(x), 7)
+_unary("Sin", lambda xp, x: xp.sin(x), 7)
+_unary("Tan", lambda xp, x: xp.tan(x), 7)
+_unary("Acos", lambda xp, x: xp.arccos(x), 7)
+_unary("Asin", lambda xp, x: xp.arcsin(x), 7)
+_unary("Atan", lambda xp, x: xp.arctan(x), 7)
+_unary("Cosh", lambda xp, x: xp.cosh(x), 9)
+_unary("Sinh", lambda xp, x: xp.sinh(x), 9)
+_unary("Acosh", lambda xp, x: xp.arccosh(x), 9)
+_unary("Asinh", lambda xp, x: xp.arcsinh(x), 9)
+_unary("Atanh", lambda xp, x: xp.arctanh(x), 9)
+_unary("Not", lambda xp, x: xp.logical_not(x), keep=False)
+_unary("BitwiseNot", lambda xp, x: xp.invert(x), 18)
+_unary("IsNaN", lambda xp, x: xp.isnan(x), 9, keep=False)
+
+
+def _sigmoid(xp, x):
+    """1 / (1 + exp(-x)) in one buffer; exp overflowing to inf still gives the right 0."""
+    t = xp.empty_like(x)
+    with np.errstate(over="ignore"):
+        xp.negative(x, out=t)
+        xp.exp(t, out=t)
+    t += 1
+    return xp.reciprocal(t, out=t)
+
+
+def _softplus(xp, x):
+    return xp.logaddexp(x, 0)
+
+
+_unary("Sigmoid", _sigmoid, legacy=True)
+_unary("Softplus", _softplus)
+_unary("Softsign", lambda xp, x: x / (1 + xp.abs(x)))
+_unary("Mish", lambda xp, x: x * xp.tanh(_softplus(xp, x)), 18)
+_unary("HardSwish", lambda xp, x: x * xp.clip(x * (1 / 6) + 0.5, 0, 1), 14)
+
+
+@kernel("Identity")
+def Identity(xp, x):
+    return (x,)
+
+
+# ---------------------------------------------------------------- activations with attributes
+@kernel("Elu")
+def Elu(xp, x, alpha=1.0, consumed_inputs=None):
+    return (_keep(xp.asarray(xp.where(x > 0, x, alpha * xp.expm1(xp.minimum(x, 0)))), x),)
+
+
+@kernel("Celu", 12)
+def Celu(xp, x, alpha=1.0):
+    return (_keep(xp.asarray(xp.maximum(x, 0) + alpha * xp.expm1(xp.minimum(x, 0) / alpha)), x),)
+
+
+@kernel("Selu")
+def Selu(xp, x, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875,
+         consumed_inputs=None):
+    return (_keep(xp.asarray(xp.where(x > 0, gamma * x, (gamma * alpha) * xp.expm1(xp.minimum(x, 0)))), x),)
+
+
+@kernel("LeakyRelu")
+def LeakyRelu(xp, x, alpha=0.01, consumed_inputs=None):
+    return (_keep(xp.asarray(xp.where(x > 0, x, x * alpha)), x),)
+
+
+@kernel("ThresholdedRelu", 10)
+def ThresholdedRelu(xp, x, alpha=1.0):
+    return (_keep(xp.asarray(xp.where(x > alpha, x, 0)), x),)
+
+
+@kernel("HardSigmoid")
+def HardSigmoid(xp, x, alpha=0.2, beta=0.5, consumed_inputs=None):
+    return (_keep(xp.asarray(xp.clip(x * alpha + beta, 0, 1)), x),)
+
+
+@kernel("Shrink", 9)
+def Shrink(xp, x, bias=0.0, lambd=0.5):
+    y = xp.where(x < -lambd, x + bias, xp.where(x > lambd, x - bias, 0))
+    return (_keep(xp.asarray(y), x),)
+
+
+@kernel("Swish", 24)
+def Swish(xp, x, alpha=1.0):
+    return (_keep(xp.asarray(x * _sigmoid(xp, x * alpha)), x),)
+
+
+@kernel("Gelu", 20)
+def Gelu(xp, x, approximate="none"):
+    if approximate == "tanh":
+        inner = x * x
+        inner *= 0.044715
+        inner += 1
+        inner *= x
+        inner *= math.sqrt(2 / math.pi)
+        y = xp.tanh(inner, out=inner)
+    else:
+        y = erf(xp, x * (1 / math.sqrt(2)))
+    y += 1
+    y *= x
+    y *= 0.5
+    return (_keep(xp.asarray(y), x),)
+
+
+@kernel("PRelu")
+def PRelu(xp, x, slope, consumed_inputs=None):
+    return (_keep(xp.asarray(xp.where(x < 0, x * slope, x)), x),)
+
+
+@kernel("IsInf", 10)
+def IsInf(xp, x, detect_negative=1, detect_positive=1):
+    if detect_negative and detect_positive:
+        y = xp.isinf(x)
+    elif detect_positive:
+        y = x == np.inf
+    elif detect_negative:
+        y = x == -np.inf
+    else:
+        y = xp.zeros(x.shape, dtype=bool)
+    return (xp.asarray(y),)
+
+
+@kernel("Clip")
+def Clip(xp, x, min=None, max=None, consumed_inputs=None):  # noqa: A002
+    # opset<11: min/max are float attributes; later optional 0-d inputs of x's dtype.
+    # max(x, min) then min(., max) also gives the spec's "all max" when min > max
+    # (cupy.clip would give min there).
+    if min is None and max is None:
+        return (x,)
+    if min is not None:
+        y = xp.asarray(xp.maximum(x, min))
+        if max is not None:
+            xp.minimum(y, max, out=y)
+    else:
+        y = xp.asarray(xp.minimum(x, max))
+    return (_keep(y, x),)
+
+
+# ---------------------------------------------------------------- arithmetic
+def _div(xp, a, b):
+    if a.dtype.kind in "iu":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = xp.floor_divide(a, b)
+            if a.dtype.kind == "i":
+                # floor -> trunc: add one where the exact quotient was negative and inexact
+                r = a - q * b
+                q = q + ((r != 0) & ((a < 0) != (b < 0))).astype(q.dtype)
+        return q
+    return a / b
+
+
+def _pow(xp, a, b):
+    if a.dtype.kind == "f" and b.dtype != a.dtype:
+        b = b.astype(a.dtype)
+    r = xp.power(a, b)
+    return r.astype(a.dtype, copy=False)
+
+
+_binary("Add", lambda xp, a, b: a + b, legacy=True)
+_binary("Sub", lambda xp, a, b: a - b, legacy=True)
+_binary("Mul", lambda xp, a, b: a * b, legacy=True)
+_binary("Div", _div, legacy=True)
+_binary("Pow", _pow, legacy=True)
+
+
+@kernel("Mod", 10)
+def Mod(xp, a, b, fmod=0):
+    if fmod and a.dtype.kind in "iu":
+        # exact C remainder (cupy's integer fmod goes through double)
+        y = a - _div(xp, a, b) * b
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            y = xp.fmod(a, b) if fmod else xp.mod(a, b)
+    return (xp.asarray(y),)
+
+
+_variadic("Sum", "add")
+_variadic("Max", "maximum")
+_variadic("Min", "minimum")
+
+
+@kernel("Mean")
+def Mean(xp, *xs, consumed_inputs=None):
+    if len(xs) == 1:
+        return (xs[0],)
+    s = _fold(xp, xp.add, xs)
+    return (_keep(xp.asarray(s / len(xs)), xs[0]),)
+
+
+# ---------------------------------------------------------------- comparisons and logic
+_binary("Equal", lambda xp, a, b: a == b, legacy=True)
+_binary("Greater", lambda xp, a, b: a > b, legacy=True)
+_binary("Less", lambda xp, a, b: a < b, legacy=True)
+_binary("GreaterOrEqual", lambda xp, a, b: a >= b, 12)
+_binary("LessOrEqual", lambda xp, a, b: a <= b, 12)
+_binary("And", lambda xp, a, b: xp.logical_and(a, b), legacy=True)
+_binary("Or", lambda xp, a, b: xp.logical_or(a, b), legacy=True)
+_binary("Xor", lambda xp, a, b: xp.logical_xor(a, b), legacy=True)
+_binary("BitwiseAnd", lambda xp, a, b: xp.bitwise_and(a, b), 18)
+_binary("BitwiseOr", lambda xp, a, b: xp.bitwise_or(a, b), 18)
+_binary("BitwiseXor", lambda xp, a, b: xp.bitwise_xor(a, b), 18)
+
+
+@kernel("Where", 9)
+def Where(xp, condition, x, y):
+    return (xp.asarray(xp.where(condition, x, y)),)
+
+
+@kernel("BitShift", 11)
+def BitShift(xp, x, y, direction="LEFT"):
+    # Shift counts outside [0, bits) are undefined in C (and cupy): opset 28 defines
+    # them as the sign fill, which for in-range unsigned shifts changes nothing.
+    bits = x.dtype.itemsize * 8
+    signed = x.dtype.kind == "i"
+    valid = (y < bits) & (y >= 0) if signed else y < bits
+    if direction == "RIGHT":
+        if signed:
+            # shifting by bits-1 yields exactly the sign fill (-1 or 0)
+            z = xp.right_shift(x, xp.where(valid, y, bits - 1).astype(x.dtype, copy=False))
+        else:
+            z = xp.where(valid, xp.right_shift(x, xp.minimum(y, bits - 1)), 0)
+    elif direction == "LEFT":
+        ys = xp.clip(y, 0, bits - 1) if signed else xp.minimum(y, bits - 1)
+        if signed:
+            udt = np.dtype(f"u{x.dtype.itemsize}")
+            z = xp.left_shift(x.view(udt), ys.astype(udt)).view(x.dtype)
+        else:
+            z = xp.left_shift(x, ys)
+        z = xp.where(valid, z, 0)
+    else:
+        raise ValueError(f"BitShift: direction must be LEFT or RIGHT, not {direction!r}")
+    return (xp.asarray(z).astype(x.dtype, copy=False),)

@@ -1,0 +1,190 @@
+"""Normalisations: BatchNormalization, LayerNormalization, InstanceNormalization,
+GroupNormalization, LRN, MeanVarianceNormalization, RMSNormalization, LpNormalization.
+
+Statistics are computed in float32 (or the op's stash_type) for half inputs; outputs
+keep the input dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetero_exec.kernels._common import norm_axis, np_dtype
+from hetero_exec.kernels._nn_common import acc_dtype
+from hetero_exec.kernels.registry import kernel
+
+
+def _stat_shape(stat, x):
+    """Broadcast shape of a per-channel (C,) statistic against x (N, C, ...); the old
+    spatial=0 form with (C, D1, ...) statistics broadcasts as (1, C, D1, ...)."""
+    if stat.ndim == 1:
+        return stat.reshape((-1,) + (1,) * (x.ndim - 2))
+    return stat.reshape((1,) + stat.shape)
+
+
+def _mean_var(xp, x, axes):
+    mean = xp.mean(x, axis=axes, keepdims=True)
+    d = x - mean
+    var = xp.mean(d * d, axis=axes, keepdims=True)
+    return mean, var, d
+
+
+# --------------------------------------------------------------------------- BatchNormalization
+
+
+@kernel("BatchNormalization", since=(1, 6, 7, 9, 14, 15))
+def BatchNormalization(xp, X, scale, B, input_mean, input_var, epsilon=1e-5, momentum=0.9,
+                       training_mode=0, spatial=1, is_test=0, consumed_inputs=None, *,
+                       num_outputs=1, opset=15):
+    dt = X.dtype
+    cdt = acc_dtype(xp, dt)
+    # training statistics: opset >= 14 by attribute; older opsets when the extra
+    # (mean, var, saved_mean, saved_var) outputs are requested
+    training = bool(training_mode) if opset >= 14 else (num_outputs > 1 and not is_test)
+    if not training:
+        # fold into one per-channel affine map y = x * a + b
+        a = scale.astype(cdt, copy=False) / xp.sqrt(input_var.astype(cdt, copy=False) + epsilon)
+        b = B.astype(cdt, copy=False) - input_mean.astype(cdt, copy=False) * a
+        a, b = _stat_shape(a, X), _stat_shape(b, X)
+        if cdt == dt:
+            Y = X * a
+            Y += b
+        else:
+            Y = (X.astype(cdt) * a + b).astype(dt)
+        return (Y,)
+    axes = (0,) + tuple(range(2, X.ndim))
+    Xc = X.astype(cdt, copy=False)
+    mean = xp.mean(Xc, axis=axes)
+    d = Xc - _stat_shape(mean, Xc)
+    var = xp.mean(d * d, axis=axes)
+    inv = 1.0 / xp.sqrt(var + epsilon)
+    Y = d * _stat_shape(inv * scale.astype(cdt, copy=False), Xc) + _stat_shape(B.astype(cdt, copy=False), Xc)
+    m_dt = input_mean.dtype
+    run_mean = input_mean.astype(cdt, copy=False) * momentum + mean * (1 - momentum)
+    run_var = input_var.astype(cdt, copy=False) * momentum + var * (1 - momentum)
+    outs = (Y.astype(dt, copy=False), run_mean.astype(m_dt, copy=False), run_var.astype(input_var.dtype, copy=False))
+    if opset < 14:
+        outs = outs + (mean.astype(m_dt, copy=False), var.astype(m_dt, copy=False))
+    return outs[:max(num_outputs, 1)]
+
+
+# --------------------------------------------------------------------------- Layer / RMS
+
+
+@kernel("LayerNormalization", since=17)
+def LayerNormalization(xp, X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1, *, num_outputs=1):
+    axis = norm_axis(axis, X.ndim)
+    axes = tuple(range(axis, X.ndim))
+    dt = X.dtype
+    sdt = np_dtype(stash_type) if stash_type else acc_dtype(xp, dt)
+    if sdt.kind != "f" or (sdt == np.float16 and xp is np):
+        sdt = np.dtype(np.float32)
+    Xc = X.astype(sdt, copy=False)
+    mean, var, d = _mean_var(xp, Xc, axes)
+    inv = 1.0 / xp.sqrt(var + epsilon)
+    Y = d * inv
+    Y *= Scale.astype(sdt, copy=False)
+    if B is not None:
+        Y += B.astype(sdt, copy=False)
+    outs = (Y.astype(dt, copy=False),)
+    if num_outputs > 1:
+        outs += (mean, inv)
+    return outs[:max(num_outputs, 1)]
+
+
+@kernel("RMSNormalization", since=23)
+def RMSNormalization(xp, X, scale, axis=-1, epsilon=1e-5, stash_type=1):
+    axis = norm_axis(axis, X.ndim)
+    axes = tuple(range(axis, X.ndim))
+    dt = X.dtype
+    sdt = np_dtype(stash_type) if stash_type else acc_dtype(xp, dt)
+    if sdt.kind != "f" or (sdt == np.float16 and xp is np):
+        sdt = np.dtype(np.float32)
+    Xc = X.astype(sdt, copy=False)
+    ms = xp.mean(Xc * Xc, axis=axes, keepdims=True)
+    Y = Xc * (1.0 / xp.sqrt(ms + epsilon))
+    Y *= scale.astype(sdt, copy=False)
+    return (Y.astype(dt, copy=False),)
+
+
+# --------------------------------------------------------------------------- Instance / Group
+
+
+@kernel("InstanceNormalization", since=(1, 6, 22))
+def InstanceNormalization(xp, input, scale, B, epsilon=1e-5, consumed_inputs=None):
+    dt = input.dtype
+    cdt = acc_dtype(xp, dt)
+    Xc = input.astype(cdt, copy=False)
+    axes = tuple(range(2, input.ndim))
+    mean, var, d = _mean_var(xp, Xc, axes)
+    Y = d * (_stat_shape(scale.astype(cdt, copy=False), Xc) / xp.sqrt(var + epsilon))
+    Y += _stat_shape(B.astype(cdt, copy=False), Xc)
+    return (Y.astype(dt, copy=False),)
+
+
+@kernel("GroupNormalization", since=(18, 21))
+def GroupNormalization(xp, X, scale, bias, epsilon=1e-5, num_groups=None, stash_type=1, *, opset=21):
+    dt = X.dtype
+    sdt = np_dtype(stash_type) if stash_type else acc_dtype(xp, dt)
+    if sdt.kind != "f" or (sdt == np.float16 and xp is np):
+        sdt = np.dtype(np.float32)
+    N, C = X.shape[:2]
+    G = int(num_groups)
+    Xg = X.astype(sdt, copy=False).reshape((N, G, -1))
+    mean, var, d = _mean_var(xp, Xg, (2,))
+    Y = (d / xp.sqrt(var + epsilon)).reshape(X.shape)
+    sc = scale.astype(sdt, copy=False)
+    bi = bias.astype(sdt, copy=False)
+    if sc.shape[0] != C:
+        # opset-18 form: one scale/bias per group, repeated over the group's channels
+        sc = xp.repeat(sc, C // G)
+        bi = xp.repeat(bi, C // G)
+    Y = Y * _stat_shape(sc, Y) + _stat_shape(bi, Y)
+    return (Y.astype(dt, copy=False),)
+
+
+# --------------------------------------------------------------------------- LRN / MVN / Lp
+
+
+@kernel("LRN", since=(1, 13))
+def LRN(xp, X, alpha=1e-4, beta=0.75, bias=1.0, size=None):
+    dt = X.dtype
+    cdt = acc_dtype(xp, dt)
+    Xc = X.astype(cdt, copy=False)
+    sq = Xc * Xc
+    C = X.shape[1]
+    lo = (size - 1) // 2
+    pad = xp.zeros((X.shape[0], C + size - 1) + X.shape[2:], dtype=cdt)
+    pad[:, lo:lo + C] = sq
+    ss = pad[:, 0:C].copy()
+    for j in range(1, size):
+        ss += pad[:, j:j + C]
+    Y = Xc / (bias + (alpha / size) * ss) ** beta
+    return (Y.astype(dt, copy=False),)
+
+
+@kernel("MeanVarianceNormalization", since=(9, 13))
+def MeanVarianceNormalization(xp, X, axes=(0, 2, 3)):
+    dt = X.dtype
+    cdt = acc_dtype(xp, dt)
+    Xc = X.astype(cdt, copy=False)
+    ax = tuple(norm_axis(a, X.ndim) for a in axes)
+    mean, var, d = _mean_var(xp, Xc, ax)
+    Y = d / (xp.sqrt(var) + 1e-9)
+    return (Y.astype(dt, copy=False),)
+
+
+@kernel("LpNormalization", since=(1, 22))
+def LpNormalization(xp, input, axis=-1, p=2):
+    dt = input.dtype
+    cdt = acc_dtype(xp, dt)
+    Xc = input.astype(cdt, copy=False)
+    if p == 1:
+        norm = xp.sum(xp.abs(Xc), axis=axis, keepdims=True)
+    elif p == 2:
+        norm = xp.sqrt(xp.sum(Xc * Xc, axis=axis, keepdims=True))
+    else:
+        norm = xp.sum(xp.abs(Xc) ** p, axis=axis, keepdims=True) ** (1.0 / p)
+    safe = xp.where(norm == 0, 1, norm)
+    Y = xp.where(norm == 0, 0, Xc / safe)
+    return (Y.astype(dt, copy=False),)

@@ -1,0 +1,291 @@
+"""Reductions and axis-wise ops: Reduce*, ArgMax/ArgMin, CumSum/CumProd,
+Softmax/LogSoftmax/Hardmax, TopK, Det.
+
+Reduce* take ``axes`` as an attribute in old opsets and as input 1 in new ones (same
+parameter name, read on the host either way). An empty ``axes`` reduces everything
+unless ``noop_with_empty_axes``, which reduces nothing (the op's element-wise part still
+applies, as in the ONNX reference: ReduceSumSquare -> x*x). A reduction over an empty
+set gives the op's identity (0, 1, -inf, dtype min, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from hetero_exec.kernels._common import host_ints, norm_axis
+from hetero_exec.kernels.registry import kernel
+
+
+def _is_ml(dtype) -> bool:
+    """bfloat16/float8 (ml_dtypes): numpy kind 'V'."""
+    return dtype.kind == "V"
+
+
+def _acc_dtype(dtype):
+    """Accumulate half/bfloat16 in float32 (as onnxruntime does); others in their own type."""
+    if dtype == np.float16 or _is_ml(dtype):
+        return np.dtype(np.float32)
+    return dtype
+
+
+def _axes(data, axes, noop_with_empty_axes) -> tuple[int, ...] | None:
+    """Normalised reduction axes: a tuple (possibly empty = reduce nothing) or None = all."""
+    ax = host_ints(axes) if axes is not None else []
+    if not ax:
+        return () if noop_with_empty_axes else None
+    r = data.ndim
+    return tuple(sorted({a + r if a < 0 else a for a in ax}))
+
+
+def _out_shape(shape, axes, keepdims):
+    if keepdims:
+        return tuple(1 if i in axes else s for i, s in enumerate(shape))
+    return tuple(s for i, s in enumerate(shape) if i not in axes)
+
+
+def _reduce(xp, data, axes, keepdims, noop_with_empty_axes, *, pre=None, red=None,
+            post=None, empty=None):
+    """Run ``post(red(pre(data), axes, keepdims))``; ``empty`` for an empty reduced set."""
+    ax = _axes(data, axes, noop_with_empty_axes)
+    keepdims = bool(keepdims)
+    if ax == ():  # no reduction: only the element-wise parts
+        y = pre(xp, data) if pre else data
+        y = post(xp, y) if post else y
+        return (xp.asarray(y).astype(data.dtype, copy=False),)
+    if ax is None:
+        ax = tuple(range(data.ndim))
+    if any(data.shape[a] == 0 for a in ax):
+        value = empty(data.dtype) if callable(empty) else empty
+        return (xp.full(_out_shape(data.shape, ax, keepdims), value, dtype=data.dtype),)
+    y = pre(xp, data) if pre else data
+    y = red(xp, y, ax, keepdims)
+    if post:
+        y = post(xp, y)
+    return (xp.asarray(y).astype(data.dtype, copy=False),)
+
+
+def _sum(xp, x, ax, kd):
+    return xp.sum(x, axis=ax, keepdims=kd, dtype=_acc_dtype(x.dtype))
+
+
+def _max_empty(dtype):
+    if dtype == np.bool_:
+        return False
+    if dtype.kind in "iu":
+        return np.iinfo(dtype).min
+    return -np.inf
+
+
+def _min_empty(dtype):
+    if dtype == np.bool_:
+        return True
+    if dtype.kind in "iu":
+        return np.iinfo(dtype).max
+    return np.inf
+
+
+def _mean(xp, x, ax, kd):
+    n = math.prod(x.shape[a] for a in ax)
+    if x.dtype.kind in "iub":  # like numpy's mean(dtype=int): true division, then truncation
+        return xp.sum(x, axis=ax, keepdims=kd, dtype=x.dtype) / n
+    return xp.sum(x, axis=ax, keepdims=kd, dtype=_acc_dtype(x.dtype)) / n
+
+
+def _logsumexp(xp, x, ax, kd):
+    m = xp.max(x, axis=ax, keepdims=True)
+    m = xp.where(xp.isfinite(m), m, 0)
+    s = xp.log(xp.sum(xp.exp(x - m), axis=ax, keepdims=True))
+    s = s + m
+    if not kd:
+        s = s.reshape(_out_shape(x.shape, ax, False))
+    return s
+
+
+def _square(xp, x):
+    return x * x
+
+
+def _reg_reduce(op_type: str, sinces, **parts: Any) -> None:
+    def k(xp, data, axes=None, keepdims=1, noop_with_empty_axes=0):
+        return _reduce(xp, data, axes, keepdims, noop_with_empty_axes, **parts)
+
+    k.__name__ = k.__qualname__ = op_type
+    kernel(op_type, sinces, host_inputs=(1,))(k)
+
+
+# sinces: the attribute-axes era and the input-axes era (13 for ReduceSum, 18 for the rest)
+_reg_reduce("ReduceSum", (1, 13), red=_sum, empty=0)
+_reg_reduce("ReduceMean", (1, 18), red=_mean, empty=lambda dt: 0 if dt.kind in "iub" else np.nan)
+_reg_reduce("ReduceProd", (1, 18), empty=1,
+            red=lambda xp, x, ax, kd: xp.prod(x, axis=ax, keepdims=kd, dtype=_acc_dtype(x.dtype)))
+_reg_reduce("ReduceMax", (1, 18), empty=_max_empty,
+            red=lambda xp, x, ax, kd: xp.max(x, axis=ax, keepdims=kd))
+_reg_reduce("ReduceMin", (1, 18), empty=_min_empty,
+            red=lambda xp, x, ax, kd: xp.min(x, axis=ax, keepdims=kd))
+_reg_reduce("ReduceL1", (1, 18), pre=lambda xp, x: xp.abs(x), red=_sum, empty=0)
+_reg_reduce("ReduceL2", (1, 18), pre=_square, red=_sum, post=lambda xp, y: xp.sqrt(y), empty=0)
+_reg_reduce("ReduceSumSquare", (1, 18), pre=_square, red=_sum, empty=0)
+_reg_reduce("ReduceLogSum", (1, 18), red=_sum, post=lambda xp, y: xp.log(y), empty=_max_empty)
+_reg_reduce("ReduceLogSumExp", (1, 18), red=_logsumexp, empty=_max_empty)
+
+
+# ---------------------------------------------------------------- ArgMax / ArgMin
+def _arg(xp, fn: Callable, data, axis, keepdims, select_last_index):
+    axis = norm_axis(axis, data.ndim)
+    if select_last_index:
+        n = data.shape[axis]
+        idx = (n - 1) - fn(xp.flip(data, axis), axis=axis)
+    else:
+        idx = fn(data, axis=axis)
+    idx = xp.asarray(idx).astype(np.int64, copy=False)
+    if keepdims:
+        idx = xp.expand_dims(idx, axis)
+    return (idx,)
+
+
+@kernel("ArgMax")
+def ArgMax(xp, data, axis=0, keepdims=1, select_last_index=0):
+    return _arg(xp, xp.argmax, data, axis, keepdims, select_last_index)
+
+
+@kernel("ArgMin")
+def ArgMin(xp, data, axis=0, keepdims=1, select_last_index=0):
+    return _arg(xp, xp.argmin, data, axis, keepdims, select_last_index)
+
+
+# ---------------------------------------------------------------- CumSum / CumProd
+def _cum(xp, fn, x, axis, exclusive, reverse, ident):
+    ax = norm_axis(host_ints(axis)[0], x.ndim)
+    if x.shape[ax] == 0:
+        return (x.copy(),)
+    y = xp.flip(x, ax) if reverse else x
+    acc = _acc_dtype(x.dtype) if x.dtype.kind == "f" or _is_ml(x.dtype) else x.dtype
+    y = fn(y, axis=ax, dtype=acc)
+    if exclusive:
+        head = [slice(None)] * x.ndim
+        head[ax] = slice(0, -1)
+        pad_shape = list(x.shape)
+        pad_shape[ax] = 1
+        y = xp.concatenate([xp.full(pad_shape, ident, dtype=y.dtype), y[tuple(head)]], axis=ax)
+    if reverse:
+        y = xp.flip(y, ax)
+    return (xp.ascontiguousarray(y.astype(x.dtype, copy=False)),)
+
+
+@kernel("CumSum", 11, host_inputs=(1,))
+def CumSum(xp, x, axis, exclusive=0, reverse=0):
+    return _cum(xp, xp.cumsum, x, axis, exclusive, reverse, 0)
+
+
+@kernel("CumProd", 26, host_inputs=(1,))
+def CumProd(xp, x, axis, exclusive=0, reverse=0):
+    return _cum(xp, xp.cumprod, x, axis, exclusive, reverse, 1)
+
+
+# ---------------------------------------------------------------- Softmax family
+def _as_2d(x, axis):
+    """Opset<13 semantics: the input seen as a 2-D [prod(shape[:axis]), prod(shape[axis:])]."""
+    axis = norm_axis(axis, x.ndim)
+    return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
+
+
+def _softmax(xp, x, axis, log=False):
+    dt = x.dtype
+    if _is_ml(dt):
+        x = x.astype(np.float32)
+    z = x - xp.max(x, axis=axis, keepdims=True)
+    if log:
+        z -= xp.log(xp.sum(xp.exp(z), axis=axis, keepdims=True))
+    else:
+        xp.exp(z, out=z)
+        z /= xp.sum(z, axis=axis, keepdims=True)
+    return z.astype(dt, copy=False)
+
+
+def _hardmax(xp, x, axis):
+    axis = norm_axis(axis, x.ndim)
+    idx = xp.expand_dims(xp.argmax(x, axis=axis), axis)
+    shape = [1] * x.ndim
+    shape[axis] = x.shape[axis]
+    rng = xp.arange(x.shape[axis]).reshape(shape)
+    return (rng == idx).astype(x.dtype)
+
+
+@kernel("Softmax", (1, 11))
+def Softmax_1(xp, input, axis=1):  # noqa: A002
+    if input.size == 0:
+        return (input,)
+    return (_softmax(xp, _as_2d(input, axis), 1).reshape(input.shape),)
+
+
+@kernel("Softmax", 13)
+def Softmax(xp, input, axis=-1):  # noqa: A002
+    if input.size == 0:
+        return (input,)
+    return (_softmax(xp, input, norm_axis(axis, input.ndim)),)
+
+
+@kernel("LogSoftmax", (1, 11))
+def LogSoftmax_1(xp, input, axis=1):  # noqa: A002
+    if input.size == 0:
+        return (input,)
+    return (_softmax(xp, _as_2d(input, axis), 1, log=True).reshape(input.shape),)
+
+
+@kernel("LogSoftmax", 13)
+def LogSoftmax(xp, input, axis=-1):  # noqa: A002
+    if input.size == 0:
+        return (input,)
+    return (_softmax(xp, input, norm_axis(axis, input.ndim), log=True),)
+
+
+@kernel("Hardmax", (1, 11))
+def Hardmax_1(xp, input, axis=1):  # noqa: A002
+    if input.size == 0:
+        return (input,)
+    return (_hardmax(xp, _as_2d(input, axis), 1).reshape(input.shape),)
+
+
+@kernel("Hardmax", 13)
+def Hardmax(xp, input, axis=-1):  # noqa: A002
+    if input.size == 0:
+        return (input,)
+    return (_hardmax(xp, input, axis),)
+
+
+# ---------------------------------------------------------------- TopK
+def _stable_argsort(xp, x, axis):
+    if xp is np:
+        return np.argsort(x, axis=axis, kind="stable")
+    return xp.argsort(x, axis=axis)  # cupy's sort is always stable
+
+
+@kernel("TopK", (1, 10, 11), host_inputs=(1,))
+def TopK(xp, X, K=None, axis=-1, largest=1, sorted=1, k=None):  # noqa: A002
+    """Ties keep the lower index first: for ``largest`` sort the flipped axis ascending
+    (stable) and read it backwards, so equal values come out in increasing index."""
+    kk = host_ints(K if K is not None else k)[0]
+    ax = norm_axis(axis, X.ndim)
+    n = X.shape[ax]
+    sel = [slice(None)] * X.ndim
+    sel[ax] = slice(0, kk)
+    sel = tuple(sel)
+    if largest:
+        order = _stable_argsort(xp, xp.flip(X, ax), ax)
+        idx = (n - 1) - xp.flip(order, ax)[sel]
+    else:
+        idx = _stable_argsort(xp, X, ax)[sel]
+    idx = idx.astype(np.int64, copy=False)
+    values = xp.take_along_axis(X, idx, axis=ax)
+    return (values, idx)
+
+
+# ---------------------------------------------------------------- Det
+@kernel("Det", 11)
+def Det(xp, X):
+    dt = X.dtype
+    x = X.astype(np.float32) if dt == np.float16 or _is_ml(dt) else X
+    return (xp.asarray(xp.linalg.det(x)).astype(dt, copy=False),)
