@@ -1,0 +1,218 @@
+"""hetero-exec: run | plan | demo.
+
+    hetero-exec run model.onnx --input x=x.npy --providers sim-gpu,cpu --hetero
+    hetero-exec run model.onnx --random-inputs --dim N=4
+    hetero-exec plan model.onnx --providers sim-gpu:0,sim-gpu:1,cpu --hetero --json p.json --dot p.dot
+    hetero-exec demo [--executor local|ray]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from hetero_exec.errors import HeteroExecError
+
+log = logging.getLogger("hetero_exec.cli")
+
+
+def _providers(text: str | None) -> list[str] | None:
+    return [p.strip() for p in text.split(",") if p.strip()] if text else None
+
+
+def _dims(items: Sequence[str]) -> dict[str, int]:
+    out = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if not value.isdigit():
+            raise SystemExit(f"--dim expects NAME=INT, got {item!r}")
+        out[name] = int(value)
+    return out
+
+
+def _session_options(args: argparse.Namespace) -> dict[str, Any]:
+    opts: dict[str, Any] = {}
+    if getattr(args, "hetero", False):
+        opts["hetero"] = True
+    if getattr(args, "require_gpu", False):
+        opts["require_gpu"] = True
+    if getattr(args, "strategy", None):
+        opts["strategy"] = args.strategy
+    if getattr(args, "dim", None):
+        opts["dim_bounds"] = _dims(args.dim)
+    if getattr(args, "executor", None):
+        opts["executor"] = args.executor
+    return opts
+
+
+def random_feed(sess, dims: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs for every declared input; symbolic dims from ``dims`` (default 1)."""
+    rng = np.random.default_rng(seed)
+    feed = {}
+    for arg in sess.get_inputs():
+        v = sess.graph.value(arg.name)
+        shape = tuple(d if isinstance(d, int) else dims.get(d, 1) if isinstance(d, str) else 1
+                      for d in (v.shape or ()))
+        dt = v.dtype or np.dtype(np.float32)
+        if dt.kind == "f":
+            feed[arg.name] = rng.standard_normal(shape).astype(dt)
+        elif dt.kind in "iu":
+            feed[arg.name] = rng.integers(0, 4, shape).astype(dt)
+        elif dt.kind == "b":
+            feed[arg.name] = rng.integers(0, 2, shape).astype(bool)
+        else:
+            raise SystemExit(f"--random-inputs cannot make input {arg.name!r} of dtype {dt}")
+    return feed
+
+
+def _summary(name: str, v: Any) -> str:
+    if isinstance(v, np.ndarray):
+        if v.size and v.dtype.kind in "fiub":
+            return (f"{name}: {v.dtype}{list(v.shape)} min={v.min():.4g} max={v.max():.4g} "
+                    f"mean={v.astype(np.float64).mean():.4g}")
+        return f"{name}: {v.dtype}{list(v.shape)}"
+    return f"{name}: {type(v).__name__}"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from hetero_exec import InferenceSession
+
+    sess = InferenceSession(args.model, providers=_providers(args.providers), **_session_options(args))
+    feed: dict[str, Any] = random_feed(sess, _dims(args.dim or [])) if args.random_inputs else {}
+    for item in args.input or []:
+        name, _, path = item.partition("=")
+        feed[name] = np.load(path, allow_pickle=False)
+    t = time.perf_counter()
+    outs = sess.run_outputs(None, feed)
+    dt = time.perf_counter() - t
+    print(f"ran {args.model} on {', '.join(sess.get_providers())} in {dt * 1e3:.2f} ms")
+    if sess.fallback_report is not None:
+        print(f"fallback: {sess.fallback_report}")
+    for out, value in zip(sess.graph.outputs, outs):
+        print("  " + _summary(out, value))
+        if args.save:
+            np.save(f"{args.save}{out}.npy", value)
+    sess.close()
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from hetero_exec import InferenceSession
+
+    sess = InferenceSession(args.model, providers=_providers(args.providers), **_session_options(args))
+    plan = sess.placement
+    print(plan.report())
+    if sess.fallback_report is not None:
+        print(f"fallback: {sess.fallback_report}")
+    if args.json:
+        plan.to_json(args.json)
+        print(f"wrote {args.json}")
+    dot = plan.to_dot()
+    if args.dot:
+        with open(args.dot, "w") as f:
+            f.write(dot)
+        print(f"wrote {args.dot}")
+    if args.svg:
+        exe = shutil.which("dot")
+        if exe is None:
+            print("graphviz 'dot' is not installed: no SVG written (use --dot and render elsewhere)")
+            return 1
+        subprocess.run([exe, "-Tsvg", "-o", args.svg], input=dot.encode(), check=True)
+        print(f"wrote {args.svg}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from hetero_exec import InferenceSession
+    from hetero_exec.demo import demo_inputs, detector_model
+
+    model = detector_model()
+    feed = demo_inputs(batch=args.batch)
+    print("hetero_exec demo: a tiny detector (conv backbone + NonMaxSuppression post-processing)")
+    fallback = InferenceSession(model, providers=["sim-gpu", "cpu"])
+    print(f"\n1) default: whole-session fallback\n   providers in use: {fallback.get_providers()}\n"
+          f"   report: {fallback.fallback_report}")
+    opts: dict[str, Any] = {"hetero": True, "executor": args.executor}
+    if args.executor == "ray":
+        opts["enable_profiling"] = True
+    print(f"\n2) hetero=True, executor={args.executor!r}")
+    with InferenceSession(model, providers=["sim-gpu", "cpu"], **opts) as sess:
+        print("   " + sess.placement.report().replace("\n", "\n   "))
+        outs = sess.run(None, feed)
+        t = time.perf_counter()
+        for _ in range(args.runs):
+            outs = sess.run(None, feed)
+        per_run = (time.perf_counter() - t) / max(args.runs, 1)
+        ref = fallback.run(None, feed)
+        same = all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(outs, ref))
+        print(f"\n   {args.runs} runs, {per_run * 1e3:.2f} ms per run; matches the cpu session: {same}")
+        timings = getattr(sess._executor, "segment_timings", None)
+        if callable(timings):
+            for line in timings():
+                print(f"   {line}")
+        for name, v in zip(sess.graph.outputs, outs):
+            print("   " + _summary(name, v))
+        trace = sess.end_profiling()
+        if trace:
+            print(f"   chrome trace: {trace}")
+    return 0 if same else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="hetero-exec", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-v", "--verbose", action="store_true")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def placement_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--providers", help="comma-separated, in preference order (default cpu)")
+        p.add_argument("--hetero", action="store_true", help="opt in to mixed placement")
+        p.add_argument("--require-gpu", action="store_true")
+        p.add_argument("--strategy", choices=["greedy", "balanced", "memory"])
+        p.add_argument("--dim", action="append", help="symbolic dim bound NAME=INT (repeatable)")
+        p.add_argument("--executor", choices=["local", "ray"])
+
+    r = sub.add_parser("run", help="run a model")
+    r.add_argument("model")
+    r.add_argument("--input", action="append", help="NAME=FILE.npy (repeatable)")
+    r.add_argument("--random-inputs", action="store_true")
+    r.add_argument("--save", help="prefix for writing outputs as .npy")
+    placement_args(r)
+    r.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("plan", help="show (and save) a model's placement plan")
+    p.add_argument("model")
+    p.add_argument("--json")
+    p.add_argument("--dot")
+    p.add_argument("--svg")
+    placement_args(p)
+    p.set_defaults(fn=cmd_plan)
+
+    d = sub.add_parser("demo", help="run the built-in demo model with sim-gpu + cpu placement")
+    d.add_argument("--executor", choices=["local", "ray"], default="ray")
+    d.add_argument("--batch", type=int, default=2)
+    d.add_argument("--runs", type=int, default=20)
+    d.set_defaults(fn=cmd_demo)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.fn(args)
+    except HeteroExecError as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
