@@ -21,22 +21,23 @@ def execute(plan: RunPlan, inputs: Sequence[Any], scope: list[Any] | None = None
         if v is not None:
             vals[s] = v
     xp = plan.xp
-    step: Step | None = None
+    k = 0
     try:
-        for step in plan.steps:
-            if step.wants_scope:
-                outs = step.fn(xp, *[vals[i] for i in step.inputs], scope=vals, **step.kwargs)
+        for k, (fn, ins, outs, kw, rel, mode) in enumerate(plan.fast_steps):
+            if mode == 0:
+                res = fn(xp, *[vals[i] for i in ins])
+            elif mode == 1:
+                res = fn(xp, *[vals[i] for i in ins], **kw)
             else:
-                outs = step.fn(xp, *[vals[i] for i in step.inputs], **step.kwargs)
-            for s, v in zip(step.outputs, outs):
+                res = fn(xp, *[vals[i] for i in ins], scope=vals, **kw)
+            for s, v in zip(outs, res):
                 vals[s] = v
-            for s in step.release:
+            for s in rel:
                 vals[s] = None
     except HeteroExecError:
         raise
     except Exception as e:
-        assert step is not None
-        raise kernel_error(step, vals, e, plan) from e
+        raise kernel_error(plan.steps[k], vals, e, plan) from e
     return [vals[s] for s in plan.output_slots]
 
 

@@ -14,11 +14,17 @@ from hetero_exec.ir.graph import Graph
 
 
 class CompiledSegment:
-    def __init__(self, graph: Graph, segment, fold_constants: bool = True):
+    def __init__(self, graph: Graph, segment, fold_constants: bool = True, providers=None):
         prov = segment.provider
         self.segment = segment
         self.provider = prov
-        compiler = Compiler(prov.xp, prov.name, fold_constants=fold_constants, to_device=prov.to_device)
+        placer = None
+        if providers is not None and len(providers) > 1:
+            from hetero_exec.exec.placed_body import make_body_placer
+
+            placer = make_body_placer(providers, fold_constants)
+        compiler = Compiler(prov.xp, prov.name, fold_constants=fold_constants,
+                            to_device=prov.to_device, body_placer=placer)
         self.plan: RunPlan = compiler.compile(graph, segment.nodes, segment.inputs, segment.outputs)
 
 
@@ -29,7 +35,10 @@ class LocalExecutor:
         self.graph = graph
         self.build = build
         self.checker = FeedChecker(graph)
-        self.segments = [CompiledSegment(graph, s, options.fold_constants) for s in build.placement.segments]
+        # a heterogeneous session places control-flow bodies with the same rules
+        ranked = build.all_providers if len(build.placement.segments) > 1 else None
+        self.segments = [CompiledSegment(graph, s, options.fold_constants, ranked)
+                         for s in build.placement.segments]
         self.copies = 0
         self.copy_bytes = 0
         self._lock = threading.Lock()
@@ -41,8 +50,16 @@ class LocalExecutor:
             pos = {n: i for i, n in enumerate(graph.inputs)}
             self._feed_pos = [pos.get(n) for n, _ in plan.input_slots]
 
-    def run(self, names: Sequence[str], feed: Mapping[str, Any]) -> list[Any]:
+    def run(self, names: Sequence[str], feed: Mapping[str, Any], on_device: bool = False) -> list[Any]:
+        """``on_device``: feeds already live on the (single) provider's device and
+        outputs stay there (IO binding)."""
         ordered, _symbols = self.checker.check(feed)
+        if on_device:
+            seg = self.segments[0]
+            pos = {n: i for i, n in enumerate(self.graph.inputs)}
+            outs = execute(seg.plan, [ordered[pos[n]] if n in pos else None for n, _ in seg.plan.input_slots])
+            by_name = dict(zip(seg.plan.output_names, outs))
+            return [by_name[n] for n in names]
         if self._single is not None:
             plan = self._single.plan
             outs = execute(plan, [ordered[i] if i is not None else None for i in self._feed_pos])

@@ -54,6 +54,16 @@ class RunPlan:
     slot_of: dict[str, int] = field(default_factory=dict)
     xp: Any = np
     provider: str = "cpu"
+    #: the steps as plain tuples (fn, inputs, outputs, kwargs, release, mode) for the
+    #: run loop: mode 0 plain call, 1 with attributes, 2 with attributes and scope
+    fast_steps: list[tuple] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.fast_steps = [
+            (st.fn, st.inputs, st.outputs, st.kwargs, st.release,
+             2 if st.wants_scope else (1 if st.kwargs else 0))
+            for st in self.steps
+        ]
 
     @property
     def nslots(self) -> int:
@@ -93,11 +103,14 @@ class Compiler:
     """Compiles node lists for one provider (its array module and its kernel choice)."""
 
     def __init__(self, xp: Any = np, provider: str = "cpu", fold_constants: bool = True,
-                 to_device: Callable[[Any], Any] | None = None):
+                 to_device: Callable[[Any], Any] | None = None,
+                 body_placer: Callable[[Graph, dict[str, int]], Any] | None = None):
         self.xp = xp
         self.provider = provider
         self.fold_constants = fold_constants
         self.to_device = to_device or (lambda a: a)
+        #: compiles control-flow bodies with their own placement (heterogeneous sessions)
+        self.body_placer = body_placer
 
     def compile_graph(self, graph: Graph, outer: dict[str, int] | None = None) -> RunPlan:
         return self.compile(graph, graph.nodes, graph.inputs, graph.outputs, outer)
@@ -135,7 +148,13 @@ class Compiler:
             # captures of bodies are read from this plan's slots: give them slots before
             # the bodies compile against slot_of, and count them as uses for liveness
             cap_slots = tuple(slot(c) for sub in node.subgraphs.values() for c in sub.captures)
-            fn, kwargs, wants_scope = self._resolve(graph, node, slot_of)
+            try:
+                fn, kwargs, wants_scope = self._resolve(graph, node, slot_of)
+            except UnsupportedOperatorError as e:
+                if _static_inputs(graph, node):
+                    raise
+                # symbolic input shapes: deferred to run time (SEMANTICS.md 1.3)
+                fn, kwargs, wants_scope = _raising_step(e), {}, False
             in_slots = tuple(slot(i) if i else NONE_SLOT for i in _trim(node.inputs))
             out_slots = tuple(slot(o) if o else TRASH_SLOT for o in node.outputs)
             if (self.fold_constants and not wants_scope and node.op_type not in NONDETERMINISTIC
@@ -195,8 +214,11 @@ class Compiler:
                     f"attribute {name!r} is not supported by the kernel")
             if attr.type == onnx.AttributeProto.GRAPH:
                 body = node.subgraphs[name]
-                kwargs[name] = Subgraph(self.compile_graph(body, outer=slot_of),
-                                        [body.value(o).dtype for o in body.outputs])
+                if self.body_placer is not None:
+                    kwargs[name] = self.body_placer(body, slot_of)
+                else:
+                    kwargs[name] = Subgraph(self.compile_graph(body, outer=slot_of),
+                                            [body.value(o).dtype for o in body.outputs])
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 raise UnsupportedOperatorError(node.identity, node.canonical_domain, node.op_type,
                                                opset, self.provider, "GRAPHS attributes are not supported")
@@ -219,6 +241,17 @@ class Compiler:
             if s != TRASH_SLOT:
                 template[s] = v
         return True
+
+
+def _static_inputs(graph: Graph, node: Node) -> bool:
+    return all(graph.value(i).static for i in node.inputs if i)
+
+
+def _raising_step(error: Exception) -> Callable:
+    def unsupported(xp, *inputs):
+        raise error
+
+    return unsupported
 
 
 def _function_step(sub: Subgraph) -> Callable:

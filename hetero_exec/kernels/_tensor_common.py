@@ -6,12 +6,31 @@ from typing import Any
 
 import numpy as np
 
+from hetero_exec.kernels._common import host_ints, host_scalar
+
 
 def to_host(v: Any) -> np.ndarray:
     """A (small) value as a numpy array, whether it lives in numpy or cupy."""
     if hasattr(v, "get") and not isinstance(v, (np.ndarray, dict)):  # cupy array
         v = v.get()
     return np.asarray(v)
+
+
+def ints(v: Any) -> list[int]:
+    """``host_ints`` with a fast path for numpy integer arrays and lists (shape ops call
+    this on every run, so it is kept to a ``tolist``)."""
+    if type(v) is np.ndarray and v.dtype.kind in "iu":
+        return v.reshape(-1).tolist()
+    if type(v) is list:
+        return [int(i) for i in v]
+    return host_ints(v)
+
+
+def scalar(v: Any) -> Any:
+    """The first element of a host value as a Python scalar."""
+    if type(v) is np.ndarray:
+        return v.reshape(-1)[0].item()
+    return host_scalar(v)
 
 
 def host_floats(v: Any) -> list[float]:

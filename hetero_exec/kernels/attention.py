@@ -16,8 +16,6 @@ import numpy as np
 from hetero_exec.kernels._common import np_dtype
 from hetero_exec.kernels.registry import kernel
 
-
-
 _BLAS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -51,7 +49,7 @@ def _grouped_matmul(xp, a, b, kv_heads):
 def _softmax_guarded(xp, x, inplace=False):
     """Softmax over the last axis where an all -inf row gives zeros, not NaN."""
     m = xp.max(x, axis=-1, keepdims=True)
-    m = xp.where(xp.isneginf(m), 0, m)
+    m = xp.where(m == -math.inf, 0, m)
     e = xp.subtract(x, m, out=x if inplace else None)
     xp.exp(e, out=e)
     s = xp.sum(e, axis=-1, keepdims=True)
@@ -60,10 +58,27 @@ def _softmax_guarded(xp, x, inplace=False):
 
 
 @kernel("Attention", since=(23, 24, 25))
-def Attention(xp, Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None,
-              *, is_causal=0, kv_num_heads=None, q_num_heads=None, qk_matmul_output_mode=0,
-              scale=None, softcap=0.0, softmax_precision=None, left_window_size=-1,
-              right_window_size=-1, num_outputs=1):
+def Attention(
+    xp,
+    Q,
+    K,
+    V,
+    attn_mask=None,
+    past_key=None,
+    past_value=None,
+    nonpad_kv_seqlen=None,
+    *,
+    is_causal=0,
+    kv_num_heads=None,
+    q_num_heads=None,
+    qk_matmul_output_mode=0,
+    scale=None,
+    softcap=0.0,
+    softmax_precision=None,
+    left_window_size=-1,
+    right_window_size=-1,
+    num_outputs=1,
+):
     out_dtype = Q.dtype
     rank3 = Q.ndim == 3
     if rank3:
@@ -77,7 +92,7 @@ def Attention(xp, Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpa
     if scale is None:
         scale = 1.0 / math.sqrt(head)
     # Q and K are each scaled by sqrt(scale), in the input precision, as the spec prescribes
-    sq = np.asarray(math.sqrt(scale)).astype(out_dtype)
+    sq = np.dtype(out_dtype).type(math.sqrt(scale))  # a numpy scalar: mixes with cupy arrays too
     if past_key is not None:
         K = xp.concatenate((past_key, K), axis=2)
     if past_value is not None:
@@ -124,8 +139,10 @@ def Attention(xp, Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpa
         for c in conds:
             allowed = c if allowed is None else allowed & c
     if nonpad_kv_seqlen is not None:
-        pad_ok = (xp.arange(kv_len, dtype=np.int64).reshape(1, -1)
-                  < nonpad_kv_seqlen.astype(np.int64).reshape(-1, 1)).reshape(batch, 1, 1, kv_len)
+        pad_ok = (
+            xp.arange(kv_len, dtype=np.int64).reshape(1, -1)
+            < nonpad_kv_seqlen.astype(np.int64).reshape(-1, 1)
+        ).reshape(batch, 1, 1, kv_len)
         allowed = pad_ok if allowed is None else allowed & pad_ok
     if allowed is not None:
         neg = xp.where(allowed, 0, -np.inf).astype(out_dtype)
@@ -141,7 +158,7 @@ def Attention(xp, Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpa
     probs = _softmax_guarded(xp, scores, inplace=scores is not qk_out)
     if bias is not None:
         # a row no key may attend gives zeros (decided on the bias, not on possibly-NaN logits)
-        all_masked = xp.isneginf(xp.max(bias, axis=-1, keepdims=True))
+        all_masked = xp.max(bias, axis=-1, keepdims=True) == -math.inf
         if bool(all_masked.any()):
             probs = xp.where(all_masked, 0, probs)
     if qk_matmul_output_mode == 3 and num_outputs >= 4:
@@ -161,8 +178,17 @@ def Attention(xp, Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpa
 
 
 @kernel("RotaryEmbedding", since=23)
-def RotaryEmbedding(xp, X, cos_cache, sin_cache, position_ids=None, *, interleaved=0,
-                    num_heads=0, rotary_embedding_dim=0):
+def RotaryEmbedding(
+    xp,
+    X,
+    cos_cache,
+    sin_cache,
+    position_ids=None,
+    *,
+    interleaved=0,
+    num_heads=0,
+    rotary_embedding_dim=0,
+):
     shape = X.shape
     if X.ndim == 3:  # (B, S, H*D) -> (B, S, H, D)
         if not num_heads:
@@ -189,7 +215,7 @@ def RotaryEmbedding(xp, X, cos_cache, sin_cache, position_ids=None, *, interleav
     if interleaved:
         x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
     else:
-        x1, x2 = x_rot[..., :rd // 2], x_rot[..., rd // 2:]
+        x1, x2 = x_rot[..., : rd // 2], x_rot[..., rd // 2 :]
     real = cos * x1 - sin * x2
     imag = sin * x1 + cos * x2
     if interleaved:
@@ -209,9 +235,21 @@ def SwiGLU(xp, A, B, *, alpha=1.0):
 
 
 @kernel("LinearAttention", since=27)
-def LinearAttention(xp, query, key, value, past_state=None, decay=None, beta=None, *,
-                    chunk_size=64, kv_num_heads=None, q_num_heads=None, scale=0.0,
-                    update_rule="gated_delta"):
+def LinearAttention(
+    xp,
+    query,
+    key,
+    value,
+    past_state=None,
+    decay=None,
+    beta=None,
+    *,
+    chunk_size=64,
+    kv_num_heads=None,
+    q_num_heads=None,
+    scale=0.0,
+    update_rule="gated_delta",
+):
     if update_rule not in ("linear", "gated", "delta", "gated_delta"):
         raise ValueError(f"unsupported update_rule {update_rule!r}")
     if not q_num_heads or not kv_num_heads or q_num_heads % kv_num_heads:
@@ -282,8 +320,9 @@ def _run_mod(mod, scope, x):
 
 
 @kernel("FlexAttention", since=1, domain="ai.onnx.preview")
-def FlexAttention(xp, Q, K, V, *, prob_mod=None, scale=None, score_mod=None,
-                  softmax_precision=None, scope=None):
+def FlexAttention(
+    xp, Q, K, V, *, prob_mod=None, scale=None, score_mod=None, softmax_precision=None, scope=None
+):
     if Q.ndim != 4 or K.ndim != 4 or V.ndim != 4:
         raise ValueError("FlexAttention needs rank-4 Q, K, V")
     head = Q.shape[-1]
@@ -295,7 +334,7 @@ def FlexAttention(xp, Q, K, V, *, prob_mod=None, scale=None, score_mod=None,
         cdt = np.dtype(np.float32)
     else:
         cdt = Q.dtype
-    sq = np.asarray(np.sqrt(np.float32(scale))).astype(Q.dtype)
+    sq = np.dtype(Q.dtype).type(np.sqrt(np.float32(scale)))
     kv_heads = K.shape[1]
     scores = _grouped_matmul(xp, Q * sq, xp.swapaxes(K * sq, -1, -2), kv_heads)
     scores = scores.astype(cdt, copy=False)

@@ -356,7 +356,8 @@ def DeformConv(xp, X, W, offset, B=None, mask=None, dilations=None, group=1, ker
         valid = (hh >= 0) & (hh < H) & (ww >= 0) & (ww < Wd)
         idx = xp.clip(hh, 0, H - 1) * Wd + xp.clip(ww, 0, Wd - 1)
         wt = xp.where(valid, wt, 0).astype(cdt, copy=False)
-        vals = xp.take_along_axis(Xg, idx.reshape(N, og, 1, P), axis=-1)  # (N, og, C/og, P)
+        idx = xp.broadcast_to(idx.reshape(N, og, 1, P), (N, og, C // og, P))
+        vals = xp.take_along_axis(Xg, idx, axis=-1)  # (N, og, C/og, P)
         term = vals * wt.reshape(N, og, 1, P)
         cols = term if cols is None else cols + term
     if mask is not None:

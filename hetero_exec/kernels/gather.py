@@ -14,8 +14,13 @@ from hetero_exec.kernels.registry import kernel
 
 @kernel("Gather", since=(1, 11, 13))
 def Gather(xp, data, indices, axis=0):
+    axis = norm_axis(axis, data.ndim)
+    if indices.ndim == 0 and type(indices) is np.ndarray and type(data) is np.ndarray:
+        # the Shape -> Gather(scalar) pattern: basic indexing, a view (the Ellipsis keeps
+        # a 0-d result an array)
+        return (data[(slice(None),) * axis + (int(indices), Ellipsis)],)
     # take() accepts negative indices in [-n, n) on numpy and cupy alike
-    return (xp.take(data, indices, axis=norm_axis(axis, data.ndim)),)
+    return (xp.take(data, indices, axis=axis),)
 
 
 @kernel("GatherElements", since=(11, 13))

@@ -14,7 +14,8 @@ def _pil_image():
         import PIL.Image
     except ImportError as e:
         raise ImportError(
-            "ImageDecoder needs Pillow: install the 'image' extra (pip install 'hetero_exec[image]')"
+            "ImageDecoder needs Pillow: install the 'image' extra "
+            "(pip install 'hetero_exec[image]')"
         ) from e
     return PIL.Image
 

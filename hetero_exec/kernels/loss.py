@@ -36,15 +36,18 @@ def _nll(xp, logp, target, weight, ignore_index, reduction):
 
 
 @kernel("NegativeLogLikelihoodLoss", since=(12, 13))
-def NegativeLogLikelihoodLoss(xp, input, target, weight=None, *, ignore_index=None, reduction="mean"):
+def NegativeLogLikelihoodLoss(
+    xp, input, target, weight=None, *, ignore_index=None, reduction="mean"
+):
     return (_nll(xp, input, target, weight, ignore_index, reduction),)
 
 
 @kernel("SoftmaxCrossEntropyLoss", since=(12, 13))
-def SoftmaxCrossEntropyLoss(xp, scores, labels, weights=None, *, ignore_index=None,
-                            reduction="mean", num_outputs=2):
+def SoftmaxCrossEntropyLoss(
+    xp, scores, labels, weights=None, *, ignore_index=None, reduction="mean", num_outputs=2
+):
     m = xp.max(scores, axis=1, keepdims=True)
     shifted = scores - m
     log_prob = shifted - xp.log(xp.sum(xp.exp(shifted), axis=1, keepdims=True))
     loss = _nll(xp, log_prob, labels, weights, ignore_index, reduction)
-    return (loss, log_prob.astype(scores.dtype, copy=False))[:max(num_outputs, 1)]
+    return (loss, log_prob.astype(scores.dtype, copy=False))[: max(num_outputs, 1)]

@@ -39,14 +39,18 @@ def _string_array(values, shape):
 def _lookup(x, keys, values, default, out_dtype):
     """Map each element of x through keys -> values; vectorised unless keys are strings."""
     x = np.asarray(x)
-    if x.dtype == object or (len(keys) and isinstance(keys[0], str)):
+    out_dtype = np.dtype(out_dtype)
+    to_str = out_dtype.kind == "O"
+    if x.dtype.kind == "O" or (len(keys) and isinstance(keys[0], str)):
         table = dict(zip([str(k) for k in keys], values))
-        flat = [table.get(v.decode() if isinstance(v, bytes) else v, default) for v in x.reshape(-1)]
-        if out_dtype == object:
+        flat = [
+            table.get(v.decode() if isinstance(v, bytes) else v, default) for v in x.reshape(-1)
+        ]
+        if to_str:
             return _string_array(flat, x.shape)
         return np.array(flat, dtype=out_dtype).reshape(x.shape)
     keys = np.asarray(keys)
-    vals = np.asarray(values, dtype=out_dtype if out_dtype != object else object)
+    vals = np.asarray(values, dtype=out_dtype)
     if keys.dtype.kind == "f":
         x_cmp = x.astype(np.float64)
         keys = keys.astype(np.float64)
@@ -65,45 +69,78 @@ def _lookup(x, keys, values, default, out_dtype):
                 pos_c = np.where(np.isnan(x_cmp), int(np.argmax(nan_keys)), pos_c)
     else:
         found = np.zeros(x.shape, dtype=bool)
-    if out_dtype == object:
+    if to_str:
         out = np.full(x.shape, default, dtype=object)
         out[found] = svals[pos_c[found]]
         return out
-    return np.where(found, svals[pos_c] if len(svals) else np.asarray(default, dtype=out_dtype),
-                    np.asarray(default, dtype=out_dtype)).astype(out_dtype)
+    return np.where(
+        found,
+        svals[pos_c] if len(svals) else np.asarray(default, dtype=out_dtype),
+        np.asarray(default, dtype=out_dtype),
+    ).astype(out_dtype)
 
 
 @kernel("LabelEncoder", since=(1, 2, 4), domain=ML, host_only=_HOST)
-def LabelEncoder(xp, X, *, classes_strings=None, default_float=-0.0, default_int64=-1,
-                 default_string="_Unused", default_tensor=None, keys_floats=None,
-                 keys_int64s=None, keys_strings=None, keys_tensor=None, values_floats=None,
-                 values_int64s=None, values_strings=None, values_tensor=None):
-    keys = next((k for k in (keys_floats, keys_int64s, keys_strings, keys_tensor) if k is not None), None)
+def LabelEncoder(
+    xp,
+    X,
+    *,
+    classes_strings=None,
+    default_float=-0.0,
+    default_int64=-1,
+    default_string="_Unused",
+    default_tensor=None,
+    keys_floats=None,
+    keys_int64s=None,
+    keys_strings=None,
+    keys_tensor=None,
+    values_floats=None,
+    values_int64s=None,
+    values_strings=None,
+    values_tensor=None,
+):
+    keys = next(
+        (k for k in (keys_floats, keys_int64s, keys_strings, keys_tensor) if k is not None), None
+    )
     if keys is None:
         # LabelEncoder-1: strings <-> indices into classes_strings
         classes = list(classes_strings or [])
         if X.dtype == object:
-            return (_lookup(X, classes, np.arange(len(classes), dtype=np.int64), default_int64,
-                            np.int64),)
+            return (
+                _lookup(
+                    X, classes, np.arange(len(classes), dtype=np.int64), default_int64, np.int64
+                ),
+            )
         idx = np.asarray(X, dtype=np.int64)
         ok = (idx >= 0) & (idx < len(classes))
-        flat = [classes[i] if k else default_string for i, k in zip(idx.reshape(-1), ok.reshape(-1))]
+        flat = [
+            classes[i] if k else default_string for i, k in zip(idx.reshape(-1), ok.reshape(-1))
+        ]
         return (_string_array(flat, X.shape),)
     if isinstance(keys, np.ndarray):
-        keys = keys.reshape(-1).tolist() if keys.dtype != object else [
-            k.decode() if isinstance(k, bytes) else k for k in keys.reshape(-1)]
+        keys = (
+            keys.reshape(-1).tolist()
+            if keys.dtype != object
+            else [k.decode() if isinstance(k, bytes) else k for k in keys.reshape(-1)]
+        )
     if values_tensor is not None:
         out_dtype = values_tensor.dtype
         if out_dtype.kind in "OSU":
             out_dtype = np.dtype(object)
-            values = [v.decode() if isinstance(v, bytes) else str(v) for v in values_tensor.reshape(-1)]
+            values = [
+                v.decode() if isinstance(v, bytes) else str(v) for v in values_tensor.reshape(-1)
+            ]
         else:
             values = values_tensor.reshape(-1)
         if default_tensor is not None:
             d = np.asarray(default_tensor).reshape(-1)[0]
-            default = d.decode() if isinstance(d, bytes) else (d.item() if hasattr(d, "item") else d)
+            default = (
+                d.decode() if isinstance(d, bytes) else (d.item() if hasattr(d, "item") else d)
+            )
         else:
-            default = "_Unused" if out_dtype == object else (-1 if out_dtype.kind in "iub" else -0.0)
+            default = (
+                "_Unused" if out_dtype.kind == "O" else (-1 if out_dtype.kind in "iub" else -0.0)
+            )
     elif values_floats is not None:
         out_dtype, values, default = np.dtype(np.float32), values_floats, default_float
     elif values_int64s is not None:
@@ -150,11 +187,27 @@ def _post_transform(res, post_transform):
 
 
 @kernel("TreeEnsemble", since=5, domain=ML, host_only=_HOST)
-def TreeEnsemble(xp, X, *, aggregate_function=1, leaf_targetids=None, leaf_weights=None,
-                 membership_values=None, n_targets=None, nodes_falseleafs=None,
-                 nodes_falsenodeids=None, nodes_featureids=None, nodes_hitrates=None,
-                 nodes_missing_value_tracks_true=None, nodes_modes=None, nodes_splits=None,
-                 nodes_trueleafs=None, nodes_truenodeids=None, post_transform=0, tree_roots=None):
+def TreeEnsemble(
+    xp,
+    X,
+    *,
+    aggregate_function=1,
+    leaf_targetids=None,
+    leaf_weights=None,
+    membership_values=None,
+    n_targets=None,
+    nodes_falseleafs=None,
+    nodes_falsenodeids=None,
+    nodes_featureids=None,
+    nodes_hitrates=None,
+    nodes_missing_value_tracks_true=None,
+    nodes_modes=None,
+    nodes_splits=None,
+    nodes_trueleafs=None,
+    nodes_truenodeids=None,
+    post_transform=0,
+    tree_roots=None,
+):
     X = np.asarray(X)
     if X.ndim == 1:
         X = X.reshape(1, -1)
@@ -167,8 +220,11 @@ def TreeEnsemble(xp, X, *, aggregate_function=1, leaf_targetids=None, leaf_weigh
     t_leaf = np.asarray(nodes_trueleafs, dtype=bool)
     f_leaf = np.asarray(nodes_falseleafs, dtype=bool)
     n_nodes = modes.size
-    miss = (np.asarray(nodes_missing_value_tracks_true, dtype=bool)
-            if nodes_missing_value_tracks_true is not None else np.zeros(n_nodes, dtype=bool))
+    miss = (
+        np.asarray(nodes_missing_value_tracks_true, dtype=bool)
+        if nodes_missing_value_tracks_true is not None
+        else np.zeros(n_nodes, dtype=bool)
+    )
     member_table = None
     if (modes == 6).any():
         if membership_values is None:
@@ -188,7 +244,7 @@ def TreeEnsemble(xp, X, *, aggregate_function=1, leaf_targetids=None, leaf_weigh
         width = max((len(s) for s in sets), default=1) or 1
         member_table = np.full((n_nodes, width), np.nan)
         for node_id, s in zip(member_nodes, sets):
-            member_table[node_id, :len(s)] = s
+            member_table[node_id, : len(s)] = s
 
     xf = X.astype(np.float64)
     rows = np.arange(n)[:, None]
@@ -205,7 +261,8 @@ def TreeEnsemble(xp, X, *, aggregate_function=1, leaf_targetids=None, leaf_weigh
         cond = np.select(
             [md == 0, md == 1, md == 2, md == 3, md == 4, md == 5],
             [xv <= sp, xv < sp, xv >= sp, xv > sp, xv == sp, xv != sp],
-            default=False)
+            default=False,
+        )
         if member_table is not None:
             is_member = (member_table[nid] == xv[..., None]).any(axis=-1)
             cond = np.where(md == 6, is_member, cond)
@@ -220,7 +277,9 @@ def TreeEnsemble(xp, X, *, aggregate_function=1, leaf_targetids=None, leaf_weigh
     targets = np.asarray(leaf_targetids, dtype=np.int64)[node]
     flat = (rows * n_targets + targets).reshape(-1)
     if aggregate_function in (0, 1):
-        res = np.bincount(flat, weights=weights.reshape(-1), minlength=n * n_targets).reshape(n, n_targets)
+        res = np.bincount(flat, weights=weights.reshape(-1), minlength=n * n_targets).reshape(
+            n, n_targets
+        )
         if aggregate_function == 0:
             res = res / n_trees
     elif aggregate_function == 2:
@@ -252,13 +311,15 @@ def _prefix_levels(table, base):
         cur: dict[tuple[int, ...], int] = {}
         keys, ids = [], []
         for toks in table:
-            p = toks[:k + 1]
+            p = toks[: k + 1]
             if p not in cur:
                 cur[p] = len(cur) + 1
                 keys.append(prev[toks[:k]] * base + toks[k])
                 ids.append(cur[p])
         order = np.argsort(np.asarray(keys, dtype=np.int64), kind="stable")
-        levels.append((np.asarray(keys, dtype=np.int64)[order], np.asarray(ids, dtype=np.int64)[order]))
+        levels.append(
+            (np.asarray(keys, dtype=np.int64)[order], np.asarray(ids, dtype=np.int64)[order])
+        )
         prev = cur
     cols = np.zeros(len(prev) + 1, dtype=np.int64)
     for toks, col in table.items():
@@ -267,9 +328,20 @@ def _prefix_levels(table, base):
 
 
 @kernel("TfIdfVectorizer", since=9, host_only=_HOST)
-def TfIdfVectorizer(xp, X, *, max_gram_length=None, max_skip_count=None, min_gram_length=None,
-                    mode=None, ngram_counts=None, ngram_indexes=None, pool_int64s=None,
-                    pool_strings=None, weights=None):
+def TfIdfVectorizer(
+    xp,
+    X,
+    *,
+    max_gram_length=None,
+    max_skip_count=None,
+    min_gram_length=None,
+    mode=None,
+    ngram_counts=None,
+    ngram_indexes=None,
+    pool_int64s=None,
+    pool_strings=None,
+    weights=None,
+):
     X = np.asarray(X)
     if X.ndim > 2:
         raise ValueError(f"TfIdfVectorizer input must be [C] or [B, C], got {list(X.shape)}")
@@ -284,8 +356,10 @@ def TfIdfVectorizer(xp, X, *, max_gram_length=None, max_skip_count=None, min_gra
         vocab.setdefault(tok, len(vocab) + 1)
     base = len(vocab) + 1
     if X.dtype == object:
-        tok_ids = np.array([vocab.get(t.decode() if isinstance(t, bytes) else t, 0)
-                            for t in rows2d.reshape(-1)], dtype=np.int64).reshape(n_rows, c)
+        tok_ids = np.array(
+            [vocab.get(t.decode() if isinstance(t, bytes) else t, 0) for t in rows2d.reshape(-1)],
+            dtype=np.int64,
+        ).reshape(n_rows, c)
     else:
         keys = np.array(list(vocab.keys()), dtype=np.int64) if vocab else np.zeros(0, np.int64)
         ids = np.arange(1, len(keys) + 1, dtype=np.int64)
@@ -293,7 +367,9 @@ def TfIdfVectorizer(xp, X, *, max_gram_length=None, max_skip_count=None, min_gra
         sk, si = keys[order], ids[order]
         flat = rows2d.astype(np.int64).reshape(-1)
         pos = np.minimum(np.searchsorted(sk, flat), max(len(sk) - 1, 0))
-        tok_ids = (np.where(sk[pos] == flat, si[pos], 0) if len(sk) else np.zeros_like(flat)).reshape(n_rows, c)
+        tok_ids = (
+            np.where(sk[pos] == flat, si[pos], 0) if len(sk) else np.zeros_like(flat)
+        ).reshape(n_rows, c)
 
     # pool n-grams by size as token-id tuples -> output column (later duplicates win)
     grams: dict[int, dict[tuple[int, ...], int]] = {}
@@ -303,7 +379,7 @@ def TfIdfVectorizer(xp, X, *, max_gram_length=None, max_skip_count=None, min_gra
         end = ngram_counts[i + 1] if i + 1 < len(ngram_counts) else len(pool)
         for g in range((end - start) // size):
             if min_gram_length <= size <= max_gram_length:
-                toks = tuple(vocab[t] for t in pool[start + g * size:start + (g + 1) * size])
+                toks = tuple(vocab[t] for t in pool[start + g * size : start + (g + 1) * size])
                 grams.setdefault(size, {})[toks] = ngram_indexes[gram_no]
             gram_no += 1
 
@@ -317,10 +393,12 @@ def TfIdfVectorizer(xp, X, *, max_gram_length=None, max_skip_count=None, min_gra
                 continue
             gid = np.zeros((n_rows, n_start), dtype=np.int64)  # 0: no pool prefix matches
             for k, (lkeys, lids) in enumerate(levels):
-                t = tok_ids[:, k * (skip + 1):k * (skip + 1) + n_start]
+                t = tok_ids[:, k * (skip + 1) : k * (skip + 1) + n_start]
                 comb = gid * base + t
                 pos = np.minimum(np.searchsorted(lkeys, comb), len(lkeys) - 1)
-                gid = np.where((lkeys[pos] == comb) & (t > 0) & ((gid > 0) | (k == 0)), lids[pos], 0)
+                gid = np.where(
+                    (lkeys[pos] == comb) & (t > 0) & ((gid > 0) | (k == 0)), lids[pos], 0
+                )
             hit = gid > 0
             np.add.at(freq, (np.broadcast_to(row_ix, gid.shape)[hit], cols[gid[hit]]), 1)
 
@@ -328,7 +406,9 @@ def TfIdfVectorizer(xp, X, *, max_gram_length=None, max_skip_count=None, min_gra
     if mode == "TF":
         out = freq.astype(np.float32)
     elif mode == "IDF":
-        out = np.where(freq > 0, w[None, :out_size] if w.size else np.float32(1), 0).astype(np.float32)
+        out = np.where(freq > 0, w[None, :out_size] if w.size else np.float32(1), 0).astype(
+            np.float32
+        )
     elif mode == "TFIDF":
         out = (freq * w[None, :out_size]).astype(np.float32) if w.size else freq.astype(np.float32)
     else:

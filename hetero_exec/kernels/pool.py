@@ -288,11 +288,11 @@ def MaxRoiPool(xp, X, rois, pooled_shape=None, spatial_scale=1.0):
 
     mh = bins(y1, bh, PH, H)
     mw = bins(x1, bw, PW, W)
-    neg = np.array(-np.inf, dtype=cdt)
+    neg = -np.inf
     feat = X.astype(cdt, copy=False)[batch]  # (R, C, H, W)
     # max over W within each bin column: (R, C, H, PW)
     colmax = xp.max(xp.where(mw[:, None, None, :, :], feat[:, :, :, None, :], neg), axis=-1)
     # max over H within each bin row: (R, C, PH, PW)
     Y = xp.max(xp.where(mh[:, None, :, None, :], colmax.transpose(0, 1, 3, 2)[:, :, None, :, :], neg), axis=-1)
-    Y = xp.where(xp.isneginf(Y), 0, Y)
+    Y = xp.where(Y == neg, 0, Y)  # empty bins
     return (Y.astype(X.dtype, copy=False),)

@@ -77,7 +77,9 @@ def Bernoulli(xp, input, *, dtype=None, seed=None):
 def Multinomial(xp, input, *, dtype=6, sample_size=1, seed=None):
     """input: (batch, classes) unnormalised log-probabilities -> (batch, sample_size) class ids."""
     if input.ndim != 2:
-        raise ValueError(f"Multinomial input must be [batch, classes], got shape {list(input.shape)}")
+        raise ValueError(
+            f"Multinomial input must be [batch, classes], got shape {list(input.shape)}"
+        )
     batch, classes = input.shape
     x = input.astype(np.float64)
     p = xp.exp(x - xp.max(x, axis=1, keepdims=True))

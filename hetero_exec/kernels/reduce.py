@@ -263,12 +263,9 @@ def _stable_argsort(xp, x, axis):
     return xp.argsort(x, axis=axis)  # cupy's sort is always stable
 
 
-@kernel("TopK", (1, 10, 11), host_inputs=(1,))
-def TopK(xp, X, K=None, axis=-1, largest=1, sorted=1, k=None):  # noqa: A002
+def _topk_sorted(xp, X, kk, ax, largest):
     """Ties keep the lower index first: for ``largest`` sort the flipped axis ascending
     (stable) and read it backwards, so equal values come out in increasing index."""
-    kk = host_ints(K if K is not None else k)[0]
-    ax = norm_axis(axis, X.ndim)
     n = X.shape[ax]
     sel = [slice(None)] * X.ndim
     sel[ax] = slice(0, kk)
@@ -279,8 +276,45 @@ def TopK(xp, X, K=None, axis=-1, largest=1, sorted=1, k=None):  # noqa: A002
     else:
         idx = _stable_argsort(xp, X, ax)[sel]
     idx = idx.astype(np.int64, copy=False)
-    values = xp.take_along_axis(X, idx, axis=ax)
-    return (values, idx)
+    return xp.take_along_axis(X, idx, axis=ax), idx
+
+
+def _topk_partition(X, kk, ax, largest):
+    """numpy, k much smaller than the axis: select by partition instead of a full sort.
+    Everything strictly beyond the k-th value is in; of the values equal to it, the
+    lowest indices fill the rest. Then only the k winners are sorted."""
+    xm = np.moveaxis(X, ax, -1)
+    n = xm.shape[-1]
+    if largest:
+        thr = np.partition(xm, n - kk, axis=-1)[..., n - kk:n - kk + 1]
+        better = xm > thr
+    else:
+        thr = np.partition(xm, kk - 1, axis=-1)[..., kk - 1:kk]
+        better = xm < thr
+    eq = xm == thr
+    need = kk - np.count_nonzero(better, axis=-1)[..., None]
+    if np.array_equal(np.count_nonzero(eq, axis=-1)[..., None], need):
+        chosen = better | eq  # the usual case: no tie crosses the boundary
+    else:
+        chosen = better | (eq & (np.cumsum(eq, axis=-1) <= need))
+    # exactly kk per row, in index order (flatnonzero is far faster than 2-D nonzero)
+    idx = (np.flatnonzero(chosen) % n).reshape(xm.shape[:-1] + (kk,))
+    vals = np.take_along_axis(xm, idx, axis=-1)
+    v, i = _topk_sorted(np, vals, kk, vals.ndim - 1, largest)
+    idx = np.take_along_axis(idx, i, axis=-1)
+    return np.moveaxis(v, -1, ax), np.moveaxis(idx, -1, ax)
+
+
+@kernel("TopK", (1, 10, 11), host_inputs=(1,))
+def TopK(xp, X, K=None, axis=-1, largest=1, sorted=1, k=None):  # noqa: A002
+    # opset 1: k is an attribute; later input 1. Output is always sorted.
+    kk = host_ints(K if K is not None else k)[0]
+    ax = norm_axis(axis, X.ndim)
+    n = X.shape[ax]
+    if (xp is np and 0 < kk and kk * 2 <= n and n >= 64
+            and not (X.dtype.kind == "f" and np.isnan(X).any())):
+        return _topk_partition(X, kk, ax, largest)
+    return _topk_sorted(xp, X, kk, ax, largest)
 
 
 # ---------------------------------------------------------------- Det

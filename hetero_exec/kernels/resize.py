@@ -421,6 +421,51 @@ def _roi_axis(xp, start, bin_size, grid, gmax: int, pooled: int, length: int, cd
     zero = xp.zeros((), dtype=cdt)
     return low, high, xp.where(inside, hfrac, zero), xp.where(inside, lfrac, zero), inside
 
+_ROI_CHUNK_ELEMS = 1 << 24
+
+
+def _roi_avg(xp, data, b, y_plan, x_plan, grid_h, grid_w, count):
+    yl, yh, wyl, wyh = y_plan
+    xl, xh, wxl, wxh = x_plan
+    n, ph, _ = yl.shape
+    _, pw, gw = xl.shape
+    channels = data.shape[1]
+    # rows first: (R, PH, C, W) = sum over samples and corners of wy * X[b, :, y, :]
+    bb = b.reshape(-1, 1, 1)
+    rows = (data[bb, :, yl, :] * wyl[..., None, None] + data[bb, :, yh, :] * wyh[..., None, None]).sum(axis=2)
+    # then columns, gathered along W per roi: (R, PH, C, PW, GW)
+    shp = (n, ph, channels, pw * gw)
+    lo = xp.take_along_axis(rows, xp.broadcast_to(xl.reshape(n, 1, 1, pw * gw), shp), axis=3)
+    hi = xp.take_along_axis(rows, xp.broadcast_to(xh.reshape(n, 1, 1, pw * gw), shp), axis=3)
+    lo = lo.reshape(n, ph, channels, pw, gw) * wxl.reshape(n, 1, 1, pw, gw)
+    hi = hi.reshape(n, ph, channels, pw, gw) * wxh.reshape(n, 1, 1, pw, gw)
+    out = (lo + hi).sum(axis=4) / count.reshape(-1, 1, 1, 1)
+    return out.transpose(0, 2, 1, 3)  # (R, C, PH, PW)
+
+
+def _roi_max(xp, data, b, y_plan, x_plan, grid_h, grid_w):
+    """Max over samples of the largest weighted corner (onnxruntime's definition)."""
+    yl, yh, wyl, wyh = y_plan
+    xl, xh, wxl, wxh = x_plan
+    n, ph, gh = yl.shape
+    _, pw, gw = xl.shape
+    bb = b.reshape(-1, 1, 1, 1, 1)
+    ys = (yl.reshape(n, ph, 1, gh, 1), yh.reshape(n, ph, 1, gh, 1))
+    xs = (xl.reshape(n, 1, pw, 1, gw), xh.reshape(n, 1, pw, 1, gw))
+    wys = (wyl.reshape(n, ph, 1, gh, 1), wyh.reshape(n, ph, 1, gh, 1))
+    wxs = (wxl.reshape(n, 1, pw, 1, gw), wxh.reshape(n, 1, pw, 1, gw))
+    best = None
+    for yi, wy in zip(ys, wys):
+        for xi, wx in zip(xs, wxs):
+            v = data[bb, :, yi, xi] * (wy * wx)[..., None]  # (R, PH, PW, GH, GW, C)
+            best = v if best is None else xp.maximum(best, v)
+    in_grid = ((xp.arange(gh).reshape(1, 1, 1, -1, 1) < grid_h.reshape(-1, 1, 1, 1, 1))
+               & (xp.arange(gw).reshape(1, 1, 1, 1, -1) < grid_w.reshape(-1, 1, 1, 1, 1)))
+    best = xp.where(in_grid[..., None], best, -xp.inf)
+    out = best.max(axis=(3, 4))
+    out = xp.where(xp.isinf(out) & (out < 0), 0, out)  # a roi without samples gives 0
+    return out.transpose(0, 3, 1, 2)
+
 
 @kernel("RoiAlign", since=(10, 16))
 def RoiAlign(xp, X, rois, batch_indices, coordinate_transformation_mode=None, mode="avg",
@@ -458,35 +503,15 @@ def RoiAlign(xp, X, rois, batch_indices, coordinate_transformation_mode=None, mo
     xl, xh, wxl, wxh, vx = _roi_axis(xp, start_w, bin_w, grid_w, gw_max, pw, width, cdt)  # (R, PW, GW)
     b = batch_indices.astype(np.int64)
     data = X.astype(cdt, copy=False)
-
-    if mode == "avg":
-        # rows first: (R, PH, C, W) = sum over samples/corners of wy * X[b, :, y, :]
-        bb = b.reshape(-1, 1, 1)
-        rows = (data[bb, :, yl, :] * wyl[..., None, None] + data[bb, :, yh, :] * wyh[..., None, None]).sum(axis=2)
-        # then columns: gather along W per roi -> (R, PH, C, PW, GW)
-        xl_i = xl.reshape(n_rois, 1, 1, pw * gw_max)
-        xh_i = xh.reshape(n_rois, 1, 1, pw * gw_max)
-        shp = (n_rois, ph, channels, pw * gw_max)
-        lo = xp.take_along_axis(rows, xp.broadcast_to(xl_i, shp), axis=3).reshape(n_rois, ph, channels, pw, gw_max)
-        hi = xp.take_along_axis(rows, xp.broadcast_to(xh_i, shp), axis=3).reshape(n_rois, ph, channels, pw, gw_max)
-        out = (lo * wxl.reshape(n_rois, 1, 1, pw, gw_max) + hi * wxh.reshape(n_rois, 1, 1, pw, gw_max)).sum(axis=4)
-        out = out / count.reshape(-1, 1, 1, 1)
-        out = out.transpose(0, 2, 1, 3)  # (R, C, PH, PW)
-    else:  # max: max over samples of the largest weighted corner (onnxruntime's definition)
-        bb = b.reshape(-1, 1, 1, 1, 1)
-        ys = (yl.reshape(n_rois, ph, 1, gh_max, 1), yh.reshape(n_rois, ph, 1, gh_max, 1))
-        xs = (xl.reshape(n_rois, 1, pw, 1, gw_max), xh.reshape(n_rois, 1, pw, 1, gw_max))
-        wys = (wyl.reshape(n_rois, ph, 1, gh_max, 1), wyh.reshape(n_rois, ph, 1, gh_max, 1))
-        wxs = (wxl.reshape(n_rois, 1, pw, 1, gw_max), wxh.reshape(n_rois, 1, pw, 1, gw_max))
-        best = None
-        for yi, wy in zip(ys, wys):
-            for xi, wx in zip(xs, wxs):
-                v = data[bb, :, yi, xi] * (wy * wx)[..., None]  # (R, PH, PW, GH, GW, C)
-                best = v if best is None else xp.maximum(best, v)
-        in_grid = ((xp.arange(gh_max).reshape(1, 1, 1, -1, 1) < grid_h.reshape(-1, 1, 1, 1, 1))
-                   & (xp.arange(gw_max).reshape(1, 1, 1, 1, -1) < grid_w.reshape(-1, 1, 1, 1, 1)))
-        best = xp.where(in_grid[..., None], best, -xp.inf)
-        out = best.max(axis=(3, 4))
-        out = xp.where(xp.isinf(out) & (out < 0), 0, out)
-        out = out.transpose(0, 3, 1, 2)
+    y_plan = (yl, yh, wyl, wyh)
+    x_plan = (xl, xh, wxl, wxh)
+    # bound the gathered intermediates (rois x bins x samples x channels x width) by chunking rois
+    per_roi = ph * gh_max * channels * (width if mode == "avg" else pw * gw_max * 4)
+    step = max(1, _ROI_CHUNK_ELEMS // max(per_roi, 1))
+    outs = []
+    for lo in range(0, n_rois, step):
+        sl = slice(lo, min(lo + step, n_rois))
+        args = (xp, data, b[sl], [a[sl] for a in y_plan], [a[sl] for a in x_plan], grid_h[sl], grid_w[sl])
+        outs.append(_roi_avg(*args, count[sl]) if mode == "avg" else _roi_max(*args))
+    out = outs[0] if len(outs) == 1 else xp.concatenate(outs, axis=0)
     return (out.astype(X.dtype, copy=False),)

@@ -93,7 +93,7 @@ def _activations(xp, names, alphas, betas, defaults, num_directions):
         if spec not in cache:  # equal specs share one function: both directions apply it at once
             cache[spec] = _make_act(xp, name, float(a), float(b))
         funcs.append(cache[spec])
-    return [funcs[d * per_dir:(d + 1) * per_dir] for d in range(num_directions)]
+    return [funcs[d * per_dir : (d + 1) * per_dir] for d in range(num_directions)]
 
 
 class _Prep:
@@ -105,7 +105,10 @@ class _Prep:
             raise ValueError(f"unknown direction {direction!r}")
         self.num_directions = 2 if direction == "bidirectional" else 1
         if W.shape[0] != self.num_directions:
-            raise ValueError(f"direction={direction!r} needs num_directions={self.num_directions}, W has {W.shape[0]}")
+            raise ValueError(
+                f"direction={direction!r} needs {self.num_directions} directions in W, "
+                f"got {W.shape[0]}"
+            )
         self.layout = layout
         if layout == 1:
             X = xp.swapaxes(X, 0, 1)
@@ -114,10 +117,14 @@ class _Prep:
         self.dtype = X.dtype
         self.seq_len, self.batch = X.shape[0], X.shape[1]
         self.hidden = R.shape[-1]
-        self.reverse_dirs = [d for d in range(self.num_directions)
-                             if direction == "reverse" or (direction == "bidirectional" and d == 1)]
+        self.reverse_dirs = [
+            d
+            for d in range(self.num_directions)
+            if direction == "reverse" or (direction == "bidirectional" and d == 1)
+        ]
         self.initial_states = [
-            xp.zeros((self.num_directions, self.batch, self.hidden), dtype=self.dtype) if s is None
+            xp.zeros((self.num_directions, self.batch, self.hidden), dtype=self.dtype)
+            if s is None
             else s.astype(self.dtype, copy=False)
             for s in initial_states
         ]
@@ -131,7 +138,7 @@ class _Prep:
             self.rev_index = xp.where(t < lens, lens - 1 - t, t)  # (seq, batch)
 
     def inputs_per_direction(self, W):
-        """x_proj: (seq, dirs, batch, gates*hidden) = X @ W^T, each direction in its own time order."""
+        """(seq, dirs, batch, gates*hidden) = X @ W^T, each direction in its own time order."""
         xp = self.xp
         x2 = xp.ascontiguousarray(self.X).reshape(self.seq_len * self.batch, -1)
         wt = xp.ascontiguousarray(xp.swapaxes(W, 1, 2).astype(self.dtype, copy=False))
@@ -147,7 +154,10 @@ class _Prep:
     def finish(self, ys):
         """Stack per-step outputs (dirs, batch, hidden) into Y in the requested layout."""
         xp = self.xp
-        Y = xp.stack(ys, axis=0)  # (seq, dirs, batch, hidden), freshly allocated
+        if not ys:
+            Y = xp.zeros((0, self.num_directions, self.batch, self.hidden), dtype=self.dtype)
+        else:
+            Y = xp.stack(ys, axis=0)  # (seq, dirs, batch, hidden), freshly allocated
         for d in self.reverse_dirs:
             if self.rev_index is None:
                 Y[:, d] = Y[::-1, d].copy()
@@ -184,11 +194,29 @@ def _bias(xp, B, num_directions, width, dtype):
 
 
 @kernel("RNN", since=(1, 7))
-def RNN(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None,
-        activation_beta=None, activations=None, clip=None, direction="forward", hidden_size=None,
-        layout=0, output_sequence=0, num_outputs=2):
+def RNN(
+    xp,
+    X,
+    W,
+    R,
+    B=None,
+    sequence_lens=None,
+    initial_h=None,
+    *,
+    activation_alpha=None,
+    activation_beta=None,
+    activations=None,
+    clip=None,
+    direction="forward",
+    hidden_size=None,
+    layout=0,
+    output_sequence=0,
+    num_outputs=2,
+):
     p = _Prep(xp, X, W, R, sequence_lens, direction, layout, [initial_h])
-    acts = _activations(xp, activations, activation_alpha, activation_beta, ("Tanh",), p.num_directions)
+    acts = _activations(
+        xp, activations, activation_alpha, activation_beta, ("Tanh",), p.num_directions
+    )
     wb, rb = _bias(xp, B, p.num_directions, p.hidden, p.dtype)
     xproj = p.inputs_per_direction(W) + (wb + rb)[None, :, None, :]
     Rt = xp.ascontiguousarray(xp.swapaxes(R, 1, 2).astype(p.dtype, copy=False))
@@ -203,22 +231,42 @@ def RNN(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_a
         else:
             ys.append(Hn)
             H = Hn
-    Y = p.finish(ys) if p.seq_len else xp.zeros((p.seq_len, p.num_directions, p.batch, p.hidden), p.dtype)
-    return (Y, p.state_out(H))[:max(num_outputs, 1)]
+    Y = p.finish(ys)
+    return (Y, p.state_out(H))[: max(num_outputs, 1)]
 
 
 @kernel("GRU", since=(1, 3, 7))
-def GRU(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None,
-        activation_beta=None, activations=None, clip=None, direction="forward", hidden_size=None,
-        layout=0, linear_before_reset=0, output_sequence=0, num_outputs=2):
+def GRU(
+    xp,
+    X,
+    W,
+    R,
+    B=None,
+    sequence_lens=None,
+    initial_h=None,
+    *,
+    activation_alpha=None,
+    activation_beta=None,
+    activations=None,
+    clip=None,
+    direction="forward",
+    hidden_size=None,
+    layout=0,
+    linear_before_reset=0,
+    output_sequence=0,
+    num_outputs=2,
+):
     p = _Prep(xp, X, W, R, sequence_lens, direction, layout, [initial_h])
-    acts = _activations(xp, activations, activation_alpha, activation_beta, ("Sigmoid", "Tanh"),
-                        p.num_directions)
+    acts = _activations(
+        xp, activations, activation_alpha, activation_beta, ("Sigmoid", "Tanh"), p.num_directions
+    )
     hs = p.hidden
     wb, rb = _bias(xp, B, p.num_directions, 3 * hs, p.dtype)
     xproj = p.inputs_per_direction(W) + wb[None, :, None, :]
-    Rt = xp.ascontiguousarray(xp.swapaxes(R, 1, 2).astype(p.dtype, copy=False))  # (dirs, hidden, 3*hidden)
-    Rzr, Rh = Rt[:, :, :2 * hs], Rt[:, :, 2 * hs:]
+    Rt = xp.ascontiguousarray(
+        xp.swapaxes(R, 1, 2).astype(p.dtype, copy=False)
+    )  # (dirs, hidden, 3*hidden)
+    Rzr, Rh = Rt[:, :, : 2 * hs], Rt[:, :, 2 * hs :]
     rb = rb[:, None, :]
     H = p.initial_states[0]
     ys = []
@@ -226,15 +274,15 @@ def GRU(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_a
         xt = xproj[t]
         if linear_before_reset:
             hr = xp.matmul(H, Rt) + rb
-            zr = xt[..., :2 * hs] + hr[..., :2 * hs]
+            zr = xt[..., : 2 * hs] + hr[..., : 2 * hs]
         else:
-            zr = xt[..., :2 * hs] + xp.matmul(H, Rzr) + rb[..., :2 * hs]
+            zr = xt[..., : 2 * hs] + xp.matmul(H, Rzr) + rb[..., : 2 * hs]
         zr = _per_dir(xp, acts, 0, _clip(xp, zr, clip))
         z, r = zr[..., :hs], zr[..., hs:]
         if linear_before_reset:
-            hpre = xt[..., 2 * hs:] + r * hr[..., 2 * hs:]
+            hpre = xt[..., 2 * hs :] + r * hr[..., 2 * hs :]
         else:
-            hpre = xt[..., 2 * hs:] + xp.matmul(r * H, Rh) + rb[..., 2 * hs:]
+            hpre = xt[..., 2 * hs :] + xp.matmul(r * H, Rh) + rb[..., 2 * hs :]
         h = _per_dir(xp, acts, 1, _clip(xp, hpre, clip))
         Hn = (1 - z) * h + z * H
         m = p.step_mask(t)
@@ -244,41 +292,69 @@ def GRU(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_a
         else:
             ys.append(Hn)
             H = Hn
-    Y = p.finish(ys) if p.seq_len else xp.zeros((p.seq_len, p.num_directions, p.batch, hs), p.dtype)
-    return (Y, p.state_out(H))[:max(num_outputs, 1)]
+    Y = p.finish(ys)
+    return (Y, p.state_out(H))[: max(num_outputs, 1)]
 
 
 @kernel("LSTM", since=(1, 7))
-def LSTM(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, *,
-         activation_alpha=None, activation_beta=None, activations=None, clip=None,
-         direction="forward", hidden_size=None, input_forget=0, layout=0, output_sequence=0,
-         num_outputs=3):
+def LSTM(
+    xp,
+    X,
+    W,
+    R,
+    B=None,
+    sequence_lens=None,
+    initial_h=None,
+    initial_c=None,
+    P=None,
+    *,
+    activation_alpha=None,
+    activation_beta=None,
+    activations=None,
+    clip=None,
+    direction="forward",
+    hidden_size=None,
+    input_forget=0,
+    layout=0,
+    output_sequence=0,
+    num_outputs=3,
+):
     p = _Prep(xp, X, W, R, sequence_lens, direction, layout, [initial_h, initial_c])
-    acts = _activations(xp, activations, activation_alpha, activation_beta,
-                        ("Sigmoid", "Tanh", "Tanh"), p.num_directions)
+    acts = _activations(
+        xp,
+        activations,
+        activation_alpha,
+        activation_beta,
+        ("Sigmoid", "Tanh", "Tanh"),
+        p.num_directions,
+    )
     hs = p.hidden
     wb, rb = _bias(xp, B, p.num_directions, 4 * hs, p.dtype)
     xproj = p.inputs_per_direction(W) + (wb + rb)[None, :, None, :]
     Rt = xp.ascontiguousarray(xp.swapaxes(R, 1, 2).astype(p.dtype, copy=False))
     if P is not None:
         P = P.astype(p.dtype, copy=False)[:, None, :]
-        p_i, p_o, p_f = P[..., :hs], P[..., hs:2 * hs], P[..., 2 * hs:]
+        p_i, p_o, p_f = P[..., :hs], P[..., hs : 2 * hs], P[..., 2 * hs :]
     H, C = p.initial_states
     ys = []
     for t in range(p.seq_len):
         g = xproj[t] + xp.matmul(H, Rt)
-        c = _per_dir(xp, acts, 1, _clip(xp, g[..., 3 * hs:], clip))
+        c = _per_dir(xp, acts, 1, _clip(xp, g[..., 3 * hs :], clip))
         if P is None:  # the i, o, f gates in one activation call
-            iof = _per_dir(xp, acts, 0, _clip(xp, g[..., :3 * hs], clip))
-            i, o, f = iof[..., :hs], iof[..., hs:2 * hs], iof[..., 2 * hs:]
+            iof = _per_dir(xp, acts, 0, _clip(xp, g[..., : 3 * hs], clip))
+            i, o, f = iof[..., :hs], iof[..., hs : 2 * hs], iof[..., 2 * hs :]
             if input_forget:
                 f = 1 - i
             Cn = f * C + i * c
         else:
             i = _per_dir(xp, acts, 0, _clip(xp, g[..., :hs] + p_i * C, clip))
-            f = 1 - i if input_forget else _per_dir(xp, acts, 0, _clip(xp, g[..., 2 * hs:3 * hs] + p_f * C, clip))
+            f = (
+                1 - i
+                if input_forget
+                else _per_dir(xp, acts, 0, _clip(xp, g[..., 2 * hs : 3 * hs] + p_f * C, clip))
+            )
             Cn = f * C + i * c
-            o = _per_dir(xp, acts, 0, _clip(xp, g[..., hs:2 * hs] + p_o * Cn, clip))
+            o = _per_dir(xp, acts, 0, _clip(xp, g[..., hs : 2 * hs] + p_o * Cn, clip))
         Hn = o * _per_dir(xp, acts, 2, Cn)
         m = p.step_mask(t)
         if m is not None:
@@ -288,5 +364,5 @@ def LSTM(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None
         else:
             ys.append(Hn)
             H, C = Hn, Cn
-    Y = p.finish(ys) if p.seq_len else xp.zeros((p.seq_len, p.num_directions, p.batch, hs), p.dtype)
-    return (Y, p.state_out(H), p.state_out(C))[:max(num_outputs, 1)]
+    Y = p.finish(ys)
+    return (Y, p.state_out(H), p.state_out(C))[: max(num_outputs, 1)]

@@ -77,7 +77,7 @@ def STFT(xp, signal, frame_step, window=None, frame_length=None, *, onesided=1):
     length = signal.shape[-2]
     n_frames = 1 + (length - frame_length) // step
     sig, is_real = _to_complex(xp, signal)  # (batch, length)
-    idx = (xp.arange(n_frames)[:, None] * step + xp.arange(frame_length)[None, :])
+    idx = xp.arange(n_frames)[:, None] * step + xp.arange(frame_length)[None, :]
     frames = sig[:, idx]  # (batch, frames, frame_length)
     if window is not None:
         frames = frames * window.astype(frames.real.dtype, copy=False)
@@ -118,8 +118,16 @@ def BlackmanWindow(xp, size, *, output_datatype=1, periodic=1):
 
 
 @kernel("MelWeightMatrix", since=17, host_inputs=(0, 1, 2, 3, 4))
-def MelWeightMatrix(xp, num_mel_bins, dft_length, sample_rate, lower_edge_hertz,
-                    upper_edge_hertz, *, output_datatype=1):
+def MelWeightMatrix(
+    xp,
+    num_mel_bins,
+    dft_length,
+    sample_rate,
+    lower_edge_hertz,
+    upper_edge_hertz,
+    *,
+    output_datatype=1,
+):
     # a small constant-like table built on the host from host scalars
     n_mel = int(host_scalar(num_mel_bins))
     n_dft = int(host_scalar(dft_length))

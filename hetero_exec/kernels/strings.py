@@ -19,7 +19,10 @@ def _obj(values, shape) -> np.ndarray:
 
 
 def _as_str_list(x) -> list[str]:
-    return [v.decode() if isinstance(v, bytes) else str(v) for v in np.asarray(x, dtype=object).reshape(-1)]
+    return [
+        v.decode() if isinstance(v, bytes) else str(v)
+        for v in np.asarray(x, dtype=object).reshape(-1)
+    ]
 
 
 _concat = np.frompyfunc(operator.add, 2, 1)
@@ -55,8 +58,9 @@ def StringSplit(xp, X, *, delimiter=None, maxsplit=None):
 
 
 @kernel("StringNormalizer", since=10, host_only=_HOST)
-def StringNormalizer(xp, X, *, case_change_action="NONE", is_case_sensitive=0, locale=None,
-                     stopwords=None):
+def StringNormalizer(
+    xp, X, *, case_change_action="NONE", is_case_sensitive=0, locale=None, stopwords=None
+):
     if X.ndim == 2 and X.shape[0] != 1 or X.ndim not in (1, 2):
         raise ValueError(f"StringNormalizer input must be [C] or [1, C], got shape {list(X.shape)}")
     if case_change_action not in ("NONE", "LOWER", "UPPER"):

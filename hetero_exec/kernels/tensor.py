@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from hetero_exec.kernels._common import host_ints, host_scalar, norm_axes, norm_axis, np_dtype
-from hetero_exec.kernels._tensor_common import to_host
+from hetero_exec.kernels._common import norm_axes, norm_axis, np_dtype
+from hetero_exec.kernels._tensor_common import ints, scalar, to_host
 from hetero_exec.kernels.registry import kernel
 
 _I64 = np.int64
@@ -22,8 +22,8 @@ _I64 = np.int64
 
 @kernel("Reshape", since=(1, 5, 14), host_inputs=(1,))
 def Reshape(xp, data, shape=None, allowzero=0, consumed_inputs=None):
-    new = host_ints(shape)
-    if not allowzero:
+    new = ints(shape)
+    if not allowzero and 0 in new:
         in_shape = data.shape
         new = [in_shape[i] if s == 0 else s for i, s in enumerate(new)]
     return (data.reshape(new),)
@@ -40,15 +40,18 @@ def Transpose(xp, data, perm=None):
 def Squeeze(xp, data, axes=None):
     if axes is None:
         return (xp.squeeze(data),)
-    ax = norm_axes(host_ints(axes), data.ndim)
+    ax = norm_axes(ints(axes), data.ndim)
     if not ax:  # an empty axes input squeezes every 1 (as onnxruntime does)
         return (xp.squeeze(data),)
-    return (xp.squeeze(data, axis=ax),)
+    shape = data.shape
+    if any(shape[a] != 1 for a in ax):
+        raise ValueError(f"Squeeze: axes {ax} of shape {shape} are not all 1")
+    return (data.reshape([d for i, d in enumerate(shape) if i not in ax]),)
 
 
 @kernel("Unsqueeze", since=(1, 13), host_inputs=(1,))
 def Unsqueeze(xp, data, axes=None):
-    ax = host_ints(axes)
+    ax = ints(axes)
     out_rank = data.ndim + len(ax)
     ax = sorted(norm_axes(ax, out_rank))
     shape = list(data.shape)
@@ -121,22 +124,27 @@ def Split(xp, input, split=None, axis=0, *, num_outputs=None, **attrs):
         raise TypeError(f"Split: unexpected attributes {sorted(attrs)}")
     axis = norm_axis(axis, input.ndim)
     dim = input.shape[axis]
-    sizes = host_ints(split) if split is not None else []
+    sizes = ints(split) if split is not None else []
     if not sizes:
         n = num_outputs or 1
         chunk = -(-dim // n)
         sizes = [chunk] * (n - 1) + [dim - chunk * (n - 1)]
-    bounds = np.cumsum(sizes[:-1]).tolist()
-    return tuple(xp.split(input, bounds, axis=axis))
+    lead = (slice(None),) * axis
+    outs = []
+    pos = 0
+    for size in sizes:
+        outs.append(input[lead + (slice(pos, pos + size),)])
+        pos += size
+    return tuple(outs)
 
 
 @kernel("Slice", since=(1, 10), host_inputs=(1, 2, 3, 4))
 def Slice(xp, data, starts=None, ends=None, axes=None, steps=None):
-    starts = host_ints(starts)
-    ends = host_ints(ends)
+    starts = ints(starts)
+    ends = ints(ends)
     rank = data.ndim
-    axes = norm_axes(host_ints(axes), rank) if axes is not None and len(axes) else range(len(starts))
-    steps = host_ints(steps) if steps is not None and len(steps) else [1] * len(starts)
+    axes = norm_axes(ints(axes), rank) if axes is not None and len(axes) else range(len(starts))
+    steps = ints(steps) if steps is not None and len(steps) else [1] * len(starts)
     index = [slice(None)] * rank
     shape = data.shape
     for start, end, axis, step in zip(starts, ends, axes, steps):
@@ -160,8 +168,16 @@ def Slice(xp, data, starts=None, ends=None, axes=None, steps=None):
 
 @kernel("Expand", since=8, host_inputs=(1,))
 def Expand(xp, input, shape):
-    out_shape = np.broadcast_shapes(input.shape, tuple(host_ints(shape)))
-    if out_shape == input.shape:
+    target = ints(shape)
+    in_shape = input.shape
+    n = max(len(target), len(in_shape))
+    a = (1,) * (n - len(in_shape)) + in_shape
+    b = [1] * (n - len(target)) + target
+    out_shape = tuple(x if y == 1 else y for x, y in zip(a, b))
+    for x, y in zip(a, out_shape):
+        if x != y and x != 1:
+            raise ValueError(f"Expand: shape {in_shape} cannot broadcast to {target}")
+    if out_shape == in_shape:
         return (input,)
     return (xp.broadcast_to(input, out_shape),)
 
@@ -170,9 +186,9 @@ def Expand(xp, input, shape):
 def Tile(xp, input, repeats, axis=None):
     if axis is not None:  # Tile-1: (input, tiles, axis)
         reps = [1] * input.ndim
-        reps[norm_axis(host_ints(axis)[0], input.ndim)] = host_ints(repeats)[0]
+        reps[norm_axis(int(scalar(axis)), input.ndim)] = int(scalar(repeats))
     else:
-        reps = host_ints(repeats)
+        reps = ints(repeats)
     if all(r == 1 for r in reps):
         return (input,)
     return (xp.tile(input, reps),)
@@ -181,8 +197,8 @@ def Tile(xp, input, repeats, axis=None):
 @kernel("Pad", since=(1, 2, 11, 18), host_inputs=(1, 2, 3))
 def Pad(xp, data, pads=None, constant_value=None, axes=None, mode="constant", value=0.0, paddings=None):
     rank = data.ndim
-    raw = host_ints(pads if pads is not None else paddings)
-    ax = norm_axes(host_ints(axes), rank) if axes is not None else range(rank)
+    raw = ints(pads if pads is not None else paddings)
+    ax = norm_axes(ints(axes), rank) if axes is not None else range(rank)
     n = len(ax)
     begin = [0] * rank
     end = [0] * rank
@@ -197,7 +213,7 @@ def Pad(xp, data, pads=None, constant_value=None, axes=None, mode="constant", va
         return (data,)
     if mode == "constant":
         if constant_value is not None and math.prod(constant_value.shape) > 0:
-            value = host_scalar(constant_value)
+            value = scalar(constant_value)
         out_shape = tuple(d + b + e for d, b, e in zip(data.shape, begin, end))
         out = xp.full(out_shape, value, dtype=data.dtype)
         out[tuple(slice(b, b + d) for b, d in zip(begin, data.shape))] = data
@@ -210,7 +226,7 @@ def Pad(xp, data, pads=None, constant_value=None, axes=None, mode="constant", va
 @kernel("CenterCropPad", since=18, host_inputs=(1,))
 def CenterCropPad(xp, input_data, shape, axes=None):
     rank = input_data.ndim
-    target = host_ints(shape)
+    target = ints(shape)
     ax = norm_axes(axes, rank) if axes is not None else range(rank)
     in_shape = input_data.shape
     crop = [slice(None)] * rank
@@ -241,11 +257,11 @@ def CenterCropPad(xp, input_data, shape, axes=None):
 @kernel("Range", since=(11, 27), host_inputs=(0, 1, 2))
 def Range(xp, start, limit, delta, stash_type=1):
     dtype = start.dtype
-    s, l, d = host_scalar(start), host_scalar(limit), host_scalar(delta)
+    s, l, d = scalar(start), scalar(limit), scalar(delta)
     if dtype.kind in "iu":
         s, l, d = int(s), int(l), int(d)
         n = max(-((s - l) // d), 0)
-        return ((xp.arange(n, dtype=_I64) * d + s).astype(dtype, copy=False),)
+        return (xp.arange(s, s + n * d, d, dtype=dtype)[:n],)
     n = max(int(math.ceil((l - s) / d)), 0)
     compute = np.float64 if (dtype == np.float64 or stash_type == 11) else np.float32
     out = xp.arange(n, dtype=compute) * compute(d) + compute(s)
@@ -254,11 +270,10 @@ def Range(xp, start, limit, delta, stash_type=1):
 
 @kernel("ConstantOfShape", since=9, host_inputs=(0,))
 def ConstantOfShape(xp, input, value=None):
-    shape = host_ints(input)
+    shape = ints(input)
     if value is None:
         return (xp.zeros(shape, dtype=np.float32),)
-    v = np.asarray(value).reshape(-1)
-    return (xp.full(shape, v[0], dtype=v.dtype),)
+    return (xp.full(shape, value.reshape(-1)[0], dtype=value.dtype),)
 
 
 def _sparse_to_dense(sp) -> np.ndarray:
@@ -314,7 +329,7 @@ def EyeLike(xp, input, dtype=None, k=0):
 
 @kernel("OneHot", since=(9, 11), host_inputs=(1,))
 def OneHot(xp, indices, depth, values, axis=-1):
-    depth = int(host_scalar(depth))
+    depth = int(scalar(depth))
     rank = indices.ndim + 1
     axis = norm_axis(axis, rank)
     idx = indices
@@ -350,7 +365,7 @@ def Compress(xp, input, condition, axis=None):
 
 @kernel("Trilu", since=14, host_inputs=(1,))
 def Trilu(xp, input, k=None, upper=1):
-    kk = host_ints(k)[0] if k is not None else 0
+    kk = int(scalar(k)) if k is not None else 0
     n, m = input.shape[-2:]
     diff = xp.arange(m).reshape(1, m) - xp.arange(n).reshape(n, 1)
     keep = diff >= kk if upper else diff <= kk
@@ -412,9 +427,9 @@ def Dropout(xp, data, ratio=None, training_mode=None, seed=None, is_test=0,
     r = 0.5
     if opset is None or opset >= 12:  # older versions are inference-only in practice
         if training_mode is not None and math.prod(training_mode.shape) > 0:
-            training = bool(host_scalar(training_mode))
+            training = bool(scalar(training_mode))
         if ratio is not None and not isinstance(ratio, float) and math.prod(ratio.shape) > 0:
-            r = float(host_scalar(ratio))
+            r = float(scalar(ratio))
     if not training or r == 0:
         if not want_mask:
             return (data,)

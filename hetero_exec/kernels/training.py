@@ -20,7 +20,7 @@ def _groups(xs, per, op):
     if len(xs) % per:
         raise ValueError(f"{op} expects {per} equally long input groups, got {len(xs)} tensors")
     n = len(xs) // per
-    return [xs[i * n:(i + 1) * n] for i in range(per)]
+    return [xs[i * n : (i + 1) * n] for i in range(per)]
 
 
 @kernel("Adagrad", since=1, domain=TRAINING, host_inputs=(0, 1))
@@ -38,11 +38,20 @@ def Adagrad(xp, R, T, *xs, decay_factor=0.0, epsilon=1e-6, norm_coefficient=0.0)
 
 
 @kernel("Adam", since=1, domain=TRAINING, host_inputs=(0, 1))
-def Adam(xp, R, T, *xs, alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.0,
-         norm_coefficient_post=0.0):
+def Adam(
+    xp,
+    R,
+    T,
+    *xs,
+    alpha=0.9,
+    beta=0.999,
+    epsilon=1e-6,
+    norm_coefficient=0.0,
+    norm_coefficient_post=0.0,
+):
     r, t = float(host_scalar(R)), host_scalar(T)
     if t > 0:  # bias correction of both moments
-        r = r * math.sqrt(1 - beta ** t) / (1 - alpha ** t)
+        r = r * math.sqrt(1 - beta**t) / (1 - alpha**t)
     X, G, V, H = _groups(xs, 4, "Adam")
     new_x, new_v, new_h = [], [], []
     for x, g, v, h in zip(X, G, V, H):

@@ -46,6 +46,8 @@ class SessionBuild:
     graph: Graph
     fallback_report: FallbackReport | None = None
     requested: str = "cpu"
+    #: every provider of the session, ranked (for placing control-flow bodies)
+    all_providers: list[Provider] | None = None
 
     @property
     def provider_names(self) -> list[str]:
@@ -105,7 +107,8 @@ def build_session_plan(graph: Graph, providers: Sequence[Any] | None, options) -
 
         plan = load_plan(options.placement, graph, provs)
         admit(plan, bounds)
-        return SessionBuild(plan, _used(plan, provs), graph, requested=requested.name)
+        return SessionBuild(plan, _used(plan, provs), graph, requested=requested.name,
+                            all_providers=provs)
 
     # -- opt-in mixed placement, decided before the single-provider path ------------
     if hetero and not require and requested.kind != "cpu":
@@ -114,7 +117,8 @@ def build_session_plan(graph: Graph, providers: Sequence[Any] | None, options) -
         if plan is not None:
             admit(plan, bounds)
             log.info("heterogeneous placement: %s", plan.summary())
-            return SessionBuild(plan, _used(plan, provs), graph, requested=requested.name)
+            return SessionBuild(plan, _used(plan, provs), graph, requested=requested.name,
+                                all_providers=provs)
 
     # -- the single-provider path (place_graph) ----------------------------------------
     if not requested.is_device:

@@ -1,0 +1,82 @@
+"""Control-flow bodies in a heterogeneous session: the If/Loop/Scan node runs on the
+host, and its body is placed with the same rules as the top-level graph (its own
+segments and seams, copies at seams)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from hetero_exec.exec.executor import execute
+from hetero_exec.ir.graph import Graph
+
+
+class PlacedSubgraph:
+    """Duck-types exec.plan.Subgraph: ``run(scope, inputs) -> outputs``."""
+
+    def __init__(self, body: Graph, outer_slots: dict[str, int], providers: Sequence[Any],
+                 fold_constants: bool = True):
+        from hetero_exec.exec.plan import Compiler
+        from hetero_exec.placement.planner import classify_placement, single_plan
+
+        plan = classify_placement(body, providers)
+        if plan is None:
+            plan = single_plan(body, providers[0])
+        self.placement = plan
+        self.body = body
+        self.captures = [(name, outer_slots[name]) for name in body.captures if name in outer_slots]
+        self.output_dtypes = [body.value(o).dtype for o in body.outputs]
+        self.segments = []
+        for seg in plan.segments:
+            prov = seg.provider
+            placer = make_body_placer(providers, fold_constants)
+            compiler = Compiler(prov.xp, prov.name, fold_constants, prov.to_device, placer)
+            self.segments.append((prov, compiler.compile(body, seg.nodes, seg.inputs, seg.outputs)))
+
+    @property
+    def input_count(self) -> int:
+        return len(self.body.inputs)
+
+    @property
+    def output_count(self) -> int:
+        return len(self.body.outputs)
+
+    def output_dtype(self, i: int):
+        dt = self.output_dtypes[i] if i < len(self.output_dtypes) else None
+        return dt if dt is not None else np.float32
+
+    def run(self, scope: list[Any] | None, inputs: Sequence[Any]) -> list[Any]:
+        env: dict[str, Any] = dict(zip(self.body.inputs, inputs))
+        where: dict[str, Any] = {}
+        if scope is not None:
+            for name, slot in self.captures:
+                env[name] = scope[slot]
+        for prov, plan in self.segments:
+            args = []
+            for name, _ in plan.input_slots:
+                v = env.get(name)
+                if v is not None and where.get(name) is not prov:
+                    src = where.get(name)
+                    if src is not None and src.is_device:
+                        v = src.to_host(v)
+                    v = prov.to_device(v) if prov.is_device else v
+                args.append(v)
+            for name, v in zip(plan.output_names, execute(plan, args)):
+                env[name] = v
+                where[name] = prov
+        out = []
+        for name in self.body.outputs:
+            v = env.get(name)
+            src = where.get(name)
+            out.append(src.to_host(v) if src is not None and src.is_device else v)
+        return out
+
+    __call__ = run
+
+
+def make_body_placer(providers: Sequence[Any], fold_constants: bool = True):
+    def place(body: Graph, outer_slots: dict[str, int]) -> PlacedSubgraph:
+        return PlacedSubgraph(body, outer_slots, providers, fold_constants)
+
+    return place
