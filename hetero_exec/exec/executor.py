@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from hetero_exec.errors import HeteroExecError, KernelError
-from hetero_exec.exec.plan import RunPlan, Step
+from hetero_exec.exec.plan import MANY_INPUTS, NO_INPUTS, ONE_INPUT, RunPlan, Step
 
 
 def execute(plan: RunPlan, inputs: Sequence[Any], scope: list[Any] | None = None) -> list[Any]:
@@ -21,23 +21,30 @@ def execute(plan: RunPlan, inputs: Sequence[Any], scope: list[Any] | None = None
         if v is not None:
             vals[s] = v
     xp = plan.xp
-    k = 0
+    step = None
     try:
-        for k, (fn, ins, outs, kw, rel, mode) in enumerate(plan.fast_steps):
-            if mode == 0:
-                res = fn(xp, *[vals[i] for i in ins])
-            elif mode == 1:
-                res = fn(xp, *[vals[i] for i in ins], **kw)
+        for step in plan.fast_steps:
+            fn, a, b, kw, rel, mode, outs = step
+            if mode == ONE_INPUT:
+                res = fn(xp, vals[a], **kw)
+            elif mode == MANY_INPUTS:
+                res = fn(xp, *a(vals), **kw)
+            elif mode == NO_INPUTS:
+                res = fn(xp, **kw)
             else:
-                res = fn(xp, *[vals[i] for i in ins], scope=vals, **kw)
-            for s, v in zip(outs, res):
-                vals[s] = v
-            for s in rel:
-                vals[s] = None
+                res = fn(xp, *[vals[i] for i in a], scope=vals, **kw)
+            if b >= 0:
+                vals[b] = res[0]
+            else:
+                for s, v in zip(outs, res):
+                    vals[s] = v
+            if rel:
+                for s in rel:
+                    vals[s] = None
     except HeteroExecError:
         raise
     except Exception as e:
-        raise kernel_error(plan.steps[k], vals, e, plan) from e
+        raise kernel_error(plan.steps[plan.fast_steps.index(step)], vals, e, plan) from e
     return [vals[s] for s in plan.output_slots]
 
 

@@ -8,6 +8,7 @@ and no string lookups (SEMANTICS.md section 4).
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -54,20 +55,32 @@ class RunPlan:
     slot_of: dict[str, int] = field(default_factory=dict)
     xp: Any = np
     provider: str = "cpu"
-    #: the steps as plain tuples (fn, inputs, outputs, kwargs, release, mode) for the
-    #: run loop: mode 0 plain call, 1 with attributes, 2 with attributes and scope
+    #: the steps as plain tuples for the run loop (see `fast_step`)
     fast_steps: list[tuple] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.fast_steps = [
-            (st.fn, st.inputs, st.outputs, st.kwargs, st.release,
-             2 if st.wants_scope else (1 if st.kwargs else 0))
-            for st in self.steps
-        ]
+        self.fast_steps = [fast_step(st) for st in self.steps]
 
-    @property
-    def nslots(self) -> int:
-        return len(self.template)
+
+#: run-loop modes: how a step's inputs are read
+NO_INPUTS, ONE_INPUT, MANY_INPUTS, WITH_SCOPE = 0, 1, 2, 3
+
+
+def fast_step(st: Step) -> tuple:
+    """(fn, inputs, output, kwargs, release, mode, outputs): ``inputs`` is a slot (one
+    input), an itemgetter (several) or a slot tuple (scope); ``output`` is the slot of a
+    single output, or -1 when ``outputs`` lists several."""
+    ins = st.inputs
+    if st.wants_scope:
+        mode, a = WITH_SCOPE, ins
+    elif not ins:
+        mode, a = NO_INPUTS, None
+    elif len(ins) == 1:
+        mode, a = ONE_INPUT, ins[0]
+    else:
+        mode, a = MANY_INPUTS, operator.itemgetter(*ins)
+    b = st.outputs[0] if len(st.outputs) == 1 else -1
+    return (st.fn, a, b, st.kwargs, st.release, mode, st.outputs)
 
 
 class Subgraph:

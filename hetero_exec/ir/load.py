@@ -33,6 +33,13 @@ def read_model(source: ModelSource, base_dir: str | None = None) -> onnx.ModelPr
             model = onnx.load_from_string(bytes(source))
             if base_dir:
                 onnx.external_data_helper.load_external_data_for_model(model, base_dir)
+            else:
+                external = [t.name for t in onnx.external_data_helper._get_all_tensors(model)
+                            if onnx.external_data_helper.uses_external_data(t)]
+                if external:
+                    raise ModelLoadError(
+                        f"model bytes reference external data (tensor(s) {external[:3]}); "
+                        f"pass base_dir=, the folder holding the data files")
             return model
         path = os.fspath(source)
         if not os.path.exists(path):
@@ -40,7 +47,8 @@ def read_model(source: ModelSource, base_dir: str | None = None) -> onnx.ModelPr
         return onnx.load(path)
     except ModelLoadError:
         raise
-    except (DecodeError, ValueError, RuntimeError, OSError, IndexError, TypeError) as e:
+    except (DecodeError, ValueError, RuntimeError, OSError, IndexError, TypeError,
+            onnx.checker.ValidationError) as e:  # ValidationError: missing external data
         where = f"file {os.fspath(source)!r}" if not isinstance(source, (bytes, bytearray, memoryview)) else "bytes"
         raise ModelLoadError(f"cannot parse ONNX model from {where}: {type(e).__name__}: {e}") from None
 
@@ -191,23 +199,25 @@ def validate_control_flow(graph: Graph) -> None:
 
 
 def check_acyclic(graph: Graph) -> list[int]:
-    """A topological order of the top-level nodes (stable w.r.t. file order), or
-    GraphCycleError naming the nodes of one cycle."""
+    """A topological order (positions in ``graph.nodes``) of the top-level nodes (stable
+    w.r.t. file order), or GraphCycleError naming the nodes of one cycle.
+
+    Positions, not node ids: a provider pass may drop nodes, leaving ids with gaps."""
     import heapq
 
     n = len(graph.nodes)
-    producer = {o: node.id for node in graph.nodes for o in node.outputs if o}
+    producer = {o: pos for pos, node in enumerate(graph.nodes) for o in node.outputs if o}
     deps: list[set[int]] = [set() for _ in range(n)]
     users: list[list[int]] = [[] for _ in range(n)]
     from hetero_exec.ir.graph import node_reads
 
-    for node in graph.nodes:
+    for pos, node in enumerate(graph.nodes):
         for name in node_reads(node):
             p = producer.get(name)
-            if p is not None and p != node.id and p not in deps[node.id]:
-                deps[node.id].add(p)
-                users[p].append(node.id)
-            elif p == node.id:
+            if p is not None and p != pos and p not in deps[pos]:
+                deps[pos].add(p)
+                users[p].append(pos)
+            elif p == pos:
                 raise GraphCycleError([node.identity])
     indeg = [len(d) for d in deps]
     ready = [i for i in range(n) if indeg[i] == 0]

@@ -6,6 +6,7 @@ work goes through the ``xp`` module handed to each kernel.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -107,3 +108,26 @@ def offset_slices(koff: Sequence[int], out_sp: Sequence[int], strides: Sequence[
         slice(k * d, k * d + (o - 1) * s + 1, s)
         for k, o, s, d in zip(koff, out_sp, strides, dilations)
     )
+
+
+_SCRATCH = threading.local()
+#: largest scratch buffer kept between calls (bytes); bigger requests are one-off
+_SCRATCH_KEEP = 64 << 20
+
+
+def scratch(xp, shape: Sequence[int], dtype) -> Any:
+    """A reusable, uninitialised work buffer (numpy only, one per thread).
+
+    Kernel temporaries such as im2col columns are megabytes large; allocating them
+    fresh each call costs page faults comparable to the copy itself. The buffer is
+    overwritten by the next call on the same thread, so callers must never return it
+    (or a view of it)."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape)) if len(shape) else 1
+    if not is_numpy(xp) or n * dtype.itemsize > _SCRATCH_KEEP:
+        return xp.empty(shape, dtype=dtype)
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.nbytes < n * dtype.itemsize:
+        buf = np.empty(max(n * dtype.itemsize, 1 << 20), dtype=np.uint8)
+        _SCRATCH.buf = buf
+    return buf[: n * dtype.itemsize].view(dtype).reshape(shape)

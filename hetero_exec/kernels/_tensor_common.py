@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -40,23 +41,24 @@ def host_floats(v: Any) -> list[float]:
     return [float(f) for f in to_host(v).reshape(-1)]
 
 
-def is_empty(v: Any) -> bool:
-    return v is None or int(np.prod(v.shape)) == 0
-
-
-def full_index(xp, indices, axis: int) -> tuple:
-    """The advanced-index tuple addressing ``data[i0, .., indices[i], .., in]`` for every
-    position of ``indices`` (GatherElements / ScatterElements); broadcast aranges elsewhere."""
+def flat_index(xp, indices, data_shape, axis: int):
+    """Flat offsets into a C-ordered ``data_shape`` of ``data[i0, .., indices[i], .., in]``
+    for every position of ``indices`` (which may be smaller than data off ``axis``);
+    ``indices`` must already be non-negative."""
     rank = indices.ndim
-    ix = []
+    strides = [math.prod(data_shape[d + 1:]) for d in range(rank)]
+    base = None
     for d, n in enumerate(indices.shape):
-        if d == axis:
-            ix.append(indices)
-        else:
-            shape = [1] * rank
-            shape[d] = n
-            ix.append(xp.arange(n).reshape(shape))
-    return tuple(ix)
+        if d == axis or n == 1:
+            continue
+        shape = [1] * rank
+        shape[d] = n
+        term = xp.arange(0, n * strides[d], strides[d], dtype=np.int64).reshape(shape)
+        base = term if base is None else base + term
+    lin = indices.astype(np.int64, copy=False)
+    if strides[axis] != 1:
+        lin = lin * strides[axis]
+    return lin if base is None else lin + base
 
 
 def normalize_indices(xp, indices, dim):

@@ -1,10 +1,13 @@
 """Convolutions: Conv, ConvTranspose, ConvInteger, QLinearConv, DeformConv, Col2Im,
 CausalConvWithState.
 
-Conv is im2col + GEMM: the padded input is viewed through ``as_strided`` as
-(N, C, *K, *O) windows, copied once into a (C*K, O) column matrix per image laid out
-so that ``W (M, C*K) @ cols`` writes the NCHW output directly (no transpose after the
-GEMM). 1x1 convolutions skip im2col; depthwise convolutions accumulate over kernel taps.
+Conv is im2col + GEMM. The padded input is viewed through ``as_strided`` as
+(N, C, *K, *O) windows and copied into a column matrix laid out (C*K, O) so that
+``W (M, C*K) @ cols`` writes the NCHW output directly. Images are processed one (or a
+few, when the output plane is small) at a time: the column block then stays in cache
+between the copy and the GEMM, and the GEMM writes straight into the output buffer,
+where the bias is added while still hot. A stride-1 1x1 convolution needs no copy at
+all; depthwise convolutions accumulate over kernel taps instead of a GEMM.
 """
 
 from __future__ import annotations
@@ -21,10 +24,15 @@ from hetero_exec.kernels._nn_common import (
     is_numpy,
     offset_slices,
     pad_spatial,
+    scratch,
     spatial_attrs,
     window_view,
 )
 from hetero_exec.kernels.registry import kernel
+
+#: GEMM width (output columns) worth batching images for: below it several images'
+#: columns go into one GEMM (small late-stage planes), above it one image per GEMM
+_GEMM_COLS = 1024
 
 
 # --------------------------------------------------------------------------- core
@@ -33,7 +41,7 @@ from hetero_exec.kernels.registry import kernel
 def _depthwise(xp, Xp, W, out_sp, strides, dilations, group):
     """Grouped conv with one input channel per group: sum over kernel taps of
     per-channel scaled strided slices (no im2col, no GEMM)."""
-    N, C = Xp.shape[:2]
+    N = Xp.shape[0]
     M = W.shape[0]
     mult = M // group
     K = W.shape[2:]
@@ -54,9 +62,16 @@ def _depthwise(xp, Xp, W, out_sp, strides, dilations, group):
     return Y.reshape((N, M) + tuple(out_sp))
 
 
-def _conv_core(xp, X, W, strides, dilations, pb, pe, group, out_sp):
-    """The convolution of X (N, C, *S) with W (M, C/group, *K), without bias, in the
-    dtype of X and W (callers pick a compute dtype)."""
+def _batch_chunk(xp, N, L):
+    if not is_numpy(xp):
+        return N  # on a GPU one big GEMM beats a loop of launches
+    nb = min(N, max(1, -(-_GEMM_COLS // max(L, 1))))
+    return -(-N // -(-N // nb))  # even out the chunks
+
+
+def _conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp):
+    """Conv of X (N, C, *S) with W (M, C/group, *K), plus B (M,) if given, computed
+    in (and returned as) the dtype of X and W."""
     N, C = X.shape[:2]
     M = W.shape[0]
     K = tuple(W.shape[2:])
@@ -64,97 +79,73 @@ def _conv_core(xp, X, W, strides, dilations, pb, pe, group, out_sp):
     Cg = C // group
     Mg = M // group
     kprod = math.prod(K)
-    oprod = math.prod(out_sp)
+    L = math.prod(out_sp)
+    out_shape = (N, M) + tuple(out_sp)
 
-    if N == 0 or M == 0 or oprod == 0:
-        return xp.zeros((N, M) + tuple(out_sp), dtype=X.dtype)
+    if N == 0 or M == 0 or L == 0:
+        return xp.zeros(out_shape, dtype=X.dtype)
 
-    if kprod == 1 and not any(pb) and not any(pe):
-        # 1x1: a plain (batched) matmul, after subsampling when strided
-        if any(s != 1 for s in strides):
-            X = xp.ascontiguousarray(X[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)])
-        sp = tuple(X.shape[2:])
-        if sp != tuple(out_sp):  # stride overshoot cannot happen, but keep shapes honest
-            X = xp.ascontiguousarray(X[(slice(None), slice(None)) + tuple(slice(0, o) for o in out_sp)])
-        Xr = X.reshape(N, group, Cg, oprod)
-        Wr = W.reshape(group, Mg, Cg)
-        if group == 1:
-            Y = xp.matmul(Wr[0], Xr[:, 0])
-        else:
-            Y = xp.matmul(Wr, Xr)
-        return Y.reshape((N, M) + tuple(out_sp))
+    if Cg == 1 and group > 1:  # depthwise (channel multiplier Mg)
+        Y = _depthwise(xp, pad_spatial(xp, X, pb, pe, 0), W, out_sp, strides, dilations, group)
+        if B is not None:
+            Y += B.reshape((-1,) + (1,) * nd)
+        return Y
 
-    if Cg == 1 and group > 1:
-        Xp = pad_spatial(xp, X, pb, pe, 0)
-        return _depthwise(xp, Xp, W, out_sp, strides, dilations, group)
-
-    if nd == 2 and all(s == 1 for s in strides):
-        # one extra zero row at the bottom: the flat runs of the last taps overrun the
-        # padded image by at most (kw-1)*dw < Wp elements
-        Xp = pad_spatial(xp, X, pb, [pe[0] + 1, pe[1]], 0)
-        return _conv2d_flat(xp, Xp, W, out_sp, dilations, group)
-
-    Xp = xp.ascontiguousarray(pad_spatial(xp, X, pb, pe, 0))
-
+    Xp = pad_spatial(xp, X, pb, pe, 0)  # no copy when unpadded (1x1 convs)
     view = window_view(xp, Xp, out_sp, K, strides, dilations, kernel_first=True)  # (N, C, *K, *O)
-    cols = xp.ascontiguousarray(view).reshape(N, group, Cg * kprod, oprod)
-    Wr = W.reshape(group, Mg, Cg * kprod)
-    if group == 1:
-        Y = xp.matmul(Wr[0], cols[:, 0])
-    else:
-        Y = xp.matmul(Wr, cols)
-    return Y.reshape((N, M) + tuple(out_sp))
+    CK = Cg * kprod
+    Wr = W.reshape(group, Mg, CK)
+    Bc = None if B is None else B.reshape(M, 1)
+    out = xp.empty((N, M, L), dtype=X.dtype)
+    nb = _batch_chunk(xp, N, L)
+    for n0 in range(0, N, nb):
+        n1 = min(N, n0 + nb)
+        if n1 - n0 == 1:
+            v = view[n0]
+            if v.flags.c_contiguous:  # stride-1 1x1: the image itself is the column matrix
+                cols = v.reshape(group, CK, L)
+            else:
+                cols = scratch(xp, v.shape, X.dtype)
+                cols[...] = v
+                cols = cols.reshape(group, CK, L)
+            o = out[n0]
+            if group == 1:
+                xp.matmul(Wr[0], cols[0], out=o)
+            else:
+                xp.matmul(Wr, cols, out=o.reshape(group, Mg, L))
+            if Bc is not None:
+                o += Bc
+        else:
+            # (C, *K, nb, *O): one GEMM over the chunk's images, transposed back after
+            v = view[n0:n1]
+            v = v.transpose((1,) + tuple(range(2, 2 + nd)) + (0,) + tuple(range(2 + nd, 2 + 2 * nd)))
+            cols = scratch(xp, v.shape, X.dtype)
+            cols[...] = v
+            cols = cols.reshape(group, CK, (n1 - n0) * L)
+            if group == 1:
+                Y = xp.matmul(Wr[0], cols[0])
+            else:
+                Y = xp.matmul(Wr, cols)
+            Y = Y.reshape(M, n1 - n0, L).transpose(1, 0, 2)
+            if Bc is not None:
+                xp.add(Y, Bc, out=out[n0:n1])
+            else:
+                out[n0:n1] = Y
+    return out.reshape(out_shape)
 
 
-def _conv2d_flat(xp, Xp, W, out_sp, dilations, group):
-    """Stride-1 2D conv over the flattened padded image.
-
-    For tap (i, j) the inputs of all outputs, taken on the padded width Wp (the last
-    Wp - OW columns of each output row are junk and dropped), are one contiguous run of
-    the flat image starting at i*dh*Wp + j*dw. So each im2col row is a plain contiguous
-    copy and the GEMM output is (M, OH, Wp), sliced to (M, OH, OW)."""
-    N, C, Hp, Wp = Xp.shape
-    M = W.shape[0]
-    kh, kw = W.shape[2:]
-    dh, dw = dilations
-    OH, OW = out_sp
-    Cg = C // group
-    Mg = M // group
-    L = OH * Wp
-    flat = Xp.reshape(N, C, Hp * Wp)
-    isz = flat.strides[-1]
-    view = xp.lib.stride_tricks.as_strided(
-        flat,
-        shape=(N, C, kh, kw, L),
-        strides=(flat.strides[0], flat.strides[1], dh * Wp * isz, dw * isz, isz),
-    )
-    cols = xp.ascontiguousarray(view).reshape(N, group, Cg * kh * kw, L)
-    Wr = W.reshape(group, Mg, Cg * kh * kw)
-    if group == 1:
-        Y = xp.matmul(Wr[0], cols[:, 0])
-    else:
-        Y = xp.matmul(Wr, cols)
-    return Y.reshape(N, M, OH, Wp)[:, :, :, :OW]
-
-
-def _conv_full(xp, X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides, out_dtype=None):
+def _conv_full(xp, X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides):
     nd = X.ndim - 2
     strides, dilations = spatial_attrs(nd, strides, dilations)
     K = list(kernel_shape) if kernel_shape else list(W.shape[2:])
     out_sp, pb, pe = conv_geometry(X.shape[2:], K, strides, dilations, pads, auto_pad)
-    out_dtype = np.dtype(out_dtype or X.dtype)
+    out_dtype = X.dtype
     cdt = acc_dtype(xp, out_dtype)
-    Xc = X if X.dtype == cdt else X.astype(cdt)
-    Wc = W if W.dtype == cdt else W.astype(cdt)
-    Y = _conv_core(xp, Xc, Wc, strides, dilations, pb, pe, group, out_sp)
-    if B is not None:
-        Bc = B if B.dtype == cdt else B.astype(cdt)
-        Y = Y + Bc.reshape((-1,) + (1,) * nd)
-    elif not Y.flags.c_contiguous:
-        Y = xp.ascontiguousarray(Y)
-    if Y.dtype != out_dtype:
-        Y = Y.astype(out_dtype)
-    return Y
+    Xc = X.astype(cdt, copy=False)
+    Wc = W.astype(cdt, copy=False)
+    Bc = None if B is None else B.astype(cdt, copy=False)
+    Y = _conv_core(xp, Xc, Wc, Bc, strides, dilations, pb, pe, group, out_sp)
+    return Y.astype(out_dtype, copy=False)
 
 
 # --------------------------------------------------------------------------- Conv
@@ -187,8 +178,7 @@ def _int_conv(xp, x, w, x_zero_point, w_zero_point, auto_pad, dilations, group, 
     strides, dilations = spatial_attrs(nd, strides, dilations)
     K = list(kernel_shape) if kernel_shape else list(w.shape[2:])
     out_sp, pb, pe = conv_geometry(X.shape[2:], K, strides, dilations, pads, auto_pad)
-    Y = _conv_core(xp, X, Wf, strides, dilations, pb, pe, group, out_sp)
-    return xp.ascontiguousarray(Y)
+    return _conv_core(xp, X, Wf, None, strides, dilations, pb, pe, group, out_sp)
 
 
 @kernel("ConvInteger", since=10)

@@ -8,7 +8,8 @@ from hetero_exec.kernels._tensor_common import to_host
 from hetero_exec.kernels.registry import kernel
 
 
-def _suppression_matrix(boxes: np.ndarray, center_point_box: int, iou_threshold: float) -> np.ndarray:
+def _suppression_matrix(boxes: np.ndarray, center_point_box: int,
+                        iou_threshold: float) -> np.ndarray:
     """(B, N, N) bool: box j is suppressed by box i (onnxruntime's IoU rules: empty
     intersections and degenerate boxes never suppress)."""
     b = boxes.astype(np.float64)
@@ -21,8 +22,12 @@ def _suppression_matrix(boxes: np.ndarray, center_point_box: int, iou_threshold:
         y_max = np.maximum(b[..., 0], b[..., 2])
         x_min = np.minimum(b[..., 1], b[..., 3])
         x_max = np.maximum(b[..., 1], b[..., 3])
-    ix = np.minimum(x_max[:, :, None], x_max[:, None, :]) - np.maximum(x_min[:, :, None], x_min[:, None, :])
-    iy = np.minimum(y_max[:, :, None], y_max[:, None, :]) - np.maximum(y_min[:, :, None], y_min[:, None, :])
+    def overlap(lo, hi):
+        return (np.minimum(hi[:, :, None], hi[:, None, :])
+                - np.maximum(lo[:, :, None], lo[:, None, :]))
+
+    ix = overlap(x_min, x_max)
+    iy = overlap(y_min, y_max)
     area = (x_max - x_min) * (y_max - y_min)
     inter = ix * iy
     union = area[:, :, None] + area[:, None, :] - inter

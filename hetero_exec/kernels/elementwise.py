@@ -40,21 +40,30 @@ def _blockwise(xp, fn, x, out_dtype):
 def _unary(op_type: str, fn: Callable[[Any, Any], Any], since: int = 1, legacy: bool = False,
            keep: bool = True) -> None:
     """Register ``y = fn(xp, x)`` (in x's dtype when ``keep``); ``legacy`` adds opset-1's
-    ignored ``consumed_inputs``."""
+    ignored ``consumed_inputs``, and a lean kernel from opset 6 on (the hot path)."""
     if keep:
         def f(xp, x):
-            return _keep(xp.asarray(fn(xp, x)), x)
+            y = fn(xp, x)
+            if y.__class__ is not x.__class__ or y.dtype != x.dtype:  # 0-d scalars, promotions
+                y = _keep(xp.asarray(y), x)
+            return y
     else:
         def f(xp, x):
             return xp.asarray(fn(xp, x))
-    if legacy:
-        def k(xp, x, consumed_inputs=None):
-            return (f(xp, x),)
-    else:
-        def k(xp, x):
-            return (f(xp, x),)
+
+    def k(xp, x):
+        return (f(xp, x),)
+
     k.__name__ = k.__qualname__ = op_type
-    kernel(op_type, since)(k)
+    if legacy:
+        def k_legacy(xp, x, consumed_inputs=None):
+            return (f(xp, x),)
+
+        k_legacy.__name__ = k_legacy.__qualname__ = op_type
+        kernel(op_type, since)(k_legacy)
+        kernel(op_type, 6)(k)
+    else:
+        kernel(op_type, since)(k)
 
 
 def _legacy_b(a, b, axis, broadcast):
@@ -68,15 +77,22 @@ def _legacy_b(a, b, axis, broadcast):
 
 
 def _binary(op_type: str, fn: Callable[[Any, Any, Any], Any], since: int = 1, legacy: bool = False) -> None:
-    """Register a broadcasting ``z = fn(xp, a, b)``; ``legacy`` adds axis/broadcast/consumed_inputs."""
-    if legacy:
-        def k(xp, a, b, axis=None, broadcast=0, consumed_inputs=None):
-            return (xp.asarray(fn(xp, a, _legacy_b(a, b, axis, broadcast))),)
-    else:
-        def k(xp, a, b):
-            return (xp.asarray(fn(xp, a, b)),)
+    """Register a broadcasting ``z = fn(xp, a, b)``; ``legacy`` adds opset<7's
+    axis/broadcast/consumed_inputs, and a lean kernel from opset 7 on (the hot path)."""
+    def k(xp, a, b):
+        z = fn(xp, a, b)
+        return (z if z.__class__ is a.__class__ else xp.asarray(z),)
+
     k.__name__ = k.__qualname__ = op_type
-    kernel(op_type, since)(k)
+    if legacy:
+        def k_legacy(xp, a, b, axis=None, broadcast=0, consumed_inputs=None):
+            return (xp.asarray(fn(xp, a, _legacy_b(a, b, axis, broadcast))),)
+
+        k_legacy.__name__ = k_legacy.__qualname__ = op_type
+        kernel(op_type, since)(k_legacy)
+        kernel(op_type, 7)(k)
+    else:
+        kernel(op_type, since)(k)
 
 
 def _fold(xp, ufunc, xs):

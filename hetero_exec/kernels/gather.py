@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from hetero_exec.kernels._common import norm_axis
-from hetero_exec.kernels._tensor_common import full_index, normalize_indices, scatter_reduce
+from hetero_exec.kernels._tensor_common import flat_index, normalize_indices, scatter_reduce
 from hetero_exec.kernels.registry import kernel
 
 
@@ -26,7 +26,8 @@ def Gather(xp, data, indices, axis=0):
 @kernel("GatherElements", since=(11, 13))
 def GatherElements(xp, data, indices, axis=0):
     axis = norm_axis(axis, data.ndim)
-    return (data[full_index(xp, indices, axis)],)
+    idx = normalize_indices(xp, indices, data.shape[axis])
+    return (xp.take(data.reshape(-1), flat_index(xp, idx, data.shape, axis)),)
 
 
 def _nd_rows(xp, data, indices, batch_dims: int):
@@ -59,18 +60,9 @@ def _scatter_elements(xp, data, indices, updates, axis, reduction):
     axis = norm_axis(axis, data.ndim)
     out = data.copy()
     idx = normalize_indices(xp, indices, data.shape[axis])
-    ix = full_index(xp, idx, axis)
-    if reduction in (None, "none"):
-        out[ix] = updates
-        return out
-    strides = [math.prod(data.shape[d + 1:]) for d in range(data.ndim)]
-    lin = None
-    for d, i in enumerate(ix):
-        term = i * strides[d]
-        lin = term if lin is None else lin + term
+    lin = flat_index(xp, idx, data.shape, axis)
     lin = xp.broadcast_to(lin, indices.shape).reshape(-1)
-    flat = out.reshape(-1)
-    scatter_reduce(xp, flat, lin, updates.reshape(-1), reduction)
+    scatter_reduce(xp, out.reshape(-1), lin, updates.reshape(-1), reduction)  # a view of the copy
     return out
 
 

@@ -68,7 +68,7 @@ def _int_matmul(xp, A, B, a_zero_point, b_zero_point):
 
 @kernel("MatMulInteger", since=10)
 def MatMulInteger(xp, A, B, a_zero_point=None, b_zero_point=None):
-    return (xp.rint(_int_matmul(xp, A, B, a_zero_point, b_zero_point)).astype(np.int32),)
+    return (xp.asarray(xp.rint(_int_matmul(xp, A, B, a_zero_point, b_zero_point)).astype(np.int32)),)
 
 
 @kernel("QLinearMatMul", since=(10, 21))
@@ -85,7 +85,7 @@ def QLinearMatMul(xp, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scal
         yz = y_zero_point.reshape(1, -1) if y_zero_point.size > 1 else y_zero_point.reshape(())
         D = D + yz.astype(np.float64)
     info = np.iinfo(out_dt)
-    return (xp.clip(xp.rint(D), info.min, info.max).astype(out_dt),)
+    return (xp.asarray(xp.clip(xp.rint(D), info.min, info.max).astype(out_dt)),)
 
 
 @kernel("Einsum", since=(12, 28))

@@ -123,7 +123,7 @@ def InstanceNormalization(xp, input, scale, B, epsilon=1e-5, consumed_inputs=Non
 
 
 @kernel("GroupNormalization", since=(18, 21))
-def GroupNormalization(xp, X, scale, bias, epsilon=1e-5, num_groups=None, stash_type=1, *, opset=21):
+def GroupNormalization(xp, X, scale, bias, epsilon=1e-5, num_groups=None, stash_type=1):
     dt = X.dtype
     sdt = np_dtype(stash_type) if stash_type else acc_dtype(xp, dt)
     if sdt.kind != "f" or (sdt == np.float16 and xp is np):

@@ -13,7 +13,13 @@ import math
 import numpy as np
 
 from hetero_exec.kernels._common import host_ints
-from hetero_exec.kernels._nn_common import acc_dtype, offset_slices, pad_spatial, spatial_attrs
+from hetero_exec.kernels._nn_common import (
+    acc_dtype,
+    is_numpy,
+    offset_slices,
+    pad_spatial,
+    spatial_attrs,
+)
 from hetero_exec.kernels.registry import kernel
 
 
@@ -83,6 +89,67 @@ def _min_value(dtype):
     return -np.inf
 
 
+#: bytes of input processed per block by the pools on numpy: small enough that a
+#: block's intermediates stay in cache between the per-axis passes
+_POOL_BLOCK = 2 << 20
+
+
+def _box_reduce(xp, A, out_sp, kernel, strides, dilations, pb, is_max):
+    """_box_reduce_all over cache-sized blocks of the leading (N*C) rows."""
+    nd = len(kernel)
+    lead_shape = A.shape[: A.ndim - nd]
+    rows = int(np.prod(lead_shape)) if lead_shape else 1
+    plane = int(np.prod(A.shape[A.ndim - nd:])) * A.dtype.itemsize
+    blk = max(1, _POOL_BLOCK // max(plane, 1))
+    if not is_numpy(xp) or rows <= blk or not A.flags.c_contiguous:
+        return _box_reduce_all(xp, A, out_sp, kernel, strides, dilations, pb, is_max)
+    A2 = A.reshape((rows,) + A.shape[A.ndim - nd:])
+    out = np.empty((rows,) + tuple(out_sp), dtype=A.dtype)
+    for r0 in range(0, rows, blk):
+        out[r0:r0 + blk] = _box_reduce_all(xp, A2[r0:r0 + blk], out_sp, kernel, strides, dilations, pb, is_max)
+    return out.reshape(lead_shape + tuple(out_sp))
+
+
+def _box_reduce_all(xp, A, out_sp, kernel, strides, dilations, pb, is_max):
+    """Max or sum of A over pooling windows, one spatial axis at a time (a box reduce
+    is separable): per axis and kernel tap one strided slice op over the part of the
+    output whose tap falls inside the input. Taps in the padding are skipped rather
+    than materialising a padded copy, so padding acts as -inf (max) or 0 (sum)."""
+    nd = len(kernel)
+    for ax in range(nd):
+        axis = A.ndim - nd + ax
+        n_in = A.shape[axis]
+        O, k, s, d, b = out_sp[ax], kernel[ax], strides[ax], dilations[ax], pb[ax]
+        if k == 1 and s == 1 and b == 0 and O == n_in:
+            continue
+        lead = (slice(None),) * axis
+        taps = []
+        for t in range(k):
+            off = t * d - b
+            lo = max(0, -(-(-off) // s))  # first o with o*s + off >= 0
+            hi = min(O, (n_in - 1 - off) // s + 1) if n_in - 1 - off >= 0 else 0
+            if hi > lo:
+                taps.append((lo, hi, slice(lo * s + off, (hi - 1) * s + off + 1, s)))
+        shape = A.shape[:axis] + (O,) + A.shape[axis + 1:]
+        full = [tp for tp in taps if tp[0] == 0 and tp[1] == O]
+        if full:
+            first = full[0]
+            R = A[lead + (first[2],)].copy()
+            taps = [tp for tp in taps if tp is not first]
+        elif is_max:
+            R = xp.full(shape, _min_value(A.dtype), dtype=A.dtype)
+        else:
+            R = xp.zeros(shape, dtype=A.dtype)
+        for lo, hi, src in taps:
+            dst = lead + (slice(lo, hi),)
+            if is_max:
+                xp.maximum(R[dst], A[lead + (src,)], out=R[dst])
+            else:
+                R[dst] += A[lead + (src,)]
+        A = R
+    return A
+
+
 # --------------------------------------------------------------------------- MaxPool
 
 
@@ -90,6 +157,9 @@ def _max_pool(xp, X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode
               want_indices):
     nd, kernel, strides, dilations, out, pb, pe, extra = _pool_prepare(
         X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    if not want_indices:
+        Y = _box_reduce(xp, X, out, kernel, strides, dilations, pb, True)
+        return (Y if Y is not X else X.copy()), None
     Xp = pad_spatial(xp, X, pb, [e + x for e, x in zip(pe, extra)], _min_value(X.dtype))
     lead = (slice(None), slice(None))
     Y = None
@@ -155,15 +225,9 @@ def _sum_pool(xp, X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode
     Xc = X.astype(cdt, copy=False)
     if fn is not None:
         Xc = fn(Xc)
-    Xp = pad_spatial(xp, Xc, pb, [e + x for e, x in zip(pe, extra)], 0)
-    lead = (slice(None), slice(None))
-    S = None
-    for koff in _taps(kernel):
-        v = Xp[lead + offset_slices(koff, out, strides, dilations)]
-        if S is None:
-            S = v.copy()
-        else:
-            S += v
+    S = _box_reduce(xp, Xc, out, kernel, strides, dilations, pb, False)
+    if S is X:
+        S = S.copy()
     return S, (kernel, strides, dilations, out, pb, pe)
 
 

@@ -89,17 +89,17 @@ def QuantizeLinear(xp, x, y_scale, y_zero_point=None, axis=1, block_size=0, outp
             q = q + zp.astype(np.int32).astype(q.dtype)
         q = xp.clip(q, lo, hi)
         if out_dt.kind not in "iu":  # ml_dtypes (u)int2/4 cast from a machine int
-            return (q.astype(np.int32).astype(out_dt),)
-        return (q.astype(out_dt),)
+            return (xp.asarray(q.astype(np.int32).astype(out_dt)),)
+        return (xp.asarray(q.astype(out_dt)),)
     if out_dt in _FLOAT8:
         if saturate:
             m = float(ml_dtypes.finfo(out_dt).max)
             v = xp.clip(v, -m, m)
-        return (v.astype(out_dt),)
+        return (xp.asarray(v.astype(out_dt)),)
     if out_dt in _FLOAT_SMALL:
         if zp is not None:
             v = v + zp.astype(np.float32)
-        return (v.astype(out_dt),)
+        return (xp.asarray(v.astype(out_dt)),)
     raise ValueError(f"QuantizeLinear: unsupported output type {out_dt}")
 
 
@@ -113,7 +113,7 @@ def DequantizeLinear(xp, x, x_scale, x_zero_point=None, axis=1, block_size=0, ou
     scale = _param(xp, x_scale, x.shape, axis, block_size)
     y = dx * scale
     out_dt = np_dtype(output_dtype) if output_dtype else np.dtype(x_scale.dtype)
-    return (y.astype(out_dt, copy=False),)
+    return (xp.asarray(y.astype(out_dt, copy=False)),)
 
 
 @kernel("DynamicQuantizeLinear", since=11)
@@ -128,6 +128,6 @@ def DynamicQuantizeLinear(xp, x):
     rng = xp.where(maxx == minx, np.float32(1.0), maxx - minx)
     scale = (rng / np.float32(255)).astype(np.float32)
     zp = xp.rint(xp.clip(-minx / scale, 0, 255))
-    y = xp.clip(xp.rint(xf / scale) + zp, 0, 255).astype(np.uint8)
+    y = xp.asarray(xp.clip(xp.rint(xf / scale) + zp, 0, 255).astype(np.uint8))
     return (y, xp.asarray(scale.astype(x.dtype)), xp.asarray(zp.astype(np.uint8)))
 

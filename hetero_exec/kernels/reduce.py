@@ -47,8 +47,9 @@ def _out_shape(shape, axes, keepdims):
 
 
 def _reduce(xp, data, axes, keepdims, noop_with_empty_axes, *, pre=None, red=None,
-            post=None, empty=None):
-    """Run ``post(red(pre(data), axes, keepdims))``; ``empty`` for an empty reduced set."""
+            post=None, empty=None, exact=False):
+    """Run ``post(red(pre(data), axes, keepdims))``; ``empty`` for an empty reduced set.
+    Half floats are computed in float32 unless ``exact`` (max/min need no widening)."""
     ax = _axes(data, axes, noop_with_empty_axes)
     keepdims = bool(keepdims)
     if ax == ():  # no reduction: only the element-wise parts
@@ -60,7 +61,10 @@ def _reduce(xp, data, axes, keepdims, noop_with_empty_axes, *, pre=None, red=Non
     if any(data.shape[a] == 0 for a in ax):
         value = empty(data.dtype) if callable(empty) else empty
         return (xp.full(_out_shape(data.shape, ax, keepdims), value, dtype=data.dtype),)
-    y = pre(xp, data) if pre else data
+    y = data
+    if not exact and _acc_dtype(data.dtype) != data.dtype:
+        y = y.astype(np.float32)  # x*x, exp... of float16 overflow long before float32's
+    y = pre(xp, y) if pre else y
     y = red(xp, y, ax, keepdims)
     if post:
         y = post(xp, y)
@@ -121,9 +125,9 @@ _reg_reduce("ReduceSum", (1, 13), red=_sum, empty=0)
 _reg_reduce("ReduceMean", (1, 18), red=_mean, empty=lambda dt: 0 if dt.kind in "iub" else np.nan)
 _reg_reduce("ReduceProd", (1, 18), empty=1,
             red=lambda xp, x, ax, kd: xp.prod(x, axis=ax, keepdims=kd, dtype=_acc_dtype(x.dtype)))
-_reg_reduce("ReduceMax", (1, 18), empty=_max_empty,
+_reg_reduce("ReduceMax", (1, 18), empty=_max_empty, exact=True,
             red=lambda xp, x, ax, kd: xp.max(x, axis=ax, keepdims=kd))
-_reg_reduce("ReduceMin", (1, 18), empty=_min_empty,
+_reg_reduce("ReduceMin", (1, 18), empty=_min_empty, exact=True,
             red=lambda xp, x, ax, kd: xp.min(x, axis=ax, keepdims=kd))
 _reg_reduce("ReduceL1", (1, 18), pre=lambda xp, x: xp.abs(x), red=_sum, empty=0)
 _reg_reduce("ReduceL2", (1, 18), pre=_square, red=_sum, post=lambda xp, y: xp.sqrt(y), empty=0)
@@ -194,8 +198,8 @@ def _as_2d(x, axis):
 
 def _softmax(xp, x, axis, log=False):
     dt = x.dtype
-    if _is_ml(dt):
-        x = x.astype(np.float32)
+    if _is_ml(dt):  # bfloat16 & co in float32; float16 stays float16 as the ONNX reference
+        x = x.astype(np.float32)  # computes it (the fp16 attention cases depend on it)
     z = x - xp.max(x, axis=axis, keepdims=True)
     if log:
         z -= xp.log(xp.sum(xp.exp(z), axis=axis, keepdims=True))
@@ -311,7 +315,7 @@ def TopK(xp, X, K=None, axis=-1, largest=1, sorted=1, k=None):  # noqa: A002
     kk = host_ints(K if K is not None else k)[0]
     ax = norm_axis(axis, X.ndim)
     n = X.shape[ax]
-    if (xp is np and 0 < kk and kk * 2 <= n and n >= 64
+    if (xp is np and 0 < kk and kk * 2 <= n and n >= 64 and X.dtype.kind in "fiu"
             and not (X.dtype.kind == "f" and np.isnan(X).any())):
         return _topk_partition(X, kk, ax, largest)
     return _topk_sorted(xp, X, kk, ax, largest)

@@ -18,7 +18,8 @@ from hetero_exec.kernels.registry import kernel
 # --------------------------------------------------------------------------- Resize planning
 
 
-def _source_coords(ctm: str, out_len: int, in_len: int, scale: float, roi) -> tuple[np.ndarray, np.ndarray | None]:
+def _source_coords(ctm: str, out_len: int, in_len: int, scale: float,
+                   roi) -> tuple[np.ndarray, np.ndarray | None]:
     """Source coordinate of every output index along one axis (float64), plus the
     extrapolation mask for tf_crop_and_resize."""
     y = np.arange(out_len, dtype=np.float64)
@@ -76,7 +77,8 @@ def _cubic_weight(x: np.ndarray, a: float) -> np.ndarray:
     return np.where(x <= 1, near, np.where(x < 2, far, 0.0))
 
 
-def _tap_coeffs(mode: str, ratio: np.ndarray, scale: float, a: float, antialias: bool) -> np.ndarray:
+def _tap_coeffs(mode: str, ratio: np.ndarray, scale: float, a: float,
+                antialias: bool) -> np.ndarray:
     """(out, taps) weights for ``ratio`` in (0, 1] (the onnx reference's convention)."""
     r = ratio[:, None]
     if mode == "linear":
@@ -141,12 +143,13 @@ def _apply_axis(xp, data, axis, idx, coeffs, extrap, extrapolation_value, cdt):
             data = data.astype(cdt)
         out = None
         for j in range(idx.shape[1]):
-            col = idx[:, j]
             w = xp.asarray(coeffs[:, j].astype(cdt).reshape(bshape))
-            if out is None:  # first tap
-                out = xp.take(data, xp.asarray(col), axis=axis) * w
+            t = xp.take(data, xp.asarray(idx[:, j]), axis=axis)
+            t *= w
+            if out is None:
+                out = t
             else:
-                out += xp.take(data, xp.asarray(col), axis=axis) * w
+                out += t
     if extrap is not None and extrap.any():
         fill = xp.asarray(np.asarray(extrapolation_value).astype(out.dtype))
         out = xp.where(xp.asarray(extrap.reshape(bshape)), fill, out)
@@ -167,7 +170,13 @@ def _resize(xp, X, *, full_scales, out_shape, roi, mode, ctm, nearest_mode, a, e
     rank = X.ndim
     cdt = _compute_dtype(X.dtype)
     y = X
-    for ax in range(rank):
+    # Axes are separable and commute: shrink first, then grow the innermost axis (the
+    # costly element-wise gather) while the array is smallest, then the outer ones.
+    def cost_order(ax):
+        ratio = out_shape[ax] / X.shape[ax] if X.shape[ax] else 1.0
+        return (0, ratio, 0) if ratio < 1 else (1, 0, -ax)
+
+    for ax in sorted(range(rank), key=cost_order):
         in_len = X.shape[ax]
         out_len = int(out_shape[ax])
         scale = float(full_scales[ax])
@@ -350,7 +359,11 @@ def GridSample(xp, X, grid, align_corners=0, mode="linear", padding_mode="zeros"
             taps.append((i, w, valid))
         taps_per_dim.append(taps)
 
-    flat = X.reshape(n_batch, channels, -1)
+    # channel-last rows, so every tap is one row gather of C values per sample point
+    n_in = math.prod(dims)
+    rows_src = xp.ascontiguousarray(X.reshape(n_batch, channels, n_in).transpose(0, 2, 1))
+    rows_src = rows_src.reshape(n_batch * n_in, channels)
+    base = (xp.arange(n_batch) * n_in).reshape(-1, 1) if n_batch > 1 else None
     strides = [math.prod(dims[d + 1:]) for d in range(nd)]
     out = None
     combos = [[]]
@@ -361,7 +374,7 @@ def GridSample(xp, X, grid, align_corners=0, mode="linear", padding_mode="zeros"
         w = None
         valid = None
         for d, (i, wd, vd) in enumerate(combo):
-            term = i * strides[d]
+            term = i * strides[d] if strides[d] != 1 else i
             lin = term if lin is None else lin + term
             if wd is not None:
                 w = wd if w is None else w * wd
@@ -369,10 +382,17 @@ def GridSample(xp, X, grid, align_corners=0, mode="linear", padding_mode="zeros"
                 valid = vd if valid is None else valid & vd
         if valid is not None:
             w = valid.astype(cdt) if w is None else xp.where(valid, w, 0)
-        vals = xp.take_along_axis(flat, xp.broadcast_to(lin[:, None, :], (n_batch, channels, npts)), axis=2)
+        if base is not None:
+            lin = lin + base
+        vals = xp.take(rows_src, lin.reshape(-1), axis=0)  # (N * P, C)
         if w is not None:
-            vals = vals.astype(cdt, copy=False) * w[:, None, :]
-        out = vals if out is None else out + vals
+            vals = vals.astype(cdt, copy=False)
+            vals *= w.reshape(-1, 1)
+        if out is None:
+            out = vals
+        else:
+            out += vals
+    out = out.reshape(n_batch, npts, channels).transpose(0, 2, 1)
     return (out.astype(X.dtype, copy=False).reshape((n_batch, channels) + tuple(out_spatial)),)
 
 
@@ -408,7 +428,8 @@ def _roi_axis(xp, start, bin_size, grid, gmax: int, pooled: int, length: int, cd
     p = xp.arange(pooled, dtype=cdt).reshape(1, -1, 1)
     i = xp.arange(gmax, dtype=cdt).reshape(1, 1, -1)
     g = xp.maximum(grid, 1).astype(cdt).reshape(-1, 1, 1)
-    c = start.reshape(-1, 1, 1) + p * bin_size.reshape(-1, 1, 1) + (i + 0.5) * bin_size.reshape(-1, 1, 1) / g
+    bs = bin_size.reshape(-1, 1, 1)
+    c = start.reshape(-1, 1, 1) + p * bs + (i + 0.5) * bs / g
     inside = (c >= -1.0) & (c <= length) & (i < grid.reshape(-1, 1, 1))
     c = xp.maximum(c, 0)
     low = xp.floor(c).astype(np.int64)
@@ -419,7 +440,7 @@ def _roi_axis(xp, start, bin_size, grid, gmax: int, pooled: int, length: int, cd
     lfrac = c - low
     hfrac = 1 - lfrac
     zero = xp.zeros((), dtype=cdt)
-    return low, high, xp.where(inside, hfrac, zero), xp.where(inside, lfrac, zero), inside
+    return low, high, xp.where(inside, hfrac, zero), xp.where(inside, lfrac, zero)
 
 _ROI_CHUNK_ELEMS = 1 << 24
 
@@ -432,7 +453,9 @@ def _roi_avg(xp, data, b, y_plan, x_plan, grid_h, grid_w, count):
     channels = data.shape[1]
     # rows first: (R, PH, C, W) = sum over samples and corners of wy * X[b, :, y, :]
     bb = b.reshape(-1, 1, 1)
-    rows = (data[bb, :, yl, :] * wyl[..., None, None] + data[bb, :, yh, :] * wyh[..., None, None]).sum(axis=2)
+    rows = data[bb, :, yl, :] * wyl[..., None, None]
+    rows += data[bb, :, yh, :] * wyh[..., None, None]
+    rows = rows.sum(axis=2)
     # then columns, gathered along W per roi: (R, PH, C, PW, GW)
     shp = (n, ph, channels, pw * gw)
     lo = xp.take_along_axis(rows, xp.broadcast_to(xl.reshape(n, 1, 1, pw * gw), shp), axis=3)
@@ -471,7 +494,9 @@ def _roi_max(xp, data, b, y_plan, x_plan, grid_h, grid_w):
 def RoiAlign(xp, X, rois, batch_indices, coordinate_transformation_mode=None, mode="avg",
              output_height=1, output_width=1, sampling_ratio=0, spatial_scale=1.0, *, opset=None):
     if coordinate_transformation_mode is None:
-        coordinate_transformation_mode = "half_pixel" if (opset or 16) >= 16 else "output_half_pixel"
+        # RoiAlign-10 had no half-pixel offset
+        coordinate_transformation_mode = ("half_pixel" if (opset or 16) >= 16
+                                          else "output_half_pixel")
     half_pixel = coordinate_transformation_mode == "half_pixel"
     _, channels, height, width = X.shape
     n_rois = rois.shape[0]
@@ -499,19 +524,19 @@ def RoiAlign(xp, X, rois, batch_indices, coordinate_transformation_mode=None, mo
         gw_max = max(int(grid_w.max()), 1)
     count = xp.maximum(grid_h * grid_w, 1).astype(cdt)
 
-    yl, yh, wyl, wyh, vy = _roi_axis(xp, start_h, bin_h, grid_h, gh_max, ph, height, cdt)  # (R, PH, GH)
-    xl, xh, wxl, wxh, vx = _roi_axis(xp, start_w, bin_w, grid_w, gw_max, pw, width, cdt)  # (R, PW, GW)
+    # (R, PH, GH) and (R, PW, GW) sample plans
+    y_plan = _roi_axis(xp, start_h, bin_h, grid_h, gh_max, ph, height, cdt)
+    x_plan = _roi_axis(xp, start_w, bin_w, grid_w, gw_max, pw, width, cdt)
     b = batch_indices.astype(np.int64)
     data = X.astype(cdt, copy=False)
-    y_plan = (yl, yh, wyl, wyh)
-    x_plan = (xl, xh, wxl, wxh)
     # bound the gathered intermediates (rois x bins x samples x channels x width) by chunking rois
     per_roi = ph * gh_max * channels * (width if mode == "avg" else pw * gw_max * 4)
     step = max(1, _ROI_CHUNK_ELEMS // max(per_roi, 1))
     outs = []
     for lo in range(0, n_rois, step):
         sl = slice(lo, min(lo + step, n_rois))
-        args = (xp, data, b[sl], [a[sl] for a in y_plan], [a[sl] for a in x_plan], grid_h[sl], grid_w[sl])
+        args = (xp, data, b[sl], [a[sl] for a in y_plan], [a[sl] for a in x_plan],
+                grid_h[sl], grid_w[sl])
         outs.append(_roi_avg(*args, count[sl]) if mode == "avg" else _roi_max(*args))
     out = outs[0] if len(outs) == 1 else xp.concatenate(outs, axis=0)
     return (out.astype(X.dtype, copy=False),)

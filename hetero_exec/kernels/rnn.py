@@ -140,10 +140,10 @@ class _Prep:
     def inputs_per_direction(self, W):
         """(seq, dirs, batch, gates*hidden) = X @ W^T, each direction in its own time order."""
         xp = self.xp
-        x2 = xp.ascontiguousarray(self.X).reshape(self.seq_len * self.batch, -1)
+        x2 = xp.ascontiguousarray(self.X).reshape(self.seq_len * self.batch, self.X.shape[2])
         wt = xp.ascontiguousarray(xp.swapaxes(W, 1, 2).astype(self.dtype, copy=False))
         proj = xp.matmul(x2[None], wt)  # (dirs, seq*batch, G): one BLAS call per direction
-        proj = proj.reshape(self.num_directions, self.seq_len, self.batch, -1)
+        proj = proj.reshape(self.num_directions, self.seq_len, self.batch, wt.shape[-1])
         for d in self.reverse_dirs:
             if self.rev_index is None:
                 proj[d] = proj[d][::-1].copy()

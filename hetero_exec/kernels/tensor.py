@@ -163,7 +163,7 @@ def Slice(xp, data, starts=None, ends=None, axes=None, steps=None):
     return (data[tuple(index)],)
 
 
-# --------------------------------------------------------------------------- broadcasting / tiling / padding
+# --------------------------------------------------------------------------- expand / tile / pad
 
 
 @kernel("Expand", since=8, host_inputs=(1,))
@@ -191,11 +191,16 @@ def Tile(xp, input, repeats, axis=None):
         reps = ints(repeats)
     if all(r == 1 for r in reps):
         return (input,)
-    return (xp.tile(input, reps),)
+    # one copy: broadcast a (1, d0, 1, d1, ...) view to (r0, d0, r1, d1, ...) and merge pairs
+    shape = input.shape
+    view = input.reshape([v for d in shape for v in (1, d)])
+    big = xp.broadcast_to(view, [v for r, d in zip(reps, shape) for v in (r, d)])
+    return (big.reshape([r * d for r, d in zip(reps, shape)]),)
 
 
 @kernel("Pad", since=(1, 2, 11, 18), host_inputs=(1, 2, 3))
-def Pad(xp, data, pads=None, constant_value=None, axes=None, mode="constant", value=0.0, paddings=None):
+def Pad(xp, data, pads=None, constant_value=None, axes=None, mode="constant", value=0.0,
+        paddings=None):
     rank = data.ndim
     raw = ints(pads if pads is not None else paddings)
     ax = norm_axes(ints(axes), rank) if axes is not None else range(rank)
@@ -206,7 +211,8 @@ def Pad(xp, data, pads=None, constant_value=None, axes=None, mode="constant", va
         begin[a] = raw[i]
         end[a] = raw[n + i]
     if any(p < 0 for p in begin + end):  # negative pads crop
-        data = data[tuple(slice(max(-b, 0), d - max(-e, 0)) for b, e, d in zip(begin, end, data.shape))]
+        data = data[tuple(slice(max(-b, 0), d - max(-e, 0))
+                          for b, e, d in zip(begin, end, data.shape))]
         begin = [max(b, 0) for b in begin]
         end = [max(e, 0) for e in end]
     if not any(begin) and not any(end):
@@ -413,7 +419,8 @@ def Unique(xp, X, axis=None, sorted=1, *, num_outputs=None):
         inv = rank[inv]
         y = np.take(flat, idx, axis=take_axis)
     outs = (y, idx.astype(_I64), inv.astype(_I64), cnt.astype(_I64))
-    return outs[: num_outputs] if num_outputs else outs
+    outs = outs[:num_outputs] if num_outputs else outs
+    return tuple(xp.asarray(o) for o in outs)
 
 
 # --------------------------------------------------------------------------- dropout

@@ -111,7 +111,9 @@ def build_session_plan(graph: Graph, providers: Sequence[Any] | None, options) -
                             all_providers=provs)
 
     # -- opt-in mixed placement, decided before the single-provider path ------------
-    if hetero and not require and requested.kind != "cpu":
+    # (an unavailable requested device places nothing: the single-provider path below
+    # falls back with its reason in the report, or fails when the GPU is required)
+    if hetero and not require and requested.kind != "cpu" and requested.available():
         plan = classify_placement(graph, provs, affinity=options.affinity,
                                   strategy=options.strategy, dim_bounds=bounds)
         if plan is not None:

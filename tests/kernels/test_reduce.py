@@ -1,0 +1,200 @@
+"""Reduction, arg, cumulative, softmax-family, TopK and Det kernels against onnx.reference
+(and exact numpy expectations for the opset<13 softmax semantics, which it lacks)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import to_numpy
+from tests.kernels._ref import ours, reference
+
+RNG = np.random.default_rng(1)
+
+
+def check(xp, op, inputs, opset=21, rtol=1e-5, atol=1e-6, n_outputs=1, **attrs):
+    want = reference(op, inputs, opset=opset, n_outputs=n_outputs, **attrs)
+    got = ours(xp, op, inputs, opset=opset, **attrs)
+    assert isinstance(got, tuple)
+    for w, g in zip(want, got):
+        g = to_numpy(g)
+        assert isinstance(g, np.ndarray)
+        assert g.dtype == w.dtype, (op, g.dtype, w.dtype)
+        assert g.shape == w.shape, (op, g.shape, w.shape)
+        if w.dtype.kind == "f":
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+        else:
+            np.testing.assert_array_equal(g, w)
+    return got
+
+
+REDUCE = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
+          "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"]
+
+
+def _input_axes_opset(op):
+    return 13 if op == "ReduceSum" else 18
+
+
+@pytest.mark.parametrize("op", REDUCE)
+@pytest.mark.parametrize("axes", [None, [1], [0, 2], [-1], [-3, -1]])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_reduce(xp, op, axes, keepdims):
+    x = RNG.uniform(0.5, 1.5, (3, 4, 5)).astype(np.float32)
+    # old opsets: axes attribute
+    kw = {} if axes is None else {"axes": axes}
+    check(xp, op, [x], opset=11, keepdims=keepdims, **kw)
+    # new opsets: axes input
+    ax = None if axes is None else np.array(axes, np.int64)
+    check(xp, op, [x, ax], opset=_input_axes_opset(op), keepdims=keepdims)
+
+
+@pytest.mark.parametrize("op", REDUCE)
+def test_reduce_noop_and_empty(xp, op):
+    x = RNG.uniform(0.5, 1.5, (2, 3)).astype(np.float32)
+    opset = _input_axes_opset(op)
+    empty_axes = np.array([], np.int64)
+    check(xp, op, [x, empty_axes], opset=opset, noop_with_empty_axes=1)
+    check(xp, op, [x, empty_axes], opset=opset)  # empty axes: reduce all
+    e = np.zeros((2, 0, 4), np.float32)
+    for axes in ([1], [0, 1], [2]):
+        for kd in (0, 1):
+            check(xp, op, [e, np.array(axes, np.int64)], opset=opset, keepdims=kd)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.float16, np.float64])
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceMean"])
+def test_reduce_dtypes(xp, op, dtype):
+    x = RNG.integers(1, 5, (3, 4)).astype(dtype)
+    y = check(xp, op, [x, np.array([1], np.int64)], opset=_input_axes_opset(op), rtol=1e-3)
+    assert to_numpy(y[0]).dtype == np.dtype(dtype)
+
+
+def test_reduce_half_no_overflow(xp):
+    x = np.full((4, 8), 300, np.float16)  # x*x overflows float16
+    ax = np.array([1], np.int64)
+    for op, want in [("ReduceL2", 300 * np.sqrt(8)), ("ReduceSumSquare", np.inf),
+                     ("ReduceLogSumExp", 300 + np.log(8)), ("ReduceMean", 300)]:
+        y = to_numpy(ours(xp, op, [x, ax], opset=18)[0])
+        assert y.dtype == np.float16
+        np.testing.assert_allclose(y.astype(np.float64), np.full((4, 1), want), rtol=1e-3)
+
+
+def test_reduce_empty_identity(xp):
+    e = np.zeros((0, 3), np.int32)
+    ax = np.array([0], np.int64)
+    assert (to_numpy(ours(xp, "ReduceMax", [e, ax], opset=20)[0]) == np.iinfo(np.int32).min).all()
+    assert (to_numpy(ours(xp, "ReduceMin", [e, ax], opset=20)[0]) == np.iinfo(np.int32).max).all()
+    ef = np.zeros((0, 3), np.float32)
+    assert (to_numpy(ours(xp, "ReduceMax", [ef, ax], opset=20)[0]) == -np.inf).all()
+    assert (to_numpy(ours(xp, "ReduceProd", [ef, ax], opset=18)[0]) == 1).all()
+    eb = np.zeros((0, 3), bool)
+    check(xp, "ReduceMax", [eb, ax], opset=20)
+    check(xp, "ReduceMin", [eb, ax], opset=20)
+    check(xp, "ReduceMax", [RNG.integers(0, 2, (3, 4)).astype(bool), ax], opset=20)
+
+
+def test_reduce_logsumexp_large(xp):
+    x = np.array([[1000.0, 1000.0], [-1000.0, -np.inf]], np.float32)
+    y = to_numpy(ours(xp, "ReduceLogSumExp", [x, np.array([1], np.int64)], opset=18)[0])
+    np.testing.assert_allclose(y, [[1000 + np.log(2)], [-1000]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("last", [0, 1])
+def test_arg(xp, op, axis, keepdims, last):
+    x = RNG.integers(0, 3, (3, 4, 5)).astype(np.float32)  # many ties
+    check(xp, op, [x], opset=13, axis=axis, keepdims=keepdims, select_last_index=last)
+    check(xp, op, [x.astype(np.int32)], opset=11, axis=axis, keepdims=keepdims)
+
+
+@pytest.mark.parametrize("op", ["CumSum", "CumProd"])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [0, 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.int64])
+def test_cum(xp, op, axis, exclusive, reverse, dtype):
+    x = RNG.integers(1, 4, (3, 4)).astype(dtype)
+    opset = 14 if op == "CumSum" else 26
+    check(xp, op, [x, np.array(axis, np.int32)], opset=opset, exclusive=exclusive, reverse=reverse)
+
+
+def _softmax_2d(x, axis):
+    s = x.shape
+    a = axis % x.ndim
+    f = x.reshape(int(np.prod(s[:a])), -1)
+    e = np.exp(f - f.max(1, keepdims=True))
+    return (e / e.sum(1, keepdims=True)).reshape(s)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+def test_softmax_family(xp, axis):
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    x[0, 0, 0] = 1000.0
+    for op in ["Softmax", "Hardmax"]:
+        check(xp, op, [x], opset=13, axis=axis)
+    # the reference takes log(softmax), -inf where softmax underflows; ours stays finite
+    m = x.max(axis, keepdims=True)
+    want = x - m - np.log(np.exp(x - m).sum(axis, keepdims=True))
+    np.testing.assert_allclose(to_numpy(ours(xp, "LogSoftmax", [x], opset=13, axis=axis)[0]), want,
+                               rtol=1e-5, atol=1e-5)
+    # opset < 13: the input flattened to 2-D at axis
+    sm = to_numpy(ours(xp, "Softmax", [x], opset=11, axis=axis)[0])
+    np.testing.assert_allclose(sm, _softmax_2d(x, axis), rtol=1e-5, atol=1e-7)
+    lsm = to_numpy(ours(xp, "LogSoftmax", [x], opset=11, axis=axis)[0])
+    np.testing.assert_allclose(np.exp(lsm), _softmax_2d(x, axis), rtol=1e-5, atol=1e-7)
+    hm = to_numpy(ours(xp, "Hardmax", [x], opset=1, axis=axis)[0])
+    f = x.reshape(int(np.prod(x.shape[:axis % 3])), -1)
+    want = np.zeros_like(f)
+    want[np.arange(f.shape[0]), f.argmax(1)] = 1
+    np.testing.assert_array_equal(hm, want.reshape(x.shape))
+
+
+def test_softmax_defaults(xp):
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    sm = to_numpy(ours(xp, "Softmax", [x], opset=11)[0])
+    np.testing.assert_allclose(sm, _softmax_2d(x, 1), rtol=1e-5)
+    check(xp, "Softmax", [x], opset=13)
+    check(xp, "Hardmax", [np.ones((2, 3), np.float32)], opset=13)  # ties: first index
+    check(xp, "Softmax", [x.astype(np.float16)], opset=13, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("largest", [0, 1])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.uint64])
+def test_topk(xp, largest, axis, dtype):
+    x = RNG.integers(0, 4, (4, 6)).astype(dtype)  # ties: lower index first
+    k = np.array([3], np.int64)
+    check(xp, "TopK", [x, k], opset=11, n_outputs=2, axis=axis, largest=largest)
+    full = np.array([x.shape[axis]], np.int64)
+    check(xp, "TopK", [x, full], opset=24, n_outputs=2, axis=axis, largest=largest)
+    zero = np.array([0], np.int64)
+    check(xp, "TopK", [x, zero], opset=11, n_outputs=2, axis=axis, largest=largest)
+
+
+@pytest.mark.parametrize("largest", [0, 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.uint8])
+def test_topk_long_axis(xp, largest, dtype):
+    # long axis, small k: numpy selects by partition; ties across the k-th value
+    x = RNG.integers(0, 30, (3, 200, 2)).astype(dtype)
+    for k in (1, 7, 100):
+        kk = np.array([k], np.int64)
+        check(xp, "TopK", [x, kk], opset=11, n_outputs=2, axis=1, largest=largest)
+    y = RNG.standard_normal((2, 300)).astype(np.float32)
+    check(xp, "TopK", [y, np.array([5], np.int64)], opset=11, n_outputs=2, largest=largest)
+
+
+def test_topk_old_opsets(xp):
+    x = RNG.standard_normal((3, 5)).astype(np.float32)
+    check(xp, "TopK", [x], opset=1, n_outputs=2, k=2)
+    check(xp, "TopK", [x, np.array([2], np.int64)], opset=10, n_outputs=2, axis=0)
+    x = np.array([1, 3, 3, 2, 3], np.float32)
+    v, i = ours(xp, "TopK", [x, np.array([3], np.int64)], opset=11)
+    np.testing.assert_array_equal(to_numpy(i), [1, 2, 4])
+
+
+def test_det(xp):
+    check(xp, "Det", [RNG.standard_normal((3, 3)).astype(np.float32)], rtol=1e-4)
+    check(xp, "Det", [RNG.standard_normal((2, 3, 4, 4)).astype(np.float64)], rtol=1e-10)

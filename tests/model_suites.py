@@ -1,0 +1,93 @@
+"""The backend suite's other folders: simple, pytorch-converted, pytorch-operator and
+real (the "light" models shipped inside onnx, with dummy inputs made as onnx's own
+runner makes them, and expected outputs shipped beside them)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+import onnx.backend.test as _bt
+
+DATA_DIR = os.path.join(os.path.dirname(_bt.__file__), "data")
+KINDS = ("simple", "pytorch-converted", "pytorch-operator", "real")
+
+
+@dataclass
+class ModelCase:
+    name: str
+    kind: str
+    model_path: str
+    data_sets: list[tuple[list[Any], list[Any]]]
+    rtol: float
+    atol: float
+
+
+def _read_pb(path: str) -> Any:
+    t = onnx.TensorProto()
+    with open(path, "rb") as f:
+        t.ParseFromString(f.read())
+    return numpy_helper.to_array(t)
+
+
+def collect(kind: str) -> list[ModelCase]:
+    out = []
+    for case_dir in sorted(glob.glob(os.path.join(DATA_DIR, kind, "*"))):
+        name = os.path.basename(case_dir)
+        rtol, atol = 1e-3, 1e-7
+        meta = os.path.join(case_dir, "data.json")
+        if os.path.exists(meta):
+            with open(meta) as f:
+                data = json.load(f)
+            rtol, atol = data.get("rtol", rtol), data.get("atol", atol)
+        model_path = os.path.join(case_dir, "model.onnx")
+        if os.path.exists(model_path):
+            sets = []
+            for ds in sorted(glob.glob(os.path.join(case_dir, "test_data_set_*"))):
+                ins = [_read_pb(p) for p in sorted(glob.glob(os.path.join(ds, "input_*.pb")),
+                                                   key=_index)]
+                outs = [_read_pb(p) for p in sorted(glob.glob(os.path.join(ds, "output_*.pb")),
+                                                    key=_index)]
+                sets.append((ins, outs))
+            out.append(ModelCase(name, kind, model_path, sets, rtol, atol))
+        elif os.path.exists(meta) and data.get("url", "").startswith("onnx/backend/test/data/light/"):
+            out.append(_light_case(name, kind, data, rtol, atol))
+    return out
+
+
+def _index(path: str) -> int:
+    return int(os.path.splitext(path)[0].rsplit("_", 1)[1])
+
+
+def _light_case(name: str, kind: str, data: dict, rtol: float, atol: float) -> ModelCase:
+    """Inputs as onnx's runner makes them for the light models (seed 0, not random)."""
+    from onnx.backend.test.runner import Runner
+
+    path = os.path.join(DATA_DIR, "light", os.path.basename(data["url"]))
+    model = onnx.load(path)
+    inits = {i.name for i in model.graph.initializer}
+    ins = [Runner.generate_dummy_data(x, seed=0, name=data["model_name"], random=False)
+           for x in model.graph.input if x.name not in inits]
+    prefix = os.path.splitext(path)[0]
+    outs = [_read_pb(f"{prefix}_output_{i}.pb") for i in range(len(model.graph.output))]
+    return ModelCase(name, kind, path, [(ins, outs)], rtol, atol)
+
+
+def run_model_case(case: ModelCase, providers: list | None = None) -> None:
+    from hetero_exec import InferenceSession
+    from tests.backend_cases import assert_similar
+
+    sess = InferenceSession(case.model_path, providers=providers)
+    names = [i.name for i in sess.get_inputs()]
+    outs_decl = [o.name for o in sess.get_outputs()]
+    for ins, expected in case.data_sets:
+        got = sess.run_outputs(None, dict(zip(names, ins)))
+        for name, e, g in zip(outs_decl, expected, got):
+            assert_similar(e, g, case.rtol, case.atol, where=f"output {name!r}")
