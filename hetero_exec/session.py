@@ -142,10 +142,12 @@ class InferenceSession:
     def _arg(self, name: str) -> NodeArg:
         v = self.graph.value(name)
         if v.kind == "tensor":
-            t = f"tensor({_ort_type(v.dtype_name)})"
-        else:
-            t = f"{v.kind}(tensor({_ort_type(v.dtype_name)}))" if v.elem_type else v.kind
-        return NodeArg(name, list(v.shape) if v.shape is not None else None, t)
+            return NodeArg(name, list(v.shape) if v.shape is not None else None,
+                           f"tensor({_ort_type(v.dtype_name)})")
+        # onnxruntime spells sequences "seq(...)" and gives non-tensors an empty shape
+        kind = "seq" if v.kind == "sequence" else v.kind
+        t = f"{kind}(tensor({_ort_type(v.dtype_name)}))" if v.elem_type else kind
+        return NodeArg(name, [], t)
 
     @property
     def is_heterogeneous(self) -> bool:

@@ -24,15 +24,15 @@ def execute(plan: RunPlan, inputs: Sequence[Any], scope: list[Any] | None = None
     step = None
     try:
         for step in plan.fast_steps:
-            fn, a, b, kw, rel, mode, outs = step
+            fn, a, b, kw, rel, mode, outs, sxp = step
             if mode == ONE_INPUT:
-                res = fn(xp, vals[a], **kw)
+                res = fn(sxp or xp, vals[a], **kw)
             elif mode == MANY_INPUTS:
-                res = fn(xp, *a(vals), **kw)
+                res = fn(sxp or xp, *a(vals), **kw)
             elif mode == NO_INPUTS:
-                res = fn(xp, **kw)
+                res = fn(sxp or xp, **kw)
             else:
-                res = fn(xp, *[vals[i] for i in a], scope=vals, **kw)
+                res = fn(sxp or xp, *[vals[i] for i in a], scope=vals, **kw)
             if b >= 0:
                 vals[b] = res[0]
             else:

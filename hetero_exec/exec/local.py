@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from typing import Any, Mapping, Sequence
 
 from hetero_exec.exec.executor import execute
@@ -23,9 +24,16 @@ class CompiledSegment:
             from hetero_exec.exec.placed_body import make_body_placer
 
             placer = make_body_placer(providers, fold_constants)
-        compiler = Compiler(prov.xp, prov.name, fold_constants=fold_constants,
-                            to_device=prov.to_device, body_placer=placer)
+        compiler = Compiler.for_provider(prov, fold_constants, placer)
         self.plan: RunPlan = compiler.compile(graph, segment.nodes, segment.inputs, segment.outputs)
+        self.runs = 0
+        self.seconds = 0.0
+        self._lock = threading.Lock()
+
+    def record(self, seconds: float) -> None:
+        with self._lock:
+            self.runs += 1
+            self.seconds += seconds
 
 
 class LocalExecutor:
@@ -78,7 +86,9 @@ class LocalExecutor:
                 if v is not None and where.get(name) is not prov:
                     v = self._move(v, where.get(name), prov)
                 args.append(v)
+            t0 = time.perf_counter()
             outs = execute(seg.plan, args)
+            seg.record(time.perf_counter() - t0)
             for name, v in zip(seg.plan.output_names, outs):
                 env[name] = v
                 where[name] = prov
@@ -107,6 +117,15 @@ class LocalExecutor:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
         return self._pool.submit(self.run, names, feed)
+
+    def segment_timings(self) -> list[str]:
+        """Mean wall time per segment run (heterogeneous sessions time each segment)."""
+        lines = []
+        for cs in self.segments:
+            mean = cs.seconds / cs.runs * 1e3 if cs.runs else 0.0
+            lines.append(f"{cs.segment.name} on {cs.provider.name}: {cs.runs} runs, {mean:.3f} ms mean")
+        lines.append(f"seam copies: {self.copies} ({self.copy_bytes} bytes)")
+        return lines
 
     def end_profiling(self) -> str | None:
         return None

@@ -31,7 +31,7 @@ class PlacedSubgraph:
         for seg in plan.segments:
             prov = seg.provider
             placer = make_body_placer(providers, fold_constants)
-            compiler = Compiler(prov.xp, prov.name, fold_constants, prov.to_device, placer)
+            compiler = Compiler.for_provider(prov, fold_constants, placer)
             self.segments.append((prov, compiler.compile(body, seg.nodes, seg.inputs, seg.outputs)))
 
     @property

@@ -16,9 +16,10 @@ import numpy as np
 import onnx
 
 from hetero_exec.errors import UnsupportedOperatorError
-from hetero_exec.ir.graph import Graph, Node, attr_value
+from hetero_exec.ir.graph import Graph, Node, attr_value, node_reads
 from hetero_exec.kernels.registry import KernelDef, lookup
 from hetero_exec.exec.functions import expand_function
+from hetero_exec.exec.host_steps import METADATA_OPS, host_step_nodes
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,8 @@ class Step:
     release: tuple[int, ...]
     node: Node
     wants_scope: bool = False
+    xp: Any = None  # the step's array module when it differs from the plan's (host steps)
+    on_host: bool = False  # a host step inside a device plan (exec.host_steps)
 
 
 @dataclass
@@ -67,7 +70,7 @@ NO_INPUTS, ONE_INPUT, MANY_INPUTS, WITH_SCOPE = 0, 1, 2, 3
 
 
 def fast_step(st: Step) -> tuple:
-    """(fn, inputs, output, kwargs, release, mode, outputs): ``inputs`` is a slot (one
+    """(fn, inputs, output, kwargs, release, mode, outputs, xp): ``inputs`` is a slot (one
     input), an itemgetter (several) or a slot tuple (scope); ``output`` is the slot of a
     single output, or -1 when ``outputs`` lists several."""
     ins = st.inputs
@@ -80,7 +83,7 @@ def fast_step(st: Step) -> tuple:
     else:
         mode, a = MANY_INPUTS, operator.itemgetter(*ins)
     b = st.outputs[0] if len(st.outputs) == 1 else -1
-    return (st.fn, a, b, st.kwargs, st.release, mode, st.outputs)
+    return (st.fn, a, b, st.kwargs, st.release, mode, st.outputs, st.xp)
 
 
 class Subgraph:
@@ -117,13 +120,24 @@ class Compiler:
 
     def __init__(self, xp: Any = np, provider: str = "cpu", fold_constants: bool = True,
                  to_device: Callable[[Any], Any] | None = None,
-                 body_placer: Callable[[Graph, dict[str, int]], Any] | None = None):
+                 body_placer: Callable[[Graph, dict[str, int]], Any] | None = None,
+                 to_host: Callable[[Any], Any] | None = None):
         self.xp = xp
+        #: a device provider: shape arithmetic runs as host steps (exec.host_steps)
+        self.device = to_host is not None
+        self.to_host = to_host or (lambda a: a)
         self.provider = provider
         self.fold_constants = fold_constants
         self.to_device = to_device or (lambda a: a)
         #: compiles control-flow bodies with their own placement (heterogeneous sessions)
         self.body_placer = body_placer
+
+    @classmethod
+    def for_provider(cls, provider: Any, fold_constants: bool = True,
+                     body_placer: Callable[[Graph, dict[str, int]], Any] | None = None) -> "Compiler":
+        """The compiler of one provider: its arrays, its copies, host steps on devices."""
+        return cls(provider.xp, provider.name, fold_constants, provider.to_device, body_placer,
+                   provider.to_host if provider.is_device else None)
 
     def compile_graph(self, graph: Graph, outer: dict[str, int] | None = None) -> RunPlan:
         return self.compile(graph, graph.nodes, graph.inputs, graph.outputs, outer)
@@ -149,14 +163,27 @@ class Compiler:
             for name in graph.captures:
                 if name in outer and name not in fed:
                     captures.append((outer[name], slot(name)))
+        # only the initializers these nodes read: a segment holds its own weights, not
+        # the whole model's (bodies' outer captures count as reads)
+        wanted = {r for node in nodes for r in node_reads(node)} | set(inputs) | set(outputs)
+        host_nodes = host_step_nodes(graph, nodes) if self.device else set()
+        host_slots: set[int] = set()  # slots holding host values in a device plan
+        device_reads = {r for node in nodes if node not in host_nodes for r in node_reads(node)}
         for name, arr in graph.initializers.items():
+            if name not in wanted:
+                continue
             s = slot(name)
             if template[s] is None:
-                template[s] = self.to_device(arr)
+                if self.device and name not in device_reads and name not in outputs:
+                    template[s] = arr  # read by host steps only: no upload
+                    host_slots.add(s)
+                else:
+                    template[s] = self.to_device(arr)
             if name not in fed:
                 constants.add(s)
 
-        raw_steps: list[tuple[Node, KernelDef | None, Callable, tuple[int, ...], tuple[int, ...], dict, bool]] = []
+        host_copy: dict[int, int] = {}  # constant slot -> its host copy's slot
+        raw_steps: list[tuple] = []
         for node in nodes:
             # captures of bodies are read from this plan's slots: give them slots before
             # the bodies compile against slot_of, and count them as uses for liveness
@@ -170,17 +197,32 @@ class Compiler:
                 fn, kwargs, wants_scope = _raising_step(e), {}, False
             in_slots = tuple(slot(i) if i else NONE_SLOT for i in _trim(node.inputs))
             out_slots = tuple(slot(o) if o else TRASH_SLOT for o in node.outputs)
+            step_xp = self.xp
+            if node in host_nodes:
+                step_xp = np
+                if node.op_type not in METADATA_OPS:
+                    in_slots = self._host_constants(in_slots, constants, host_copy, template)
+                    fn = _converting(fn, [p for p, s in enumerate(in_slots)
+                                          if s not in host_slots and s not in host_copy.values()
+                                          and s != NONE_SLOT], self.to_host)
+                host_slots.update(out_slots)
+            elif host_slots:
+                kdef = lookup(node.domain, node.op_type, graph.opset(node.domain))
+                host_pos = kdef.host_inputs if kdef else frozenset()
+                data_pos = [p for p, s in enumerate(in_slots) if s in host_slots and p not in host_pos]
+                if data_pos:
+                    fn = _converting(fn, data_pos, self.to_device)
             if (self.fold_constants and not wants_scope and node.op_type not in NONDETERMINISTIC
                     and all(s in constants or s == NONE_SLOT for s in in_slots)):
-                if self._fold(fn, kwargs, in_slots, out_slots, template, node):
+                if self._fold(fn, kwargs, in_slots, out_slots, template, node, step_xp):
                     constants.update(s for s in out_slots if s != TRASH_SLOT)
                     continue
-            raw_steps.append((node, fn, in_slots, cap_slots, out_slots, kwargs, wants_scope))
+            raw_steps.append((node, fn, in_slots, cap_slots, out_slots, kwargs, wants_scope, step_xp))
 
         output_slots = [slot(o) for o in outputs]
         keep = set(constants) | {s for _, s in input_slots} | set(output_slots) | {NONE_SLOT, TRASH_SLOT}
         last_use: dict[int, int] = {}
-        for idx, (_, _, in_slots, cap_slots, _, _, _) in enumerate(raw_steps):
+        for idx, (_, _, in_slots, cap_slots, *_rest) in enumerate(raw_steps):
             for s in in_slots + cap_slots:
                 last_use[s] = idx
         release_at: dict[int, list[int]] = {}
@@ -188,15 +230,16 @@ class Compiler:
             if s not in keep:
                 release_at.setdefault(idx, []).append(s)
         # values produced and never read are dropped right away too
-        for idx, (_, _, _, _, out_slots, _, _) in enumerate(raw_steps):
+        for idx, (_, _, _, _, out_slots, *_rest) in enumerate(raw_steps):
             for s in out_slots:
                 if s not in keep and s not in last_use:
                     release_at.setdefault(idx, []).append(s)
         steps = [
             Step(fn=fn, inputs=in_slots, outputs=out_slots,
                  kwargs=kwargs, release=tuple(sorted(set(release_at.get(idx, ())))), node=node,
-                 wants_scope=wants_scope)
-            for idx, (node, fn, in_slots, cap_slots, out_slots, kwargs, wants_scope) in enumerate(raw_steps)
+                 wants_scope=wants_scope, xp=step_xp, on_host=node in host_nodes)
+            for idx, (node, fn, in_slots, cap_slots, out_slots, kwargs, wants_scope, step_xp)
+            in enumerate(raw_steps)
         ]
         return RunPlan(steps=steps, template=template, input_slots=input_slots,
                        output_slots=output_slots, output_names=list(outputs), captures=captures,
@@ -243,10 +286,24 @@ class Compiler:
             kwargs["opset"] = kdef.since
         return kdef.fn, kwargs, "scope" in kdef.wants
 
+    def _host_constants(self, in_slots: tuple[int, ...], constants: set[int],
+                        host_copy: dict[int, int], template: list[Any]) -> tuple[int, ...]:
+        """A host step reads constants from host copies made once, here."""
+        out = []
+        for s in in_slots:
+            if s in constants and s != NONE_SLOT:
+                if s not in host_copy:
+                    host_copy[s] = len(template)
+                    template.append(self.to_host(template[s]))
+                    constants.add(host_copy[s])
+                s = host_copy[s]
+            out.append(s)
+        return tuple(out)
+
     def _fold(self, fn: Callable, kwargs: dict, in_slots: tuple[int, ...], out_slots: tuple[int, ...],
-              template: list[Any], node: Node) -> bool:
+              template: list[Any], node: Node, xp: Any = None) -> bool:
         try:
-            outs = fn(self.xp, *(template[s] for s in in_slots), **kwargs)
+            outs = fn(xp if xp is not None else self.xp, *(template[s] for s in in_slots), **kwargs)
         except Exception as e:  # leave it to run time, where the error names the node
             log.debug("not folding %s: %s", node.identity, e)
             return False
@@ -254,6 +311,23 @@ class Compiler:
             if s != TRASH_SLOT:
                 template[s] = v
         return True
+
+
+def _converting(fn: Callable, positions: Sequence[int], convert: Callable[[Any], Any]) -> Callable:
+    """``fn`` with the inputs at ``positions`` moved (host <-> device) first."""
+    if not positions:
+        return fn
+    positions = tuple(positions)
+
+    def moved(xp, *args, **kwargs):
+        args = list(args)
+        for p in positions:
+            if p < len(args) and args[p] is not None:
+                args[p] = convert(args[p])
+        return fn(xp, *args, **kwargs)
+
+    moved.__name__ = getattr(fn, "__name__", "moved")
+    return moved
 
 
 def _static_inputs(graph: Graph, node: Node) -> bool:

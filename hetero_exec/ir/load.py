@@ -142,6 +142,13 @@ def compute_captures(graph: Graph) -> list[str]:
     return captures
 
 
+def _symbol(name: str) -> str | None:
+    """A declared symbolic dim; onnx's inference names unknown dims ``unk__N``: unknown."""
+    if not name or (name.startswith("unk__") and name[5:].isdigit()):
+        return None
+    return name
+
+
 def value_from_type(name: str, tp: onnx.TypeProto) -> Value:
     which = tp.WhichOneof("value")
     if which == "tensor_type":
@@ -149,7 +156,7 @@ def value_from_type(name: str, tp: onnx.TypeProto) -> Value:
         shape: Shape | None = None
         if tt.HasField("shape"):
             shape = tuple(
-                d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                d.dim_value if d.HasField("dim_value") else _symbol(d.dim_param)
                 for d in tt.shape.dim
             )
         return Value(name, "tensor", tt.elem_type, shape)

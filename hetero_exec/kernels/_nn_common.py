@@ -62,7 +62,8 @@ def pad_spatial(xp, x, pb: Sequence[int], pe: Sequence[int], value: Any = 0):
         out = xp.zeros(shape, dtype=x.dtype)
     else:
         out = xp.full(shape, value, dtype=x.dtype)
-    sl = (slice(None),) * len(lead) + tuple(slice(b, b + s) for b, s in zip(pb, x.shape[x.ndim - nd:]))
+    inner = tuple(slice(b, b + s) for b, s in zip(pb, x.shape[x.ndim - nd:]))
+    sl = (slice(None),) * len(lead) + inner
     out[sl] = x
     return out
 
@@ -112,7 +113,7 @@ def offset_slices(koff: Sequence[int], out_sp: Sequence[int], strides: Sequence[
 
 _SCRATCH = threading.local()
 #: largest scratch buffer kept between calls (bytes); bigger requests are one-off
-_SCRATCH_KEEP = 64 << 20
+SCRATCH_KEEP = 64 << 20
 
 
 def scratch(xp, shape: Sequence[int], dtype) -> Any:
@@ -124,7 +125,7 @@ def scratch(xp, shape: Sequence[int], dtype) -> Any:
     (or a view of it)."""
     dtype = np.dtype(dtype)
     n = int(np.prod(shape)) if len(shape) else 1
-    if not is_numpy(xp) or n * dtype.itemsize > _SCRATCH_KEEP:
+    if not is_numpy(xp) or n * dtype.itemsize > SCRATCH_KEEP:
         return xp.empty(shape, dtype=dtype)
     buf = getattr(_SCRATCH, "buf", None)
     if buf is None or buf.nbytes < n * dtype.itemsize:

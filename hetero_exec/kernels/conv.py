@@ -2,11 +2,10 @@
 CausalConvWithState.
 
 Conv is im2col + GEMM. The padded input is viewed through ``as_strided`` as
-(N, C, *K, *O) windows and copied into a column matrix laid out (C*K, O) so that
-``W (M, C*K) @ cols`` writes the NCHW output directly. Images are processed one (or a
-few, when the output plane is small) at a time: the column block then stays in cache
-between the copy and the GEMM, and the GEMM writes straight into the output buffer,
-where the bias is added while still hot. A stride-1 1x1 convolution needs no copy at
+(N, C, *K, *O) windows and copied once into a reusable column buffer laid out
+(N, C*K, O), so that ``W (M, C*K) @ cols`` writes the NCHW output directly with no
+transpose after the GEMM; for small output planes the columns are laid out
+(C*K, N*O) instead, for one wide GEMM. A stride-1 1x1 convolution needs no copy at
 all; depthwise convolutions accumulate over kernel taps instead of a GEMM.
 """
 
@@ -19,6 +18,7 @@ import numpy as np
 
 from hetero_exec.kernels._common import host_ints
 from hetero_exec.kernels._nn_common import (
+    SCRATCH_KEEP,
     acc_dtype,
     conv_geometry,
     is_numpy,
@@ -30,8 +30,8 @@ from hetero_exec.kernels._nn_common import (
 )
 from hetero_exec.kernels.registry import kernel
 
-#: GEMM width (output columns) worth batching images for: below it several images'
-#: columns go into one GEMM (small late-stage planes), above it one image per GEMM
+#: output plane size (columns per image) below which images share one wide GEMM
+#: (small late-stage planes) rather than one GEMM per image
 _GEMM_COLS = 1024
 
 
@@ -62,16 +62,22 @@ def _depthwise(xp, Xp, W, out_sp, strides, dilations, group):
     return Y.reshape((N, M) + tuple(out_sp))
 
 
-def _batch_chunk(xp, N, L):
+def _chunk(xp, N, per_image_bytes):
+    """Images per im2col block: the whole batch when its columns fit the reusable
+    scratch buffer (numpy) or always (cupy's pool caches device memory itself)."""
     if not is_numpy(xp):
-        return N  # on a GPU one big GEMM beats a loop of launches
-    nb = min(N, max(1, -(-_GEMM_COLS // max(L, 1))))
-    return -(-N // -(-N // nb))  # even out the chunks
+        return N
+    return max(1, min(N, SCRATCH_KEEP // max(per_image_bytes, 1)))
 
 
 def _conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp):
     """Conv of X (N, C, *S) with W (M, C/group, *K), plus B (M,) if given, computed
-    in (and returned as) the dtype of X and W."""
+    in (and returned as) the dtype of X and W.
+
+    Each block of images is one copy into the column buffer, one (batched) matmul and,
+    after the last block, one bias pass: few switches between single-threaded numpy
+    work and the multi-threaded BLAS, whose spinning workers otherwise compete with
+    the copies on a loaded machine."""
     N, C = X.shape[:2]
     M = W.shape[0]
     K = tuple(W.shape[2:])
@@ -95,30 +101,32 @@ def _conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp):
     view = window_view(xp, Xp, out_sp, K, strides, dilations, kernel_first=True)  # (N, C, *K, *O)
     CK = Cg * kprod
     Wr = W.reshape(group, Mg, CK)
-    Bc = None if B is None else B.reshape(M, 1)
     out = xp.empty((N, M, L), dtype=X.dtype)
-    nb = _batch_chunk(xp, N, L)
-    for n0 in range(0, N, nb):
-        n1 = min(N, n0 + nb)
-        if n1 - n0 == 1:
-            v = view[n0]
-            if v.flags.c_contiguous:  # stride-1 1x1: the image itself is the column matrix
-                cols = v.reshape(group, CK, L)
+    nb = _chunk(xp, N, C * kprod * L * X.dtype.itemsize)
+    if L >= _GEMM_COLS or N == 1:
+        # columns (n, C*K, L) per image: the batched matmul writes NCHW directly
+        for n0 in range(0, N, nb):
+            n1 = min(N, n0 + nb)
+            v = view[n0:n1]
+            if v.flags.c_contiguous:  # stride-1 1x1: the images are the column matrices
+                cols = v.reshape(n1 - n0, group, CK, L)
             else:
                 cols = scratch(xp, v.shape, X.dtype)
                 cols[...] = v
-                cols = cols.reshape(group, CK, L)
-            o = out[n0]
+                cols = cols.reshape(n1 - n0, group, CK, L)
             if group == 1:
-                xp.matmul(Wr[0], cols[0], out=o)
+                xp.matmul(Wr[0], cols[:, 0], out=out[n0:n1])
             else:
-                xp.matmul(Wr, cols, out=o.reshape(group, Mg, L))
-            if Bc is not None:
-                o += Bc
-        else:
-            # (C, *K, nb, *O): one GEMM over the chunk's images, transposed back after
-            v = view[n0:n1]
-            v = v.transpose((1,) + tuple(range(2, 2 + nd)) + (0,) + tuple(range(2 + nd, 2 + 2 * nd)))
+                xp.matmul(Wr, cols, out=out[n0:n1].reshape(n1 - n0, group, Mg, L))
+        if B is not None:
+            out += B.reshape(M, 1)
+    else:
+        # small planes: columns (C*K, n*L) for one wide GEMM, transposed back to NCHW
+        perm = (1,) + tuple(range(2, 2 + nd)) + (0,) + tuple(range(2 + nd, 2 + 2 * nd))
+        Bc = None if B is None else B.reshape(M, 1)
+        for n0 in range(0, N, nb):
+            n1 = min(N, n0 + nb)
+            v = view[n0:n1].transpose(perm)  # (C, *K, n, *O)
             cols = scratch(xp, v.shape, X.dtype)
             cols[...] = v
             cols = cols.reshape(group, CK, (n1 - n0) * L)
@@ -224,7 +232,8 @@ def _col2im(xp, cols, in_sp, strides, dilations, full_sp, offset):
         for i in range(nd):
             start = offset[i] + koff[i] * dilations[i]
             sl.append(slice(start, start + (in_sp[i] - 1) * strides[i] + 1, strides[i]))
-        buf[(slice(None), slice(None)) + tuple(sl)] += cols[(slice(None), slice(None)) + tuple(koff)]
+        lead = (slice(None), slice(None))
+        buf[lead + tuple(sl)] += cols[lead + tuple(koff)]
     return buf
 
 
@@ -272,8 +281,10 @@ def ConvTranspose(xp, X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, 
     # buffer index range covers both the scattered taps [0, full) and the output window
     lo = [min(0, b) for b in pb]
     hi = [max(f, b + o) for f, b, o in zip(full, pb, out_sp)]
-    buf = _col2im(xp, cols, in_sp, strides, dilations, [h - l for h, l in zip(hi, lo)], [-l for l in lo])
-    Y = buf[(slice(None), slice(None)) + tuple(slice(b - l, b - l + o) for b, l, o in zip(pb, lo, out_sp))]
+    size = [h - l for h, l in zip(hi, lo)]
+    buf = _col2im(xp, cols, in_sp, strides, dilations, size, [-l for l in lo])
+    crop = tuple(slice(b - l, b - l + o) for b, l, o in zip(pb, lo, out_sp))
+    Y = buf[(slice(None), slice(None)) + crop]
     if B is not None:
         Y = Y + B.astype(cdt).reshape((-1,) + (1,) * nd)
     else:

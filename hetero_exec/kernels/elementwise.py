@@ -384,9 +384,18 @@ def Gelu(xp, x, approximate="none"):
     return (_keep(xp.asarray(_blockwise(xp, block, x, x.dtype)), x),)
 
 
-@kernel("PRelu")
-def PRelu(xp, x, slope, consumed_inputs=None):
+@kernel("PRelu", 7)
+def PRelu(xp, x, slope):
     return (_keep(xp.asarray(xp.where(x < 0, x * slope, x)), x),)
+
+
+@kernel("PRelu", 1)
+def PRelu_legacy(xp, x, slope, consumed_inputs=None):
+    """Before opset 7 a 1-D slope of length C applies per channel (axis 1), as exporters
+    of that era (and onnxruntime) read it, not with numpy's trailing alignment."""
+    if slope.ndim == 1 and slope.shape[0] > 1 and x.ndim >= 2 and x.shape[1] == slope.shape[0]:
+        slope = slope.reshape((-1,) + (1,) * (x.ndim - 2))
+    return PRelu(xp, x, slope)
 
 
 @kernel("IsInf", 10)

@@ -68,7 +68,8 @@ def _int_matmul(xp, A, B, a_zero_point, b_zero_point):
 
 @kernel("MatMulInteger", since=10)
 def MatMulInteger(xp, A, B, a_zero_point=None, b_zero_point=None):
-    return (xp.asarray(xp.rint(_int_matmul(xp, A, B, a_zero_point, b_zero_point)).astype(np.int32)),)
+    acc = _int_matmul(xp, A, B, a_zero_point, b_zero_point)
+    return (xp.asarray(xp.rint(acc).astype(np.int32)),)
 
 
 @kernel("QLinearMatMul", since=(10, 21))

@@ -58,11 +58,13 @@ def BatchNormalization(xp, X, scale, B, input_mean, input_var, epsilon=1e-5, mom
     d = Xc - _stat_shape(mean, Xc)
     var = xp.mean(d * d, axis=axes)
     inv = 1.0 / xp.sqrt(var + epsilon)
-    Y = d * _stat_shape(inv * scale.astype(cdt, copy=False), Xc) + _stat_shape(B.astype(cdt, copy=False), Xc)
+    Y = d * _stat_shape(inv * scale.astype(cdt, copy=False), Xc)
+    Y += _stat_shape(B.astype(cdt, copy=False), Xc)
     m_dt = input_mean.dtype
     run_mean = input_mean.astype(cdt, copy=False) * momentum + mean * (1 - momentum)
     run_var = input_var.astype(cdt, copy=False) * momentum + var * (1 - momentum)
-    outs = (Y.astype(dt, copy=False), run_mean.astype(m_dt, copy=False), run_var.astype(input_var.dtype, copy=False))
+    outs = (Y.astype(dt, copy=False), run_mean.astype(m_dt, copy=False),
+            run_var.astype(input_var.dtype, copy=False))
     if opset < 14:
         outs = outs + (mean.astype(m_dt, copy=False), var.astype(m_dt, copy=False))
     return outs[:max(num_outputs, 1)]
@@ -71,40 +73,86 @@ def BatchNormalization(xp, X, scale, B, input_mean, input_var, epsilon=1e-5, mom
 # --------------------------------------------------------------------------- Layer / RMS
 
 
-@kernel("LayerNormalization", since=17)
-def LayerNormalization(xp, X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1, *, num_outputs=1):
-    axis = norm_axis(axis, X.ndim)
-    axes = tuple(range(axis, X.ndim))
-    dt = X.dtype
+#: bytes of rows normalised per block on numpy, so the several passes over a block
+#: (mean, centre, variance, scale, shift) hit cache rather than memory
+_ROW_BLOCK = 1 << 20
+
+
+def _stash_dtype(xp, stash_type, dt):
     sdt = np_dtype(stash_type) if stash_type else acc_dtype(xp, dt)
     if sdt.kind != "f" or (sdt == np.float16 and xp is np):
         sdt = np.dtype(np.float32)
-    Xc = X.astype(sdt, copy=False)
-    mean, var, d = _mean_var(xp, Xc, axes)
-    inv = 1.0 / xp.sqrt(var + epsilon)
-    Y = d * inv
-    Y *= Scale.astype(sdt, copy=False)
-    if B is not None:
-        Y += B.astype(sdt, copy=False)
-    outs = (Y.astype(dt, copy=False),)
+    return sdt
+
+
+def _row_blocks(xp, rows, cols, itemsize):
+    if xp is not np:
+        return [(0, rows)]
+    blk = max(1, _ROW_BLOCK // max(cols * itemsize, 1))
+    return [(r, min(rows, r + blk)) for r in range(0, rows, blk)]
+
+
+def _trailing(xp, v, shape, cols, sdt):
+    """A scale/bias broadcastable to the normalised trailing shape, as (1, cols)."""
+    v = v.astype(sdt, copy=False)
+    if tuple(v.shape) != tuple(shape):
+        v = xp.broadcast_to(v, shape)
+    return v.reshape(1, cols)
+
+
+@kernel("LayerNormalization", since=17)
+def LayerNormalization(xp, X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1, *,
+                       num_outputs=1):
+    axis = norm_axis(axis, X.ndim)
+    dt = X.dtype
+    sdt = _stash_dtype(xp, stash_type, dt)
+    tail = X.shape[axis:]
+    rows = int(np.prod(X.shape[:axis], dtype=np.int64))
+    cols = int(np.prod(tail, dtype=np.int64))
+    X2 = X.reshape(rows, cols)
+    sc = _trailing(xp, Scale, tail, cols, sdt)
+    bi = None if B is None else _trailing(xp, B, tail, cols, sdt)
+    Y = xp.empty((rows, cols), dtype=sdt)
+    mean = xp.empty((rows, 1), dtype=sdt)
+    inv = xp.empty((rows, 1), dtype=sdt)
+    for r0, r1 in _row_blocks(xp, rows, cols, sdt.itemsize):
+        xb = X2[r0:r1].astype(sdt, copy=False)
+        m = xp.mean(xb, axis=1, keepdims=True)
+        d = Y[r0:r1]
+        xp.subtract(xb, m, out=d)
+        var = xp.einsum("ij,ij->i", d, d).reshape(-1, 1) / cols
+        iv = 1.0 / xp.sqrt(var + epsilon)
+        d *= iv
+        d *= sc
+        if bi is not None:
+            d += bi
+        mean[r0:r1] = m
+        inv[r0:r1] = iv
+    outs = (Y.reshape(X.shape).astype(dt, copy=False),)
     if num_outputs > 1:
-        outs += (mean, inv)
+        stat_shape = X.shape[:axis] + (1,) * (X.ndim - axis)
+        outs += (mean.reshape(stat_shape), inv.reshape(stat_shape))
     return outs[:max(num_outputs, 1)]
 
 
 @kernel("RMSNormalization", since=23)
 def RMSNormalization(xp, X, scale, axis=-1, epsilon=1e-5, stash_type=1):
     axis = norm_axis(axis, X.ndim)
-    axes = tuple(range(axis, X.ndim))
     dt = X.dtype
-    sdt = np_dtype(stash_type) if stash_type else acc_dtype(xp, dt)
-    if sdt.kind != "f" or (sdt == np.float16 and xp is np):
-        sdt = np.dtype(np.float32)
-    Xc = X.astype(sdt, copy=False)
-    ms = xp.mean(Xc * Xc, axis=axes, keepdims=True)
-    Y = Xc * (1.0 / xp.sqrt(ms + epsilon))
-    Y *= scale.astype(sdt, copy=False)
-    return (Y.astype(dt, copy=False),)
+    sdt = _stash_dtype(xp, stash_type, dt)
+    tail = X.shape[axis:]
+    rows = int(np.prod(X.shape[:axis], dtype=np.int64))
+    cols = int(np.prod(tail, dtype=np.int64))
+    X2 = X.reshape(rows, cols)
+    sc = _trailing(xp, scale, tail, cols, sdt)
+    Y = xp.empty((rows, cols), dtype=sdt)
+    for r0, r1 in _row_blocks(xp, rows, cols, sdt.itemsize):
+        xb = X2[r0:r1].astype(sdt, copy=False)
+        ms = xp.einsum("ij,ij->i", xb, xb).reshape(-1, 1) / cols
+        d = Y[r0:r1]
+        xp.multiply(xb, 1.0 / xp.sqrt(ms + epsilon), out=d)
+        d *= sc
+    return (Y.reshape(X.shape).astype(dt, copy=False),)
 
 
 # --------------------------------------------------------------------------- Instance / Group
@@ -125,9 +173,7 @@ def InstanceNormalization(xp, input, scale, B, epsilon=1e-5, consumed_inputs=Non
 @kernel("GroupNormalization", since=(18, 21))
 def GroupNormalization(xp, X, scale, bias, epsilon=1e-5, num_groups=None, stash_type=1):
     dt = X.dtype
-    sdt = np_dtype(stash_type) if stash_type else acc_dtype(xp, dt)
-    if sdt.kind != "f" or (sdt == np.float16 and xp is np):
-        sdt = np.dtype(np.float32)
+    sdt = _stash_dtype(xp, stash_type, dt)
     N, C = X.shape[:2]
     G = int(num_groups)
     Xg = X.astype(sdt, copy=False).reshape((N, G, -1))

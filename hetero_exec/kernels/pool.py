@@ -49,7 +49,8 @@ def _pool_geometry(in_sp, kernel, strides, dilations, pads, auto_pad, ceil_mode)
             else:
                 o = span // s + 1
             out.append(max(o, 0))
-    extra = [max(0, (o - 1) * s + ef - (i + b + e)) for o, s, ef, i, b, e in zip(out, strides, eff, in_sp, pb, pe)]
+    extra = [max(0, (o - 1) * s + ef - (i + b + e))
+             for o, s, ef, i, b, e in zip(out, strides, eff, in_sp, pb, pe)]
     return out, pb, pe, extra
 
 
@@ -106,7 +107,8 @@ def _box_reduce(xp, A, out_sp, kernel, strides, dilations, pb, is_max):
     A2 = A.reshape((rows,) + A.shape[A.ndim - nd:])
     out = np.empty((rows,) + tuple(out_sp), dtype=A.dtype)
     for r0 in range(0, rows, blk):
-        out[r0:r0 + blk] = _box_reduce_all(xp, A2[r0:r0 + blk], out_sp, kernel, strides, dilations, pb, is_max)
+        out[r0:r0 + blk] = _box_reduce_all(xp, A2[r0:r0 + blk], out_sp, kernel, strides,
+                                           dilations, pb, is_max)
     return out.reshape(lead_shape + tuple(out_sp))
 
 
@@ -348,7 +350,8 @@ def MaxRoiPool(xp, X, rois, pooled_shape=None, spatial_scale=1.0):
         lo = xp.clip(xp.floor(k[None, :] * size[:, None]) + start[:, None], 0, limit)
         hi = xp.clip(xp.ceil((k[None, :] + 1) * size[:, None]) + start[:, None], 0, limit)
         pos = xp.arange(limit, dtype=np.float64)
-        return (pos[None, None, :] >= lo[:, :, None]) & (pos[None, None, :] < hi[:, :, None])  # (R, n, limit)
+        # (R, n, limit): which feature rows/columns fall in each bin
+        return (pos[None, None, :] >= lo[:, :, None]) & (pos[None, None, :] < hi[:, :, None])
 
     mh = bins(y1, bh, PH, H)
     mw = bins(x1, bw, PW, W)
@@ -357,6 +360,7 @@ def MaxRoiPool(xp, X, rois, pooled_shape=None, spatial_scale=1.0):
     # max over W within each bin column: (R, C, H, PW)
     colmax = xp.max(xp.where(mw[:, None, None, :, :], feat[:, :, :, None, :], neg), axis=-1)
     # max over H within each bin row: (R, C, PH, PW)
-    Y = xp.max(xp.where(mh[:, None, :, None, :], colmax.transpose(0, 1, 3, 2)[:, :, None, :, :], neg), axis=-1)
+    cols_t = colmax.transpose(0, 1, 3, 2)[:, :, None, :, :]  # (R, C, 1, PW, H)
+    Y = xp.max(xp.where(mh[:, None, :, None, :], cols_t, neg), axis=-1)
     Y = xp.where(Y == neg, 0, Y)  # empty bins
     return (Y.astype(X.dtype, copy=False),)

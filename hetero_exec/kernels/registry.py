@@ -102,9 +102,15 @@ def kernel(
                 for name, p in params.items()
                 if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and name not in CONTEXT_PARAMS
             )
+        dom = canonical_domain(domain)
+        versions = _TABLE.get((dom, op_type), {})
+        for i, s in enumerate(sinces):  # all or nothing: a refused decorator adds no entry
+            if s in versions or s in sinces[:i]:
+                raise DuplicateKernelError(f"kernel {domain}::{op_type} since {s} registered twice")
+        versions = _TABLE.setdefault((dom, op_type), {})
         for s in sinces:
-            kdef = KernelDef(
-                domain=canonical_domain(domain),
+            versions[s] = KernelDef(
+                domain=dom,
                 op_type=op_type,
                 since=s,
                 fn=fn,
@@ -114,10 +120,6 @@ def kernel(
                 wants=wants,
                 attrs=attrs,
             )
-            versions = _TABLE.setdefault((kdef.domain, op_type), {})
-            if s in versions:
-                raise DuplicateKernelError(f"kernel {domain}::{op_type} since {s} registered twice")
-            versions[s] = kdef
         return fn
 
     return register

@@ -53,11 +53,17 @@ def load_plan(source: Any, graph: Graph, providers: Sequence[Provider]) -> Place
             raise PlacementError(f"cannot read saved plan {source!r}: {e}") from None
     if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
         raise PlacementError(f"not a saved hetero_exec plan (format {PLAN_FORMAT!r} expected)")
+    segments = data.get("segments")
+    if not isinstance(segments, list) or not all(
+            isinstance(seg, dict) and isinstance(seg.get("provider"), str)
+            and isinstance(seg.get("nodes"), list) for seg in segments):
+        raise PlacementError("saved plan is malformed: 'segments' must be a list of "
+                             "{'provider': str, 'nodes': [node identity, ...]} objects")
     by_name = {p.name: p for p in providers}
     by_ident = {n.identity: n for n in graph.nodes}
     assign = {}
     order = []
-    for seg in data["segments"]:
+    for seg in segments:
         prov = by_name.get(seg["provider"])
         if prov is None:
             raise PlacementError(f"saved plan uses provider {seg['provider']!r}, not among the "
@@ -66,6 +72,8 @@ def load_plan(source: Any, graph: Graph, providers: Sequence[Provider]) -> Place
             node = by_ident.get(ident)
             if node is None:
                 raise PlacementError(f"saved plan names node {ident}, which the model does not have")
+            if node in assign:
+                raise PlacementError(f"saved plan places {ident} twice")
             if prov.is_device and (skipped(node) or not node_support(graph, node, prov)):
                 raise PlacementError(f"saved plan places {ident} ({node.op_class}) on {prov.name}, "
                                      "which cannot run it")

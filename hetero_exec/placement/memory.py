@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from hetero_exec.errors import MemoryAdmissionError, UnboundedSymbolError
+from hetero_exec.errors import MemoryAdmissionError, UnboundedSymbolError, UnresolvedShapeError
 from hetero_exec.ir.graph import Graph, Node, node_reads
 from hetero_exec.placement.partition import resolve_shape, weight_bytes
 from hetero_exec.placement.plan import PlacementPlan, Segment
@@ -27,7 +27,8 @@ def tensor_bytes(graph: Graph, name: str, bounds: dict[str, int]) -> int:
         if isinstance(d, str) and d not in bounds:
             raise UnboundedSymbolError(d, name)
         if d is None:
-            return 0
+            producer = graph.producer.get(name)
+            raise UnresolvedShapeError(name, producer.op_class if producer else "<graph input>")
     shape = resolve_shape(graph, name, bounds)
     return int(np.prod(shape, dtype=np.int64)) * v.dtype.itemsize if shape is not None else 0
 
@@ -46,16 +47,22 @@ def workspace_bytes(graph: Graph, node: Node, bounds: dict[str, int]) -> int:
 
 def segment_need(graph: Graph, seg: Segment, bounds: dict[str, int]) -> tuple[int, int]:
     """(weights, peak live activations + workspace) of a segment, in bytes."""
-    weights = weight_bytes(graph, seg.nodes)
+    return nodes_need(graph, seg.nodes, seg.inputs, seg.outputs, bounds)
+
+
+def nodes_need(graph: Graph, nodes: list[Node], inputs: list[str], outputs: list[str],
+               bounds: dict[str, int]) -> tuple[int, int]:
+    """(weights, peak live activations + workspace) of running ``nodes`` in order."""
+    weights = weight_bytes(graph, nodes)
     last_use: dict[str, int] = {}
-    for i, node in enumerate(seg.nodes):
+    for i, node in enumerate(nodes):
         for name in node_reads(node):
             last_use[name] = i
-    keep = set(seg.outputs)
-    live = {n: tensor_bytes(graph, n, bounds) for n in seg.inputs if n not in graph.initializers}
+    keep = set(outputs)
+    live = {n: tensor_bytes(graph, n, bounds) for n in inputs if n not in graph.initializers}
     current = sum(live.values())
     peak = current
-    for i, node in enumerate(seg.nodes):
+    for i, node in enumerate(nodes):
         outs = [o for o in node.outputs if o]
         sizes = {o: tensor_bytes(graph, o, bounds) for o in outs}
         peak = max(peak, current + sum(sizes.values()) + workspace_bytes(graph, node, bounds))
@@ -82,7 +89,7 @@ def admit(plan: PlacementPlan, bounds: dict[str, int], explicit: Any = None) -> 
             continue
         try:
             weights, peak = segment_need(plan.graph, seg, bounds)
-        except UnboundedSymbolError:
+        except (UnboundedSymbolError, UnresolvedShapeError):
             if strict:
                 raise
             weights, peak = weight_bytes(plan.graph, seg.nodes), 0

@@ -198,22 +198,39 @@ def _balanced_cuts(graph: Graph, nodes: Sequence[Node], costs: Sequence[float], 
 
 def _memory_cuts(graph: Graph, nodes: Sequence[Node], devices: Sequence[Provider],
                  bounds: dict[str, int]) -> list[int]:
+    """Fill each device in order while the stage's need, computed as admission computes
+    it (weights + peak live activations + workspaces), fits its mem_limit."""
     cuts: list[int] = []
-    dev = 0
-    used = 0
+    dev, start = 0, 0
     for i, node in enumerate(nodes):
-        need = weight_bytes(graph, [node]) + sum(value_bytes(graph, o, bounds) for o in node.outputs if o)
         limit = devices[dev].mem_limit
-        while limit is not None and used + need > limit:
-            if dev + 1 >= len(devices):
-                raise MemoryAdmissionError(f"stage of {node.identity}", devices[dev].name, used + need,
-                                           max(limit - used, 0), "memory strategy: no device left")
-            dev += 1
-            cuts.append(i)
-            used = 0
-            limit = devices[dev].mem_limit
-        used += need
+        if limit is None or _stage_need(graph, nodes[start:i + 1], bounds) <= limit:
+            continue
+        if i == start or dev + 1 >= len(devices):
+            need = _stage_need(graph, nodes[start:i + 1], bounds)
+            raise MemoryAdmissionError(f"stage of {node.identity}", devices[dev].name, need,
+                                       limit, "memory strategy: no device left")
+        cuts.append(i)
+        dev, start = dev + 1, i
+        limit = devices[dev].mem_limit
+        need = _stage_need(graph, nodes[i:i + 1], bounds)
+        if limit is not None and need > limit:
+            raise MemoryAdmissionError(f"stage of {node.identity}", devices[dev].name, need, limit,
+                                       "memory strategy: one node does not fit a device")
     return cuts
+
+
+def _stage_need(graph: Graph, stage: Sequence[Node], bounds: dict[str, int]) -> int:
+    from hetero_exec.ir.graph import node_reads
+    from hetero_exec.placement.memory import nodes_need
+
+    members = set(stage)
+    produced = {o for n in stage for o in n.outputs if o}
+    inputs = list(dict.fromkeys(r for n in stage for r in node_reads(n) if r not in produced))
+    outputs = [o for o in produced if o in graph.outputs
+               or any(c not in members for c in graph.consumers.get(o, []))]
+    weights, peak = nodes_need(graph, list(stage), inputs, outputs, bounds)
+    return weights + peak
 
 
 def annotate_costs(plan: Any, bounds: dict[str, int], cost_model: CostModel | None = None) -> None:

@@ -1,10 +1,11 @@
 """classify_placement: single provider, or a PlacementPlan of segments and seams.
 
 Rules, as onnxruntime's design has them: providers in priority order claim the nodes
-they support, cpu goes last so every node is placed; shape arithmetic that only feeds
-host inputs stays on cpu ("CPU-preferred nodes"); control-flow and sequence nodes run
-on the coordinator's host; segments are grouped by a topological order chosen to
-minimise provider switches, not the file order.
+they support, cpu goes last so every node is placed; control-flow and sequence nodes
+run on the coordinator's host; segments are grouped by a topological order chosen to
+minimise provider switches, not the file order. Shape arithmetic that only feeds host
+inputs runs on the host inside its device segment (`exec.host_steps`), so it costs no
+seam.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Sequence
 
 from hetero_exec.errors import PlacementError
 from hetero_exec.ir.graph import Graph, Node, node_reads
-from hetero_exec.kernels.registry import lookup
+from hetero_exec.exec.host_steps import METADATA_OPS
 from hetero_exec.placement.coverage import node_support, skipped
 from hetero_exec.placement.plan import PlacementPlan
 from hetero_exec.placement.segments import build_plan
@@ -24,11 +25,6 @@ from hetero_exec.providers.base import Provider
 
 log = logging.getLogger(__name__)
 
-#: ops whose output is metadata of their input: they stay with the input's provider
-#: (a device Shape hands the host a few bytes; a host Shape would copy the whole tensor)
-METADATA_OPS = frozenset({"Shape", "Size"})
-#: small-integer outputs at most this large may move to the host as shape arithmetic
-HOST_PREFERRED_MAX_BYTES = 4096
 
 
 def compile_affinity(affinity: Sequence[tuple[str, str]] | None) -> list[tuple[re.Pattern, str]]:
@@ -89,46 +85,16 @@ def capability(graph: Graph, providers: Sequence[Provider],
     return assign
 
 
-def host_preferred(graph: Graph, order: Sequence[Node], assign: dict[Node, Provider],
-                   cpu: Provider, pinned: set[Node]) -> set[Node]:
-    """Device nodes doing shape arithmetic whose outputs only feed host inputs or host
-    nodes: moving them to cpu avoids copies back and forth across seams."""
-    moved: set[Node] = set()
-    for node in reversed(order):
-        prov = assign[node]
-        if not prov.is_device or node in pinned or node.op_type in METADATA_OPS:
+def metadata_follows_input(graph: Graph, assign: dict[Node, Provider], cpu: Provider,
+                           pinned: set[Node]) -> None:
+    """Shape/Size of a tensor produced on the host stay on the host: on a device they
+    would copy the whole tensor across a seam to read a few bytes of metadata."""
+    for node in graph.nodes:  # topological: a Shape of a Shape's output follows too
+        if node.op_type not in METADATA_OPS or node in pinned or not assign[node].is_device:
             continue
-        outs = [o for o in node.outputs if o]
-        if not outs or not all(_small_int(graph, o) for o in outs):
-            continue
-        ok = True
-        has_use = False
-        for o in outs:
-            for consumer in graph.consumers.get(o, []):
-                has_use = True
-                if assign[consumer] is cpu or consumer in moved:
-                    continue
-                kdef = lookup(consumer.domain, consumer.op_type, graph.opset(consumer.domain))
-                host_pos = kdef.host_inputs if kdef else frozenset()
-                positions = [i for i, name in enumerate(consumer.inputs) if name == o]
-                if not positions or not all(i in host_pos for i in positions):
-                    ok = False
-                    break
-            if not ok:
-                break
-        if ok and has_use and not any(o in graph.outputs for o in outs):
-            moved.add(node)
-    return moved
-
-
-def _small_int(graph: Graph, name: str) -> bool:
-    v = graph.value(name)
-    if v.kind != "tensor" or v.dtype is None or v.dtype.kind not in "iub":
-        return False
-    n = v.nbytes()
-    if n is not None:
-        return n <= HOST_PREFERRED_MAX_BYTES
-    return v.shape is not None and len(v.shape) <= 1  # a 1-D shape vector of unknown length
+        src = graph.producer.get(node.inputs[0]) if node.inputs and node.inputs[0] else None
+        if src is not None and assign.get(src) is cpu:
+            assign[node] = cpu
 
 
 def grouped_order(graph: Graph, assign: dict[Node, Provider]) -> list[Node]:
@@ -179,12 +145,13 @@ def classify_placement(graph: Graph, providers: Sequence[Provider], *, affinity=
     assign = capability(graph, providers, rules)
     devices = [p for p in providers if p.is_device and p.available()]
     first = providers[0]
-    if len(devices) <= 1 and all(p is first for p in assign.values()):
-        return None
     pinned = {n for n in graph.nodes if match_affinity(rules, n) is not None}
-    order = grouped_order(graph, assign)
-    for n in host_preferred(graph, order, assign, cpu, pinned):
-        assign[n] = cpu
+    # control-flow and sequence nodes are not asked: they make a graph mixed only
+    # through what their bodies hold
+    if len(devices) <= 1 and all(p is first or (skipped(n) and n not in pinned and _bodies_covered(n, first))
+                                 for n, p in assign.items()):
+        return None
+    metadata_follows_input(graph, assign, cpu, pinned)
     if len(devices) > 1:
         from hetero_exec.placement.partition import split_devices
 
@@ -196,6 +163,14 @@ def classify_placement(graph: Graph, providers: Sequence[Provider], *, affinity=
 
     annotate_costs(plan, dim_bounds or {}, cost_model)
     return plan
+
+
+def _bodies_covered(node: Node, provider: Provider) -> bool:
+    from hetero_exec.placement.coverage import collect_declines
+
+    if not provider.is_device:
+        return True
+    return not any(collect_declines(sub, provider) for sub in node.subgraphs.values())
 
 
 def single_plan(graph: Graph, provider: Provider) -> PlacementPlan:

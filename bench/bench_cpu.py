@@ -1,0 +1,396 @@
+"""hetero_exec (providers=["cpu"]) against onnxruntime's CPU provider, side by side.
+
+Both sessions live in one process and run interleaved (ours, ort, ours, ort ...), so
+a noisy neighbour slows both alike; each figure is the median of ``--runs`` timed runs
+after ``--warmup`` untimed ones. Both keep their default threading: onnxruntime's
+intra-op pool has one thread per physical core, our kernels use whatever threads the
+BLAS under numpy uses (OpenBLAS: every core unless OPENBLAS_NUM_THREADS says otherwise).
+
+    python bench/bench_cpu.py                          # all models, batch 1 and 8
+    python bench/bench_cpu.py --models mlp,bert --batches 1 --runs 5
+    python bench/bench_cpu.py --json bench/results/cpu.json --profile 3
+
+The environment (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE ... for old OpenBLAS builds) is
+printed and recorded, never changed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import json
+import math
+import os
+import platform
+import pstats
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script: make hetero_exec and bench importable
+    sys.path.insert(0, str(ROOT))
+
+from bench.models import MODELS, inputs  # noqa: E402
+
+RTOL, ATOL = 1e-3, 1e-4
+ENV_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+            "MKL_NUM_THREADS", "HETERO_EXEC_REQUIRE_GPU", "HETERO_EXEC_HETERO")
+
+
+# -- environment -----------------------------------------------------------------------
+
+
+def environment() -> dict[str, Any]:
+    """What the numbers depend on: cores, thread pools, BLAS, library versions."""
+    import onnx
+    import onnxruntime as ort
+
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "numpy": np.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": ort.__version__,
+        "env": {k: os.environ[k] for k in ENV_VARS if k in os.environ},
+        "blas": _blas_info(),
+    }
+    try:
+        from threadpoolctl import threadpool_info
+
+        env["threadpools"] = [{k: p.get(k) for k in ("user_api", "internal_api", "num_threads",
+                                                     "version", "architecture")}
+                              for p in threadpool_info()]
+    except ImportError:
+        env["threadpools"] = "threadpoolctl not installed"
+    return env
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _blas_info() -> str:
+    try:
+        cfg = np.show_config(mode="dicts")
+        blas = cfg["Build Dependencies"]["blas"]
+        return f"{blas.get('name')} {blas.get('version')}"
+    except Exception:  # older numpy: no dict mode
+        return "unknown"
+
+
+def print_environment(env: dict[str, Any]) -> None:
+    print(f"# {env['processor']} ({env['machine']}), {env['cpu_count']} cpus, "
+          f"{env['affinity']} usable; python {env['python']}")
+    print(f"# numpy {env['numpy']} ({env['blas']}), onnx {env['onnx']}, "
+          f"onnxruntime {env['onnxruntime']}")
+    print(f"# env: {env['env'] or 'no BLAS/OMP variables set'}")
+    if isinstance(env["threadpools"], list):
+        for p in env["threadpools"]:
+            print(f"# threadpool: {p['internal_api']} {p['version']} {p['architecture']}, "
+                  f"{p['num_threads']} threads")
+    else:
+        print(f"# threadpools: {env['threadpools']}")
+
+
+# -- sessions and timing ---------------------------------------------------------------
+
+
+def make_sessions(model, ort_threads: int = 0) -> tuple[Any, Any, dict[str, Any]]:
+    """(ours, ort, info): both built from the same bytes; info records build times and threads.
+
+    ``ort_threads`` 0 keeps onnxruntime's default session options.
+    """
+    import onnxruntime as ort
+
+    from hetero_exec.session import InferenceSession
+
+    data = model.SerializeToString()
+    so = ort.SessionOptions()
+    if ort_threads:
+        so.intra_op_num_threads = ort_threads
+    t0 = time.perf_counter()
+    theirs = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    t1 = time.perf_counter()
+    ours = InferenceSession(data, providers=["cpu"])
+    t2 = time.perf_counter()
+    threads = theirs.get_session_options().intra_op_num_threads
+    info = {"ort_build_s": t1 - t0, "ours_build_s": t2 - t1,
+            # 0 is onnxruntime's default: one intra-op thread per physical core
+            "ort_intra_op_threads": threads or "default (physical cores)"}
+    return ours, theirs, info
+
+
+def interleaved(fns: list[Callable[[], Any]], runs: int, warmup: int) -> list[list[float]]:
+    """Seconds per call of each fn, calling them in turn ``warmup + runs`` times."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(runs):
+        for fn, ts in zip(fns, times):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    return times
+
+
+def compare(ours: list[np.ndarray], theirs: list[np.ndarray]) -> tuple[bool, float]:
+    """(all outputs close within RTOL/ATOL, max abs diff over them)."""
+    ok, worst = True, 0.0
+    for a, b in zip(ours, theirs):
+        a = np.asarray(a)
+        if a.shape != b.shape:
+            return False, math.inf
+        diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+        worst = max(worst, float(diff.max()) if diff.size else 0.0)
+        ok = ok and bool(np.allclose(a, b, rtol=RTOL, atol=ATOL))
+    return ok, worst
+
+
+def bench_model(name: str, batches: list[int], runs: int, warmup: int, seq: int,
+                ort_threads: int = 0) -> list[dict]:
+    """One row per batch for model ``name``; a failing model gives rows with ``error``."""
+    model = MODELS[name]()
+    rows: list[dict] = []
+    try:
+        ours, theirs, info = make_sessions(model, ort_threads)
+    except Exception as e:
+        return [{"model": name, "batch": b, "error": f"build: {_short(e)}"} for b in batches]
+    for batch in batches:
+        feed = inputs(name, batch, seq=seq)
+        row: dict[str, Any] = {"model": name, "batch": batch, **info}
+        try:
+            ok, diff = compare(ours.run(None, feed), theirs.run(None, feed))
+            t_ours, t_ort = interleaved(
+                [lambda: ours.run(None, feed), lambda: theirs.run(None, feed)], runs, warmup)
+        except Exception as e:
+            row["error"] = f"run: {_short(e)}"
+            traceback.print_exc(limit=2, file=sys.stderr)
+            rows.append(row)
+            continue
+        row.update(ours_ms=1e3 * statistics.median(t_ours), ort_ms=1e3 * statistics.median(t_ort),
+                   ours_samples_ms=[1e3 * t for t in t_ours],
+                   ort_samples_ms=[1e3 * t for t in t_ort], match=ok, max_abs_diff=diff)
+        row["ratio"] = row["ours_ms"] / row["ort_ms"]
+        rows.append(row)
+        print(_fmt_row(row), flush=True)
+    return rows
+
+
+def _short(e: Exception, n: int = 200) -> str:
+    s = f"{type(e).__name__}: {e}".replace("\n", " ")
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+# -- the reference evaluator on the CNN --------------------------------------------------
+
+
+def reference_speedup(runs: int) -> dict[str, Any]:
+    """onnx.reference.ReferenceEvaluator against ours on resnet18 at batch 1, interleaved
+    (so both see the same machine load)."""
+    from onnx.reference import ReferenceEvaluator
+
+    from hetero_exec.session import InferenceSession
+
+    model = MODELS["resnet18"]()
+    feed = inputs("resnet18", 1)
+    ours = InferenceSession(model, providers=["cpu"])
+    ours.run(None, feed)  # warm-up: ours only, a reference run costs seconds
+    ref = ReferenceEvaluator(model)
+    t_ref, t_ours = interleaved([lambda: ref.run(None, feed), lambda: ours.run(None, feed)],
+                                runs, 0)
+    ref_ms, ours_ms = 1e3 * statistics.median(t_ref), 1e3 * statistics.median(t_ours)
+    return {"model": "resnet18", "batch": 1, "runs": runs, "reference_ms": ref_ms,
+            "ours_ms": ours_ms, "speedup": ref_ms / ours_ms, "target": 20.0}
+
+
+# -- profiling ---------------------------------------------------------------------------
+
+
+def op_times(sess, feed, runs: int) -> tuple[dict[str, float], float]:
+    """Seconds per run spent in each op type's kernel (by wrapping the compiled steps),
+    and the mean seconds per run of those runs.
+
+    Reads the executor's compiled plans (bench-only introspection); bodies of
+    If/Loop/functions count under the node that runs them.
+    """
+    totals: dict[str, float] = {}
+
+    def timed(fn, op):
+        def run(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[op] = totals.get(op, 0.0) + time.perf_counter() - t
+        return run
+
+    for seg in sess._executor.segments:
+        # a new plan, so whatever the run loop derives from the steps is derived again
+        steps = [dataclasses.replace(s, fn=timed(s.fn, s.node.op_type)) for s in seg.plan.steps]
+        seg.plan = dataclasses.replace(seg.plan, steps=steps)
+    sess.run(None, feed)
+    if not totals:
+        raise RuntimeError("op timing saw no kernel calls: the executor's plan layout changed")
+    totals.clear()  # drop the warm-up run
+    wall = interleaved([lambda: sess.run(None, feed)], runs, 0)[0]
+    return {op: t / runs for op, t in totals.items()}, sum(wall) / runs
+
+
+def profile_model(name: str, batch: int, runs: int, seq: int, top: int = 12) -> dict[str, Any]:
+    """Time per op type, and cProfile's top functions by self time, over ``runs`` runs of ours."""
+    from hetero_exec.session import InferenceSession
+
+    feed = inputs(name, batch, seq=seq)
+    model = MODELS[name]()
+    sess = InferenceSession(model, providers=["cpu"])
+    sess.run(None, feed)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(runs):
+        sess.run(None, feed)
+    prof.disable()
+    stats = pstats.Stats(prof)
+    total = max(stats.total_tt, 1e-12)
+    self_time = sorted(((tt, f"{Path(file).name}:{line}({func})" if file != "~" else func)
+                        for (file, line, func), (_cc, _nc, tt, _ct, _c) in stats.stats.items()),
+                       reverse=True)[:top]
+    timed = InferenceSession(model, providers=["cpu"])
+    per_op, wall = op_times(timed, feed, runs)
+    ops = sorted(per_op.items(), key=lambda kv: -kv[1])
+    nodes: dict[str, int] = {}
+    for seg in timed._executor.segments:
+        for s in seg.plan.steps:
+            nodes[s.node.op_type] = nodes.get(s.node.op_type, 0) + 1
+    return {
+        "model": name, "batch": batch, "runs": runs, "wall_ms": 1e3 * wall,
+        "ops": [{"op": op, "nodes": nodes.get(op, 0), "ms_per_run": 1e3 * t, "share": t / wall}
+                for op, t in ops],
+        "self_time": [{"function": f, "ms_per_run": 1e3 * t / runs, "share": t / total}
+                      for t, f in self_time],
+    }
+
+
+def print_profile(p: dict[str, Any], top: int = 8) -> None:
+    print(f"\n## profile {p['model']} batch {p['batch']}: {p['wall_ms']:.1f} ms/run "
+          f"({p['runs']} runs); time per op type, share of the run:")
+    for k in p["ops"][:top]:
+        print(f"     {k['op']:<22} x{k['nodes']:<4} {k['ms_per_run']:9.2f} ms  "
+              f"{100 * k['share']:5.1f}%")
+    print("   functions by self time (cProfile):")
+    for f in p["self_time"][:top]:
+        print(f"     {f['function'][:60]:<60} {f['ms_per_run']:9.2f} ms  {100 * f['share']:5.1f}%")
+
+
+# -- table -------------------------------------------------------------------------------
+
+HEADER = (f"{'model':<10} {'batch':>5} {'ours ms':>10} {'ort ms':>10} {'ratio':>7}  "
+          f"{'max|diff|':>10}  match")
+
+
+def _fmt_row(r: dict) -> str:
+    if "error" in r:
+        return f"{r['model']:<10} {r['batch']:>5}  FAILED {r['error']}"
+    return (f"{r['model']:<10} {r['batch']:>5} {r['ours_ms']:>10.2f} {r['ort_ms']:>10.2f} "
+            f"{r['ratio']:>7.2f}  {r['max_abs_diff']:>10.2e}  {'ok' if r['match'] else 'MISMATCH'}")
+
+
+def geomeans(rows: list[dict]) -> dict[int, float]:
+    """Geometric mean of ours/ort per batch, over the models that ran."""
+    out: dict[int, float] = {}
+    for batch in sorted({r["batch"] for r in rows}):
+        ratios = [r["ratio"] for r in rows if r["batch"] == batch and "ratio" in r]
+        if ratios:
+            out[batch] = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    return out
+
+
+def print_table(rows: list[dict]) -> None:
+    print("\n" + HEADER)
+    for r in sorted(rows, key=lambda r: (r["batch"], list(MODELS).index(r["model"]))):
+        print(_fmt_row(r))
+    for batch, g in geomeans(rows).items():
+        print(f"geomean ratio (ours/ort) at batch {batch}: {g:.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help="comma-separated, from: " + ", ".join(MODELS))
+    ap.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
+    ap.add_argument("--runs", type=int, default=10, help="timed runs per model and batch")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed runs first")
+    ap.add_argument("--seq", type=int, default=128, help="sequence length of bert and gpt2")
+    ap.add_argument("--reference-runs", type=int, default=2,
+                    help="ReferenceEvaluator runs on resnet18 at batch 1 (0 skips it)")
+    ap.add_argument("--profile", type=int, default=0, metavar="RUNS",
+                    help="also cProfile RUNS runs of each model at the first batch")
+    ap.add_argument("--ort-threads", type=int, default=0,
+                    help="onnxruntime intra-op threads (0: its default, one per physical core); "
+                         "pair 1 with OPENBLAS_NUM_THREADS=1 for a one-thread comparison")
+    ap.add_argument("--json", metavar="OUT", help="write every figure and sample here")
+    args = ap.parse_args(argv)
+    names = [m for m in args.models.split(",") if m]
+    unknown = [m for m in names if m not in MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; known: {list(MODELS)}")
+    batches = [int(b) for b in args.batches.split(",") if b]
+
+    env = environment()
+    print_environment(env)
+    print(f"# {args.runs} timed runs after {args.warmup} warm-up, interleaved; medians; "
+          f"seq {args.seq}; match = allclose(rtol={RTOL}, atol={ATOL}) against onnxruntime\n")
+    print(HEADER)
+    rows: list[dict] = []
+    for name in names:
+        rows.extend(bench_model(name, batches, args.runs, args.warmup, args.seq, args.ort_threads))
+    print_table(rows)
+    result: dict[str, Any] = {"environment": env, "args": vars(args), "rows": rows,
+                              "geomean": geomeans(rows)}
+
+    if args.reference_runs > 0:
+        try:
+            ref = reference_speedup(args.reference_runs)
+            print(f"\nReferenceEvaluator resnet18 batch 1: {ref['reference_ms']:.0f} ms, ours "
+                  f"{ref['ours_ms']:.1f} ms: {ref['speedup']:.1f}x faster (target >= 20x)")
+        except Exception as e:
+            ref = {"error": _short(e)}
+            print(f"\nReferenceEvaluator comparison FAILED: {ref['error']}")
+        result["reference"] = ref
+
+    if args.profile > 0:
+        result["profiles"] = []
+        for name in names:
+            try:
+                p = profile_model(name, batches[0], args.profile, args.seq)
+            except Exception as e:
+                print(f"\n## profile {name} FAILED: {_short(e)}")
+                continue
+            print_profile(p)
+            result["profiles"].append(p)
+
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        print(f"\nwrote {args.json}")
+    return 1 if any("error" in r or not r.get("match", True) for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Heterogeneous in-process runs against cpu-only runs, and multi-GPU strategies.
+
+1. Each benchmark model with 1-2 nodes pinned to cpu (affinity) on a sim-gpu + cpu
+   session: 2-4 seams, copies at every seam. Goal: <= 1.1x the cpu-only run.
+   (sim-gpu kernels run on NumPy, so the ratio measures the heterogeneous machinery:
+   segment dispatch and seam copies.)
+2. A 4-device sim-gpu split by each strategy: predicted slowest stage, seam bytes, and
+   the measured per-stage time.
+
+    python bench/bench_hetero.py [--runs 15] [--batch 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.models import MODELS, inputs  # noqa: E402
+from hetero_exec import InferenceSession  # noqa: E402
+
+#: nodes pinned to cpu per model: one pin -> 2 seams, two pins -> 4 seams
+PINS = {
+    "mlp": [["Relu_1"], ["Relu_1", "Relu_2"]],
+    "resnet18": [["MaxPool_0"], ["MaxPool_0", "GlobalAveragePool_0"]],
+    "bert": [["Softmax_1"], ["Softmax_1", "Softmax_3"]],
+    "gpt2": [["Softmax_1"], ["Softmax_1", "Softmax_3"]],
+}
+
+
+def interleaved(fns: dict, feed: dict, runs: int) -> dict[str, float]:
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():
+        fn(feed)
+    for _ in range(runs):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn(feed)
+            times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
+def hetero_table(runs: int, batch: int) -> list[float]:
+    print(f"\n== heterogeneous (sim-gpu + cpu, in process) vs cpu-only, batch {batch} ==")
+    print(f"{'model':10s} {'pins':28s} {'seams':>5s} {'seam MB/run':>11s} {'cpu ms':>9s} {'hetero ms':>9s} {'ratio':>6s}")
+    ratios = []
+    for name, build in MODELS.items():
+        model = build()
+        feed = inputs(name, batch)
+        cpu = InferenceSession(model, providers=["cpu"])
+        for pins in PINS[name]:
+            het = InferenceSession(model, providers=["sim-gpu", "cpu"], hetero=True,
+                                   affinity=[(p, "cpu") for p in pins])
+            ref = cpu.run(None, feed)
+            got = het.run(None, feed)
+            assert all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(ref, got)), name
+            ex = het._executor
+            before = ex.copy_bytes
+            het.run(None, feed)
+            per_run = (ex.copy_bytes - before) / 1e6
+            t = interleaved({"cpu": lambda f: cpu.run(None, f), "het": lambda f: het.run(None, f)}, feed, runs)
+            ratio = t["het"] / t["cpu"]
+            ratios.append(ratio)
+            print(f"{name:10s} {','.join(pins):28s} {len(het.placement.seams):5d} {per_run:11.2f} "
+                  f"{t['cpu']:9.2f} {t['het']:9.2f} {ratio:6.2f}")
+    gm = float(np.exp(np.mean(np.log(ratios))))
+    print(f"geomean ratio {gm:.3f}, max {max(ratios):.3f}")
+    return ratios
+
+
+def strategies_table(runs: int, batch: int, model_name: str = "bert") -> None:
+    print(f"\n== 4 x sim-gpu pipeline split of {model_name}, batch {batch} ==")
+    model = MODELS[model_name]()
+    feed = inputs(model_name, batch)
+    bounds = {"N": batch, "S": feed[next(iter(feed))].shape[1] if model_name in ("bert", "gpt2") else 1}
+    print(f"{'strategy':9s} {'stages (nodes)':22s} {'pred slowest ms':>15s} {'seam MB':>8s} {'measured stage ms':>30s}")
+    for strategy in ("greedy", "balanced", "memory"):
+        provs = [(f"sim-gpu:{i}", {"mem_limit": 60 * 2**20}) if strategy == "memory" else f"sim-gpu:{i}"
+                 for i in range(4)] + ["cpu"]
+        try:
+            sess = InferenceSession(model, providers=provs, hetero=True, strategy=strategy, dim_bounds=bounds)
+        except Exception as e:  # noqa: BLE001 - report the refusal in the table
+            print(f"{strategy:9s} refused: {e}")
+            continue
+        segs = sess.placement.segments
+        for _ in range(runs):
+            sess.run(None, feed)
+        ex = sess._executor
+        measured = [cs.seconds / max(cs.runs, 1) * 1e3 for cs in ex.segments]
+        pred = max(s.predicted_cost or 0 for s in segs) * 1e3
+        nodes = "/".join(str(len(s.nodes)) for s in segs)
+        print(f"{strategy:9s} {nodes:22s} {pred:15.3f} {sess.placement.seam_bytes() / 1e6:8.2f} "
+              f"{' '.join(f'{m:.1f}' for m in measured):>30s}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--batch", type=int, default=8)
+    args = ap.parse_args()
+    hetero_table(args.runs, args.batch)
+    strategies_table(max(args.runs // 3, 3), args.batch)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
