@@ -51,7 +51,13 @@ class LocalExecutor:
         self.copy_bytes = 0
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        single = len(self.segments) == 1 and not self.segments[0].provider.is_device
+        self.trace = None
+        if options.enable_profiling:
+            from hetero_exec.exec.profiling import ChromeTrace
+
+            self.trace = ChromeTrace(options.profile_file_prefix)
+        single = (len(self.segments) == 1 and not self.segments[0].provider.is_device
+                  and self.trace is None)
         self._single = self.segments[0] if single else None
         if single:
             plan = self._single.plan
@@ -87,7 +93,10 @@ class LocalExecutor:
                     v = self._move(v, where.get(name), prov)
                 args.append(v)
             t0 = time.perf_counter()
-            outs = execute(seg.plan, args)
+            if self.trace is not None:
+                outs = self._traced(seg, args, t0)
+            else:
+                outs = execute(seg.plan, args)
             seg.record(time.perf_counter() - t0)
             for name, v in zip(seg.plan.output_names, outs):
                 env[name] = v
@@ -101,7 +110,20 @@ class LocalExecutor:
             result.append(v)
         return result
 
+    def _traced(self, seg: CompiledSegment, args: list[Any], t0: float) -> list[Any]:
+        from hetero_exec.exec.profiling import timed_execute
+
+        lane = f"{seg.segment.name} ({seg.provider.name})"
+        outs, timings = timed_execute(seg.plan, args)
+        t = t0
+        for node, sec in timings:
+            self.trace.span(node.op_type, lane, t, t + sec, node=node.identity)
+            t += sec
+        self.trace.span(seg.segment.name, lane, t0, time.perf_counter(), kind="segment")
+        return outs
+
     def _move(self, v: Any, src, dst) -> Any:
+        t0 = time.perf_counter()
         nbytes = int(getattr(v, "nbytes", 0) or 0)
         if src is not None and src.is_device:
             v = src.to_host(v)
@@ -110,6 +132,8 @@ class LocalExecutor:
         with self._lock:
             self.copies += 1
             self.copy_bytes += nbytes
+        if self.trace is not None:
+            self.trace.span("seam copy", f"seams to {dst.name}", t0, time.perf_counter(), bytes=nbytes)
         return v
 
     def run_async(self, names: Sequence[str], feed: Mapping[str, Any]) -> concurrent.futures.Future:
@@ -128,7 +152,8 @@ class LocalExecutor:
         return lines
 
     def end_profiling(self) -> str | None:
-        return None
+        """Write the Chrome trace (enable_profiling=True) and return its path."""
+        return self.trace.write() if self.trace is not None else None
 
     def close(self) -> None:
         if self._pool is not None:

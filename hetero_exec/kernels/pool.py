@@ -1,8 +1,10 @@
 """Pooling: MaxPool, AveragePool, LpPool, Global{Average,Max,Lp}Pool, MaxUnpool, MaxRoiPool.
 
-Windowed pools run one vectorised pass per kernel tap over a padded input (a strided
-slice picks that tap for every output position), so work is O(taps * outputs) with no
-Python loop over pixels and no (outputs x taps) temporary.
+Max and sum windows are box reductions, done one spatial axis at a time (separable):
+per axis and kernel tap one strided-slice op over the whole output, taps that fall in
+the padding clipped away instead of padding a copy of the input. No Python loop over
+pixels and no (outputs x taps) temporary. MaxPool's Indices output takes the per-tap
+path over a padded input, tracking the winning tap.
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ def _box_reduce_all(xp, A, out_sp, kernel, strides, dilations, pb, is_max):
         taps = []
         for t in range(k):
             off = t * d - b
-            lo = max(0, -(-(-off) // s))  # first o with o*s + off >= 0
+            lo = max(0, -(off // s))  # first o with o*s + off >= 0: ceil(-off / s)
             hi = min(O, (n_in - 1 - off) // s + 1) if n_in - 1 - off >= 0 else 0
             if hi > lo:
                 taps.append((lo, hi, slice(lo * s + off, (hi - 1) * s + off + 1, s)))

@@ -49,9 +49,56 @@ class CostModel:
             return cls()
         a = np.array([[f, b, 1.0] for f, b, _ in samples], dtype=np.float64)
         y = np.array([s for _, _, s in samples], dtype=np.float64)
-        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
-        coef = np.maximum(coef, 1e-15)
-        return cls(flops_per_s=1.0 / coef[0], bytes_per_s=1.0 / coef[1], per_node_s=float(coef[2]))
+        coef = _nonnegative_lstsq(a, y)
+        default = cls()
+        return cls(flops_per_s=float(1.0 / coef[0]) if coef[0] > 0 else default.flops_per_s,
+                   bytes_per_s=float(1.0 / coef[1]) if coef[1] > 0 else default.bytes_per_s,
+                   per_node_s=float(coef[2]))
+
+
+def _nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with the negative coefficients dropped (refit without them)."""
+    scale = np.maximum(np.abs(a).max(axis=0), 1e-30)
+    active = list(range(a.shape[1]))
+    coef = np.zeros(a.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(a[:, active] / scale[active], y, rcond=None)
+        if (sol >= 0).all():
+            coef[active] = sol / scale[active]
+            break
+        active = [c for c, v in zip(active, sol) if v >= 0]
+    return coef
+
+
+def calibrate(session: Any, feed: dict[str, Any], runs: int = 3) -> CostModel:
+    """Fit a CostModel to a short profile: every node of ``session``'s segments timed
+    on ``feed`` (its actual shapes give each node's FLOPs and bytes)."""
+    from hetero_exec.exec.profiling import timed_execute
+
+    graph = session._build.graph
+    best: dict[Any, float] = {}
+    for _ in range(runs):
+        env = dict(feed)
+        for cs in session._executor.segments:
+            outs, timings = timed_execute(cs.plan, [env.get(n) for n, _ in cs.plan.input_slots])
+            env.update(zip(cs.plan.output_names, outs))
+            for node, sec in timings:
+                best[node] = min(best.get(node, sec), sec)
+    bounds = _symbols_from(graph, {k: tuple(np.shape(v)) for k, v in feed.items()})
+    samples = []
+    for node, sec in best.items():
+        nbytes = sum(value_bytes(graph, n, bounds) for n in node.inputs + node.outputs if n)
+        samples.append((node_flops(graph, node, bounds), float(nbytes), sec))
+    return CostModel.calibrate(graph, samples)
+
+
+def _symbols_from(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+    bounds: dict[str, int] = {}
+    for name, shape in shapes.items():
+        for d, n in zip(graph.value(name).shape or (), shape):
+            if isinstance(d, str):
+                bounds[d] = int(n)
+    return bounds
 
 
 def resolve_shape(graph: Graph, name: str, bounds: dict[str, int]) -> tuple[int, ...] | None:

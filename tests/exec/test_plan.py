@@ -378,3 +378,29 @@ def test_unsupported_op_with_static_inputs_fails_the_build():
     msg = str(e)
     for part in ('graph/node#1 "foo"', "com.example::Foo", "opset 3", "cpu", e.reason):
         assert part in msg
+
+
+def test_end_profiling_writes_a_chrome_trace(tmp_path, monkeypatch):
+    import json
+
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    from hetero_exec import InferenceSession
+
+    monkeypatch.chdir(tmp_path)
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                           helper.make_node("Neg", ["r"], ["y"], name="neg")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    sess = InferenceSession(m, providers=[("sim-gpu", {"exclude_ops": ["Neg"]}), "cpu"], hetero=True,
+                            enable_profiling=True)
+    y = sess.run(None, {"x": np.array([-1, 0, 2], np.float32)})[0]
+    np.testing.assert_array_equal(y, np.array([0, 0, -2], np.float32))
+    path = sess.end_profiling()
+    events = json.load(open(path))["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {e["name"] for e in spans} >= {"Relu", "Neg", "segment#0", "segment#1", "seam copy"}
+    lanes = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert "segment#0 (sim-gpu:0)" in lanes and "segment#1 (cpu)" in lanes
