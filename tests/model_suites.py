@@ -10,7 +10,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import onnx
 from onnx import numpy_helper
 

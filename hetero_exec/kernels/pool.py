@@ -334,7 +334,6 @@ def MaxRoiPool(xp, X, rois, pooled_shape=None, spatial_scale=1.0):
     Separable: a masked max over W per bin column, then over H per bin row."""
     N, C, H, W = X.shape
     PH, PW = pooled_shape
-    R = rois.shape[0]
     cdt = acc_dtype(xp, X.dtype)
     r = rois.astype(np.float64)
     batch = r[:, 0].astype(np.int64)

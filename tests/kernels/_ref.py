@@ -39,3 +39,25 @@ def ours(xp, op_type: str, inputs: Sequence[np.ndarray | None], opset: int = 21,
     if "opset" in kdef.wants:
         extra["opset"] = kdef.since
     return kdef.fn(xp, *args, **attrs, **extra)
+
+
+def check(xp, op_type: str, inputs, opset: int = 21, rtol: float = 1e-5, atol: float = 1e-6,
+          n_outputs: int = 1, **attrs: Any):
+    """Our kernel on ``xp`` against onnx.reference: same dtypes and shapes; floats (and
+    ml_dtypes, compared in float64) within rtol/atol, everything else exactly unless
+    atol >= 1."""
+    from tests.conftest import to_numpy
+
+    want = reference(op_type, inputs, opset=opset, n_outputs=n_outputs, **attrs)
+    got = ours(xp, op_type, inputs, opset=opset, **attrs)
+    assert isinstance(got, tuple)
+    for w, g in zip(want, got):
+        g = to_numpy(g)
+        assert isinstance(g, np.ndarray)
+        assert g.dtype == w.dtype, (op_type, g.dtype, w.dtype)
+        assert g.shape == w.shape, (op_type, g.shape, w.shape)
+        if w.dtype.kind in "fV" or atol >= 1:  # atol >= 1: integer results within a step
+            np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=rtol, atol=atol)
+        else:
+            np.testing.assert_array_equal(g, w)
+    return got

@@ -11,26 +11,15 @@ from onnx import TensorProto
 
 from hetero_exec.kernels._tensor_common import scatter_reduce
 from tests.conftest import to_numpy
-from tests.kernels._ref import ours, reference
+import functools
+
+from tests.kernels._ref import check as _check, ours, reference
+
+check = functools.partial(_check, atol=1e-5)
 
 RNG = np.random.default_rng(0)
 
 
-def check(xp, op, inputs, opset=21, rtol=1e-5, atol=1e-5, n_outputs=1, **attrs):
-    want = reference(op, inputs, opset=opset, n_outputs=n_outputs, **attrs)
-    got = ours(xp, op, inputs, opset=opset, **attrs)
-    assert isinstance(got, tuple)
-    for w, g in zip(want, got):
-        g = to_numpy(g)
-        assert isinstance(g, np.ndarray)
-        assert g.dtype == w.dtype, (op, g.dtype, w.dtype)
-        assert g.shape == w.shape, (op, g.shape, w.shape)
-        if w.dtype.kind == "f" or atol >= 1:
-            np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64),
-                                       rtol=rtol, atol=atol)
-        else:
-            np.testing.assert_array_equal(g, w)
-    return got
 
 
 def f32(*shape):
