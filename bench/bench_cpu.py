@@ -111,10 +111,14 @@ def print_environment(env: dict[str, Any]) -> None:
 # -- sessions and timing ---------------------------------------------------------------
 
 
-def make_sessions(model, ort_threads: int = 0) -> tuple[Any, Any, dict[str, Any]]:
+def make_sessions(model, ort_threads: int = 0, ort_no_spin: bool = False
+                  ) -> tuple[Any, Any, dict[str, Any]]:
     """(ours, ort, info): both built from the same bytes; info records build times and threads.
 
-    ``ort_threads`` 0 keeps onnxruntime's default session options.
+    ``ort_threads`` 0 keeps onnxruntime's default session options. ``ort_no_spin`` turns
+    off the spin-waiting of onnxruntime's intra-op threads (``session.intra_op.allow_spinning``
+    = "0"): by default they keep a core busy for a while after each run, which, in one
+    process with interleaved runs, starves a multi-threaded BLAS running ours next.
     """
     import onnxruntime as ort
 
@@ -124,6 +128,8 @@ def make_sessions(model, ort_threads: int = 0) -> tuple[Any, Any, dict[str, Any]
     so = ort.SessionOptions()
     if ort_threads:
         so.intra_op_num_threads = ort_threads
+    if ort_no_spin:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     t0 = time.perf_counter()
     theirs = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
     t1 = time.perf_counter()
@@ -132,7 +138,8 @@ def make_sessions(model, ort_threads: int = 0) -> tuple[Any, Any, dict[str, Any]
     threads = theirs.get_session_options().intra_op_num_threads
     info = {"ort_build_s": t1 - t0, "ours_build_s": t2 - t1,
             # 0 is onnxruntime's default: one intra-op thread per physical core
-            "ort_intra_op_threads": threads or "default (physical cores)"}
+            "ort_intra_op_threads": threads or "default (physical cores)",
+            "ort_spinning": not ort_no_spin}
     return ours, theirs, info
 
 
@@ -164,12 +171,12 @@ def compare(ours: list[np.ndarray], theirs: list[np.ndarray]) -> tuple[bool, flo
 
 
 def bench_model(name: str, batches: list[int], runs: int, warmup: int, seq: int,
-                ort_threads: int = 0) -> list[dict]:
+                ort_threads: int = 0, ort_no_spin: bool = False) -> list[dict]:
     """One row per batch for model ``name``; a failing model gives rows with ``error``."""
     model = MODELS[name]()
     rows: list[dict] = []
     try:
-        ours, theirs, info = make_sessions(model, ort_threads)
+        ours, theirs, info = make_sessions(model, ort_threads, ort_no_spin)
     except Exception as e:
         return [{"model": name, "batch": b, "error": f"build: {_short(e)}"} for b in batches]
     for batch in batches:
@@ -344,6 +351,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ort-threads", type=int, default=0,
                     help="onnxruntime intra-op threads (0: its default, one per physical core); "
                          "pair 1 with OPENBLAS_NUM_THREADS=1 for a one-thread comparison")
+    ap.add_argument("--ort-no-spin", action="store_true",
+                    help="turn off onnxruntime's intra-op spin-waiting "
+                         "(session.intra_op.allow_spinning=0); makes onnxruntime itself a "
+                         "little slower, but its idle threads then stop competing with our "
+                         "BLAS threads for the cores in the interleaved runs")
     ap.add_argument("--json", metavar="OUT", help="write every figure and sample here")
     args = ap.parse_args(argv)
     names = [m for m in args.models.split(",") if m]
@@ -355,11 +367,14 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     print_environment(env)
     print(f"# {args.runs} timed runs after {args.warmup} warm-up, interleaved; medians; "
-          f"seq {args.seq}; match = allclose(rtol={RTOL}, atol={ATOL}) against onnxruntime\n")
+          f"seq {args.seq}; match = allclose(rtol={RTOL}, atol={ATOL}) against onnxruntime")
+    print(f"# onnxruntime intra-op threads: {args.ort_threads or 'default'}, spin-waiting "
+          f"{'off (--ort-no-spin)' if args.ort_no_spin else 'on (its default)'}\n")
     print(HEADER)
     rows: list[dict] = []
     for name in names:
-        rows.extend(bench_model(name, batches, args.runs, args.warmup, args.seq, args.ort_threads))
+        rows.extend(bench_model(name, batches, args.runs, args.warmup, args.seq, args.ort_threads,
+                                args.ort_no_spin))
     print_table(rows)
     result: dict[str, Any] = {"environment": env, "args": vars(args), "rows": rows,
                               "geomean": geomeans(rows)}

@@ -116,19 +116,46 @@ _SCRATCH = threading.local()
 SCRATCH_KEEP = 64 << 20
 
 
-def scratch(xp, shape: Sequence[int], dtype) -> Any:
-    """A reusable, uninitialised work buffer (numpy only, one per thread).
+def scratch(xp, shape: Sequence[int], dtype, slot: int = 0) -> Any:
+    """A reusable, uninitialised work buffer (numpy only, one per thread and ``slot``).
 
     Kernel temporaries such as im2col columns are megabytes large; allocating them
     fresh each call costs page faults comparable to the copy itself. The buffer is
     overwritten by the next call on the same thread, so callers must never return it
-    (or a view of it)."""
+    (or a view of it); a kernel needing two at once asks for two slots."""
     dtype = np.dtype(dtype)
     n = int(np.prod(shape)) if len(shape) else 1
     if not is_numpy(xp) or n * dtype.itemsize > SCRATCH_KEEP:
         return xp.empty(shape, dtype=dtype)
-    buf = getattr(_SCRATCH, "buf", None)
+    bufs = getattr(_SCRATCH, "bufs", None)
+    if bufs is None:
+        bufs = _SCRATCH.bufs = {}
+    buf = bufs.get(slot)
     if buf is None or buf.nbytes < n * dtype.itemsize:
         buf = np.empty(max(n * dtype.itemsize, 1 << 20), dtype=np.uint8)
-        _SCRATCH.buf = buf
+        bufs[slot] = buf
     return buf[: n * dtype.itemsize].view(dtype).reshape(shape)
+
+
+def pad_spatial_scratch(xp, x, pb: Sequence[int], pe: Sequence[int], slot: int = 1):
+    """pad_spatial with zeros into scratch buffer ``slot`` (numpy; cupy gets a fresh array):
+    only the border is zeroed, the inside is one copy. Same rule as scratch: never return
+    it. No copy at all when unpadded."""
+    if not any(pb) and not any(pe):
+        return x
+    if not is_numpy(xp):
+        return pad_spatial(xp, x, pb, pe, 0)
+    nd = len(pb)
+    lead = x.shape[: x.ndim - nd]
+    sp = x.shape[x.ndim - nd:]
+    shape = lead + tuple(s + b + e for s, b, e in zip(sp, pb, pe))
+    out = scratch(xp, shape, x.dtype, slot)
+    pre = (slice(None),) * len(lead)
+    for i, (b, e) in enumerate(zip(pb, pe)):
+        axis_pre = pre + (slice(None),) * i
+        if b:
+            out[axis_pre + (slice(0, b),)] = 0
+        if e:
+            out[axis_pre + (slice(shape[len(lead) + i] - e, None),)] = 0
+    out[pre + tuple(slice(b, b + s) for b, s in zip(pb, sp))] = x
+    return out

@@ -24,6 +24,7 @@ from hetero_exec.kernels._nn_common import (
     is_numpy,
     offset_slices,
     pad_spatial,
+    pad_spatial_scratch,
     scratch,
     spatial_attrs,
     window_view,
@@ -70,14 +71,26 @@ def _chunk(xp, N, per_image_bytes):
     return max(1, min(N, SCRATCH_KEEP // max(per_image_bytes, 1)))
 
 
-def _conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp):
-    """Conv of X (N, C, *S) with W (M, C/group, *K), plus B (M,) if given, computed
-    in (and returned as) the dtype of X and W.
+def _epilogue(xp, Y, Z, activation):
+    """In place on a fresh conv output block: add the residual Z, apply the activation."""
+    if Z is not None:
+        Y += Z
+    if activation == "Relu":
+        xp.maximum(Y, 0, out=Y)
+    elif activation:
+        raise ValueError(f"FusedConv: unsupported activation {activation!r}")
 
-    Each block of images is one copy into the column buffer, one (batched) matmul and,
-    after the last block, one bias pass: few switches between single-threaded numpy
-    work and the multi-threaded BLAS, whose spinning workers otherwise compete with
-    the copies on a loaded machine."""
+
+def _conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp, Z=None, activation=""):
+    """Conv of X (N, C, *S) with W (M, C/group, *K), plus B (M,) if given, computed
+    in (and returned as) the dtype of X and W. ``Z`` (the output's shape) is added and
+    ``activation`` applied in place, block by block while the output is in cache.
+
+    Each block of images is one copy into the column buffer, one (batched) matmul and
+    the in-place epilogue (bias, Z, activation) on that block's output: few switches
+    between single-threaded numpy work and the multi-threaded BLAS, whose spinning
+    workers otherwise compete with the copies on a loaded machine (the whole batch is
+    one block unless its columns outgrow the scratch buffer)."""
     N, C = X.shape[:2]
     M = W.shape[0]
     K = tuple(W.shape[2:])
@@ -89,15 +102,17 @@ def _conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp):
     out_shape = (N, M) + tuple(out_sp)
 
     if N == 0 or M == 0 or L == 0:
-        return xp.zeros(out_shape, dtype=X.dtype)
+        return xp.zeros(out_shape, dtype=X.dtype)  # empty: no bias, Z or activation to apply
 
     if Cg == 1 and group > 1:  # depthwise (channel multiplier Mg)
         Y = _depthwise(xp, pad_spatial(xp, X, pb, pe, 0), W, out_sp, strides, dilations, group)
         if B is not None:
             Y += B.reshape((-1,) + (1,) * nd)
+        _epilogue(xp, Y, Z, activation)
         return Y
+    Zr = None if Z is None else Z.reshape(N, M, L)
 
-    Xp = pad_spatial(xp, X, pb, pe, 0)  # no copy when unpadded (1x1 convs)
+    Xp = pad_spatial_scratch(xp, X, pb, pe)  # no copy when unpadded (1x1 convs)
     view = window_view(xp, Xp, out_sp, K, strides, dilations, kernel_first=True)  # (N, C, *K, *O)
     CK = Cg * kprod
     Wr = W.reshape(group, Mg, CK)
@@ -118,8 +133,10 @@ def _conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp):
                 xp.matmul(Wr[0], cols[:, 0], out=out[n0:n1])
             else:
                 xp.matmul(Wr, cols, out=out[n0:n1].reshape(n1 - n0, group, Mg, L))
-        if B is not None:
-            out += B.reshape(M, 1)
+            blk = out[n0:n1]
+            if B is not None:
+                blk += B.reshape(M, 1)
+            _epilogue(xp, blk, None if Zr is None else Zr[n0:n1], activation)
     else:
         # small planes: columns (C*K, n*L) for one wide GEMM, transposed back to NCHW
         perm = (1,) + tuple(range(2, 2 + nd)) + (0,) + tuple(range(2 + nd, 2 + 2 * nd))
@@ -139,10 +156,12 @@ def _conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp):
                 xp.add(Y, Bc, out=out[n0:n1])
             else:
                 out[n0:n1] = Y
+            _epilogue(xp, out[n0:n1], None if Zr is None else Zr[n0:n1], activation)
     return out.reshape(out_shape)
 
 
-def _conv_full(xp, X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides):
+def _conv_full(xp, X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides, Z=None,
+               activation=""):
     nd = X.ndim - 2
     strides, dilations = spatial_attrs(nd, strides, dilations)
     K = list(kernel_shape) if kernel_shape else list(W.shape[2:])
@@ -152,7 +171,8 @@ def _conv_full(xp, X, W, B, auto_pad, dilations, group, kernel_shape, pads, stri
     Xc = X.astype(cdt, copy=False)
     Wc = W.astype(cdt, copy=False)
     Bc = None if B is None else B.astype(cdt, copy=False)
-    Y = _conv_core(xp, Xc, Wc, Bc, strides, dilations, pb, pe, group, out_sp)
+    Zc = None if Z is None else Z.astype(cdt, copy=False)
+    Y = _conv_core(xp, Xc, Wc, Bc, strides, dilations, pb, pe, group, out_sp, Zc, activation)
     return Y.astype(out_dtype, copy=False)
 
 
@@ -163,6 +183,16 @@ def _conv_full(xp, X, W, B, auto_pad, dilations, group, kernel_shape, pads, stri
 def Conv(xp, X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
          pads=None, strides=None):
     return (_conv_full(xp, X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides),)
+
+
+@kernel("FusedConv", since=1, domain="hetero_exec")
+def FusedConv(xp, X, W, B=None, Z=None, activation="", auto_pad="NOTSET", dilations=None, group=1,
+              kernel_shape=None, pads=None, strides=None):
+    """Internal op of the cpu fusion passes (placement/fusions.py):
+    ``activation(Conv(X, W, B) + Z)``, Z (optional) of the output's shape, the activation
+    ("Relu" or "" for none) applied in place on the GEMM output."""
+    return (_conv_full(xp, X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides,
+                       Z, activation),)
 
 
 # --------------------------------------------------------------------------- integer / quantised

@@ -35,7 +35,10 @@ def Gemm(xp, A, B, C=None, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0)
         Cc = C.astype(Y.dtype, copy=False)
         if beta != 1.0:
             Cc = Cc * (Y.dtype.type(beta) if Y.dtype.kind == "f" else beta)
-        Y = Y + Cc
+        if Y.ndim == 2 and Cc.ndim <= 2 and np.broadcast_shapes(Y.shape, Cc.shape) == Y.shape:
+            Y += Cc  # Y is the fresh product: add in place
+        else:
+            Y = Y + Cc
     return (Y.astype(dt, copy=False),)
 
 

@@ -26,7 +26,9 @@ def plan_to_dict(plan: PlacementPlan) -> dict[str, Any]:
         "strategy": plan.strategy,
         "providers": plan.providers,
         "segments": [
-            {"id": s.id, "provider": s.provider.name, "nodes": [n.identity for n in s.nodes],
+            {"id": s.id, "provider": s.provider.name,
+             # a node fused by a provider pass stands for the model's nodes it replaced
+             "nodes": [i for n in s.nodes for i in getattr(n, "fused_from", None) or [n.identity]],
              "inputs": s.inputs, "outputs": s.outputs, "predicted_cost_s": s.predicted_cost,
              "mem_need_bytes": s.mem_need}
             for s in plan.segments
