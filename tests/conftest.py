@@ -37,7 +37,10 @@ def ray_session():
     """One real local Ray per test session (ray.init costs seconds)."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+        # small, and with logical GPUs: sim-gpu segment actors reserve GPU resources
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        ray.init(num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False,
+                 object_store_memory=1 << 30,
+                 runtime_env={"env_vars": {"PYTHONPATH": root}})
     yield ray
     ray.shutdown()

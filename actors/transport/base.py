@@ -1,0 +1,46 @@
+"""The seam transport interface: how one segment's output reaches another segment.
+
+A transport runs inside the segment actors. The producer calls ``write`` with the
+value and returns what it gives back (the *carried* value) from its Ray method; the
+coordinator passes that on as an ObjectRef; the consumer calls ``read`` with what
+arrived. Transports differ in what is carried: the array itself (object store), a
+msgpack frame (wire), or a small key into the actor's own memory (device-local).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SeamKey:
+    """One value of one request: what a transport files a seam value under."""
+
+    request: int
+    value: str
+
+
+class Transport:
+    """write/read/close over seam values (the ``Channel`` shape of Ray's compiled graphs).
+
+    >>> t = Transport()
+    >>> t.read(SeamKey(0, "x"), t.write(SeamKey(0, "x"), 3))
+    3
+    """
+
+    name = "base"
+
+    def write(self, key: SeamKey, value: Any) -> Any:
+        """Hand ``value`` over; returns what travels to the reader in its place."""
+        return value
+
+    def read(self, key: SeamKey, carried: Any) -> Any:
+        """The value back from what travelled."""
+        return carried
+
+    def drop(self, request: int) -> None:
+        """Forget whatever is kept for ``request`` (it finished or failed)."""
+
+    def close(self) -> None:
+        """Release everything the transport holds."""

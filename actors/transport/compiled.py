@@ -1,0 +1,134 @@
+"""Ray Compiled Graphs (``ray.dag`` ``experimental_compile``) for a static segment chain.
+
+The task path submits one actor task per segment per request; a compiled graph
+instead sets up shared-memory channels between the actors once, and each execution
+writes the feed into the first channel. `CompiledChain` builds that graph over the
+session's segment actors: each segment node takes the feed dict and/or the output
+dicts of the segments it reads from, and the driver merges the output dicts of the
+segments that produce graph outputs.
+
+It is opt-in (``ray_compiled=True``) and evaluated against the task path in
+``bench/bench_ray.py``: on a 2-core machine its readers poll and compete for the
+cores. What it gives up: no device-local seams, no per-seam profile spans, and no
+replay inside the graph: when an execution fails for any reason other than a
+segment's own typed error (an actor fault, a channel timeout), the coordinator
+tears the compiled graph down and serves that request, and every later one, on the
+task path, with its replays.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+import ray
+
+from actors.remote_errors import root_cause, user_error
+from hetero_exec.errors import ActorError
+
+log = logging.getLogger(__name__)
+
+
+class CompiledGraphFailure(ActorError):
+    """The compiled graph itself failed (channel timeout, torn down, actor lost)."""
+
+
+class CompiledChain:
+    """A compiled Ray DAG over segment actors: ``run(feeds) -> {name: value}``.
+
+    >>> chain = CompiledChain(actors, specs)  # doctest: +SKIP
+    >>> chain.run_feeds({"x": x})["y"]  # doctest: +SKIP
+    >>> chain.close()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        handles: Sequence[Any],
+        specs: Sequence[Any],
+        graph_outputs: Sequence[str],
+        max_inflight: int = 8,
+        buffer_size_bytes: int | None = None,
+    ):
+        from ray.dag import InputNode, MultiOutputNode
+
+        self.specs = list(specs)
+        producer: dict[str, int] = {}
+        nodes: list[Any] = []
+        with InputNode() as feed:
+            for k, (handle, spec) in enumerate(zip(handles, specs)):
+                sources = sorted({producer[n] for n in spec.inputs if n in producer})
+                args = [feed] + [nodes[j] for j in sources]
+                nodes.append(handle.run_dict.bind(spec.segment_id, *args))
+                producer.update({o: k for o in spec.outputs})
+            # the producers of graph outputs come back to the driver, and so must every
+            # leaf (a compiled graph has no dangling nodes)
+            read = {producer[n] for s in specs for n in s.inputs if n in producer}
+            leaves = {k for k in range(len(specs)) if k not in read}
+            self.returned = sorted(leaves | {producer[o] for o in graph_outputs if o in producer})
+            dag = MultiOutputNode([nodes[k] for k in self.returned])
+        self.producer = producer
+        self.dag = dag.experimental_compile(
+            _max_inflight_executions=max_inflight, _buffer_size_bytes=buffer_size_bytes
+        )
+        self._lock = threading.Lock()
+        log.info("compiled a Ray graph over %d segment actor(s)", len(handles))
+
+    @classmethod
+    def for_executor(cls, executor: Any) -> "CompiledChain":
+        """The chain over a RayExecutor's slots (one segment per actor)."""
+        if any(len(slot.specs) != 1 for slot in executor.slots):
+            raise ActorError("ray_compiled=True needs one segment per actor (colocate=False)")
+        return cls(
+            [slot.handle for slot in executor.slots],
+            executor.specs,
+            executor.graph.outputs,
+            max_inflight=int(executor.opts.max_inflight),
+        )
+
+    def run_feeds(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        """One execution: the feed dict in, every returned segment's outputs merged."""
+        try:
+            # one execution at a time: concurrent gets of compiled refs from several
+            # threads stalled the channels (Ray 2.60, RayChannelTimeoutError)
+            with self._lock:
+                dicts = ray.get(self.dag.execute(feeds))
+        except Exception as e:  # noqa: BLE001 - re-raised typed
+            typed = user_error(e)
+            if typed is not None:
+                raise typed from None
+            raise CompiledGraphFailure(f"compiled graph execution failed: {root_cause(e)!r}") from e
+        merged: dict[str, Any] = {}
+        for d in dicts:
+            # copy out of the channel's shared-memory buffer: an array the caller keeps
+            # would pin the buffer, and the graph stalls once every buffer is pinned
+            merged.update(
+                {
+                    k: np.array(v, copy=True) if isinstance(v, np.ndarray) else v
+                    for k, v in d.items()
+                }
+            )
+        return merged
+
+    def run(self, req: Any, executor: Any) -> list[Any]:
+        """Serve a coordinator Request on the compiled path."""
+        feeds = {
+            k: (ray.get(v) if isinstance(v, ray.ObjectRef) else v) for k, v in req.feeds.items()
+        }
+        values = self.run_feeds(feeds)
+        out = []
+        for name in req.names:
+            if name in values:
+                out.append(values[name])
+            elif name in feeds:
+                out.append(feeds[name])
+            else:
+                out.append(executor.graph.initializers.get(name))
+        return out
+
+    def close(self) -> None:
+        try:
+            self.dag.teardown()
+        except Exception as e:  # noqa: BLE001 - teardown of a broken graph
+            log.warning("compiled graph teardown: %s", e)

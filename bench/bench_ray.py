@@ -1,0 +1,376 @@
+"""The Ray layer's costs: seams, compiled graphs, pipelining. A benchmark, not a test.
+
+Three parts, each in a fresh process with its own small local Ray (so one part's
+leftover workers do not steal the other's cores):
+
+* ``seam``: a 2-segment cpu plan whose seam carries 1, 16 and 64 MB (segment 0
+  returns a weight, segment 1 reads its Shape), against Ray's raw actor-to-actor
+  hand-off of the same bytes (actor A returns an array it holds, actor B reads its
+  shape). Goal: ours <= 1.5x raw.
+* ``compiled``: small seams ([1, 64] float32), sequential latency of a 2-segment
+  chain on the task path vs ``ray_compiled=True``, with raw Ray task and compiled
+  chains for reference. Each variant in its own process.
+* ``pipeline``: an MLP split into 2 single-threaded stage actors vs one actor
+  running it whole, M requests in flight. Goal: >= 1.7x throughput; the GPipe bubble
+  (K-1)/(M+K-1) is printed beside it.
+
+    python bench/bench_ray.py                    # everything, ~2-3 minutes on 2 cores
+    python bench/bench_ray.py --part seam --repeats 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+SINGLE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def start_ray(num_cpus: int = 4) -> None:
+    import ray
+
+    ray.init(
+        num_cpus=num_cpus,
+        num_gpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="ERROR",
+        object_store_memory=2 << 30,
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), **SINGLE_THREAD}},
+    )
+
+
+def interleaved_medians(fns: list[Callable[[], Any]], repeats: int, warmup: int = 3) -> list[float]:
+    """Median seconds of each fn, timed in turns (a busy host slows them alike)."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, ts in zip(fns, times):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    return [statistics.median(ts) for ts in times]
+
+
+def median_seconds(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def executor_for(model, placement: list[str], **options):
+    """A RayExecutor over a hand-made plan (node i on placement[i])."""
+    from actors.coordinator import RayExecutor
+    from tests.ray.models import hand_build
+    from tests.ray.models import options as make_options
+
+    graph, build = hand_build(model, placement)
+    return RayExecutor(graph, build, make_options(**options))
+
+
+# -- part 1: seam overhead ------------------------------------------------------------
+
+
+def seam_model(nbytes: int):
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).standard_normal(nbytes // 4).astype(np.float32)
+    nodes = [
+        helper.make_node("Identity", ["w"], ["seam"]),
+        helper.make_node("Shape", ["seam"], ["s"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "seam",
+        [],
+        [helper.make_tensor_value_info("s", TensorProto.INT64, [1])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def part_seam(repeats: int) -> list[dict[str, Any]]:
+    import ray
+
+    start_ray()
+
+    @ray.remote(num_cpus=1)
+    class Producer:
+        def __init__(self, n: int):
+            self.w = np.random.default_rng(0).standard_normal(n // 4).astype(np.float32)
+
+        def produce(self):
+            return self.w
+
+    @ray.remote(num_cpus=1)
+    class Consumer:
+        def consume(self, a):
+            return np.array(a.shape, np.int64)
+
+    rows = []
+    for mb in (1, 16, 64):
+        n = mb << 20
+        a, b = Producer.remote(n), Consumer.remote()
+        ex = executor_for(seam_model(n), ["cpu", "cpu/2"])
+        assert ex.run(["s"], {})[0].tolist() == [n // 4] and len(ex.slots) == 2
+
+        def raw_handoff(a=a, b=b):
+            return ray.get(b.consume.remote(a.produce.remote()))
+
+        def our_seam(ex=ex):
+            return ex.run(["s"], {})
+
+        raw, ours = interleaved_medians([raw_handoff, our_seam], repeats)
+        ex.close()
+        ray.kill(a), ray.kill(b)
+        rows.append(
+            {"seam_mb": mb, "raw_ms": raw * 1e3, "ours_ms": ours * 1e3, "ratio": ours / raw}
+        )
+    return rows
+
+
+# -- part 2: compiled graph vs task path ----------------------------------------------------
+
+
+def small_chain_model():
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["seam"]), helper.make_node("Neg", ["seam"], ["y"])]
+    g = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def part_compiled(variant: str, repeats: int) -> list[dict[str, Any]]:
+    import ray
+
+    start_ray()
+    x = np.ones((1, 64), np.float32)
+    if variant.startswith("raw"):
+
+        @ray.remote(num_cpus=1)
+        class Stage:
+            def f(self, a):
+                return np.maximum(a, 0) if a.min() >= -1e9 else a
+
+        s1, s2 = Stage.remote(), Stage.remote()
+        if variant == "raw-tasks":
+            fn = lambda: ray.get(s2.f.remote(s1.f.remote(x)))  # noqa: E731
+        else:
+            from ray.dag import InputNode
+
+            with InputNode() as inp:
+                dag = s2.f.bind(s1.f.bind(inp))
+            compiled = dag.experimental_compile()
+            fn = lambda: ray.get(compiled.execute(x))  # noqa: E731
+        sec = median_seconds(fn, repeats, warmup=20)
+    else:
+        ex = executor_for(
+            small_chain_model(), ["cpu", "cpu/2"], ray_compiled=variant == "ours-compiled"
+        )
+        np.testing.assert_array_equal(ex.run(["y"], {"x": x})[0], -x)
+        sec = median_seconds(lambda: ex.run(["y"], {"x": x}), repeats, warmup=20)
+        ex.close()
+    return [{"variant": variant, "ms_per_run": sec * 1e3}]
+
+
+# -- part 3: pipelining ------------------------------------------------------------------------
+
+
+MATMUL_PROBE = (
+    "import time, numpy as np; a = np.random.rand(768, 768).astype(np.float32); a @ a; "
+    "t = time.perf_counter(); [a @ a for _ in range(30)]; print(time.perf_counter() - t)"
+)
+
+
+def host_parallelism() -> float:
+    """Cores this host gives us now: one single-threaded matmul loop alone, then two at
+    once (2 x alone / together; 2.0 on an idle 2-core host, 1.0 when others hold a core)."""
+    env = {**os.environ, **SINGLE_THREAD}
+
+    def start() -> subprocess.Popen:
+        cmd = [sys.executable, "-c", MATMUL_PROBE]
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+
+    alone = float(start().communicate()[0])
+    pair = [start(), start()]
+    together = max(float(p.communicate()[0]) for p in pair)
+    return 2 * alone / together
+
+
+def part_pipeline(requests: int, width: int, layers: int, batch: int) -> list[dict[str, Any]]:
+    start_ray()
+    from tests.ray.models import mlp
+
+    model = mlp(width=width, layers=layers)
+    nodes = 2 * layers
+    feeds = [
+        {"x": np.random.default_rng(i).standard_normal((batch, width)).astype(np.float32)}
+        for i in range(requests)
+    ]
+    rows = []
+    results = {}
+    for name, placement in (
+        ("whole (1 actor)", ["cpu"] * nodes),
+        ("split (2 stage actors)", ["cpu"] * (nodes // 2) + ["cpu/2"] * (nodes // 2)),
+    ):
+        # each actor runs NumPy on one thread (OMP/OPENBLAS_NUM_THREADS=1 in its env)
+        ex = executor_for(model, placement, max_inflight=requests)
+        ex.run_many(["y"], feeds[:4])
+        t = time.perf_counter()
+        outs = ex.run_many(["y"], feeds)
+        elapsed = time.perf_counter() - t
+        results[name] = outs
+        stages = {k: round(v["mean_ms"], 2) for k, v in ex.segment_stats().items()}
+        ex.close()
+        rows.append(
+            {
+                "config": name,
+                "requests": requests,
+                "seconds": elapsed,
+                "req_per_s": requests / elapsed,
+                "stage_ms": stages,
+            }
+        )
+    rows.append({"config": "host", "parallelism": host_parallelism()})
+    a, b = results.values()
+    assert all(np.allclose(x[0], y[0], rtol=1e-4, atol=1e-5) for x, y in zip(a, b))
+    return rows
+
+
+# -- driver ----------------------------------------------------------------------------------------
+
+
+def run_part(args: list[str]) -> list[dict[str, Any]]:
+    """One part in a fresh Python process (its own Ray); its JSON rows."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **SINGLE_THREAD}
+    proc = subprocess.run(
+        [sys.executable, __file__, *args, "--json-only"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"part {args} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def print_tables(seam, compiled, pipeline, requests: int) -> None:
+    """The three tables, each when its part ran."""
+    if seam:
+        print("\n1) per-seam overhead: a 2-segment plan vs Ray's raw actor-to-actor hand-off")
+        print(f"   {'seam':>6} {'raw Ray ms':>11} {'ours ms':>9} {'ratio':>6}  (goal <= 1.5x)")
+        for r in seam:
+            mb, raw, ours = r["seam_mb"], r["raw_ms"], r["ours_ms"]
+            print(f"   {mb:>4}MB {raw:>11.2f} {ours:>9.2f} {r['ratio']:>5.2f}x")
+    if compiled:
+        print("\n2) small seams ([1, 64] float32), 2-actor chain, sequential latency")
+        print(f"   {'variant':<16} {'ms/run':>7}")
+        for r in compiled:
+            print(f"   {r['variant']:<16} {r['ms_per_run']:>7.2f}")
+    if pipeline:
+        print("\n3) pipelined throughput, 2 single-threaded stage actors vs 1 actor")
+        whole, split, host = pipeline
+        k, m = 2, requests
+        bubble = (k - 1) / (m + k - 1)
+        for r in (whole, split):
+            print(f"   {r['config']:<24} {r['req_per_s']:>7.1f} req/s  stage ms {r['stage_ms']}")
+        speedup = split["req_per_s"] / whole["req_per_s"]
+        print(
+            f"   speedup {speedup:.2f}x (goal >= 1.7x); GPipe bubble (K-1)/(M+K-1) with K={k}, "
+            f"M={m}: {bubble:.3f}, ideal speedup K(1-bubble) = {k * (1 - bubble):.2f}x"
+        )
+        cores = host["parallelism"]
+        bound = min(k, cores) * (1 - bubble)
+        print(
+            f"   this host gave {cores:.2f} cores to two single-threaded processes just now, "
+            f"so the bound here is {bound:.2f}x ({speedup / bound:.0%} of it reached)"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--part", choices=["seam", "compiled", "pipeline", "all"], default="all")
+    ap.add_argument(
+        "--variant",
+        default="ours-tasks",
+        choices=["ours-tasks", "ours-compiled", "raw-tasks", "raw-compiled"],
+    )
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--width", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--json", help="also write every row to this file")
+    ap.add_argument("--json-only", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.json_only:
+        if a.part == "seam":
+            rows = part_seam(a.repeats)
+        elif a.part == "compiled":
+            rows = part_compiled(a.variant, a.repeats * 10)
+        else:
+            rows = part_pipeline(a.requests, a.width, a.layers, a.batch)
+        print(json.dumps(rows))
+        return 0
+    common = ["--repeats", str(a.repeats)]
+    seam = run_part(["--part", "seam", *common]) if a.part in ("seam", "all") else []
+    compiled = []
+    if a.part in ("compiled", "all"):
+        for v in ("raw-tasks", "ours-tasks", "raw-compiled", "ours-compiled"):
+            compiled += run_part(["--part", "compiled", "--variant", v, *common])
+    pipeline = []
+    if a.part in ("pipeline", "all"):
+        pipeline = run_part(
+            [
+                "--part",
+                "pipeline",
+                "--requests",
+                str(a.requests),
+                "--width",
+                str(a.width),
+                "--layers",
+                str(a.layers),
+                "--batch",
+                str(a.batch),
+            ]
+        )
+    print(f"bench_ray: {os.cpu_count()} cores, numpy {np.__version__}")
+    print_tables(seam, compiled, pipeline, a.requests)
+    if a.json:
+        Path(a.json).write_text(
+            json.dumps({"seam": seam, "compiled": compiled, "pipeline": pipeline}, indent=1)
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

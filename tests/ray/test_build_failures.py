@@ -1,0 +1,108 @@
+"""SEMANTICS.md section 6 on Ray: a failed session build releases its actors and
+placement group before the error reaches the caller, and fails in bounded time."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import ray
+from onnx import helper
+from ray.util.placement_group import placement_group, remove_placement_group
+
+from actors.coordinator import RayExecutor
+from hetero_exec import InferenceSession
+from hetero_exec.errors import ActorError, UnsupportedOperatorError
+from tests.ray.helpers import eventually, live_placement_groups, live_segment_actors
+from tests.ray.models import hand_build, mlp, options
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture
+def nothing_leaks(ray_session):
+    actors, groups = live_segment_actors(), live_placement_groups()
+    yield
+    assert eventually(lambda: live_segment_actors() <= actors), "segment actors leaked"
+    assert eventually(lambda: live_placement_groups() <= groups), "placement groups leaked"
+
+
+def test_more_devices_than_the_cluster_has_fails_at_once(nothing_leaks):
+    devices = [f"sim-gpu:{i}" for i in range(6)]  # 6 GPU bundles, the cluster has 4 GPUs
+    started = time.monotonic()
+    with pytest.raises(ActorError, match=r"cannot be placed.*GPU: needs 6, cluster has 4"):
+        InferenceSession(mlp(layers=3), devices + ["cpu"], hetero=True, executor="ray")
+    assert time.monotonic() - started < 10
+
+
+def test_busy_cluster_fails_after_a_bounded_wait(nothing_leaks):
+    free = ray.available_resources().get("CPU", 0)
+    blocker = placement_group([{"CPU": free}])  # every free CPU, held by someone else
+    ray.get(blocker.ready(), timeout=30)
+    try:
+        started = time.monotonic()
+        with pytest.raises(ActorError, match="was not placed within 2s"):
+            InferenceSession(
+                mlp(layers=1),
+                [("sim-gpu", {"exclude_ops": ["Relu"]}), "cpu"],
+                hetero=True,
+                executor="ray",
+                placement_timeout_s=2,
+            )
+        assert time.monotonic() - started < 15
+    finally:
+        remove_placement_group(blocker)
+
+
+def test_strict_spread_on_one_node_is_refused(nothing_leaks):
+    with pytest.raises(ActorError, match="STRICT_SPREAD needs 2 nodes"):
+        InferenceSession(
+            mlp(layers=1),
+            [("sim-gpu", {"exclude_ops": ["Relu"]}), "cpu"],
+            hetero=True,
+            executor="ray",
+            placement_strategy="STRICT_SPREAD",
+        )
+
+
+def test_a_segment_that_fails_to_build_in_its_actor_releases_the_others(nothing_leaks):
+    # a node no provider has a kernel for, placed by hand (the session would refuse it
+    # up front): the actor's compile fails, after the other actors have started
+    g = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["a"]),
+            helper.make_node("Frobnicate", ["a"], ["y"], domain="x.y"),
+        ],
+        "bad",
+        [helper.make_tensor_value_info("x", 1, [2])],
+        [helper.make_tensor_value_info("y", 1, [2])],
+    )
+    model = helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("x.y", 1)]
+    )
+    graph, build = hand_build(model, ["sim-gpu:0", "cpu"])
+    with pytest.raises(UnsupportedOperatorError, match="Frobnicate"):
+        RayExecutor(graph, build, options())
+
+
+def test_session_still_builds_after_failures(ray_session):
+    with InferenceSession(mlp(layers=1), ["sim-gpu", "cpu"], hetero=True, executor="ray") as sess:
+        x = np.ones((1, 32), np.float32)
+        np.testing.assert_allclose(
+            sess.run(None, {"x": x})[0],
+            InferenceSession(mlp(layers=1), ["cpu"]).run(None, {"x": x})[0],
+            rtol=1e-6,
+        )
+
+
+def test_compiled_graph_over_colocated_actors_is_refused_and_released(nothing_leaks):
+    with pytest.raises(ActorError, match="one segment per actor"):
+        InferenceSession(
+            mlp(layers=2),
+            [("sim-gpu", {"exclude_ops": ["Relu"]}), "cpu"],
+            hetero=True,
+            executor="ray",
+            ray_compiled=True,
+            colocate=True,
+        )

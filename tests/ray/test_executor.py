@@ -1,0 +1,204 @@
+"""RayExecutor on a real local Ray (the session-scoped ``ray_session``): outputs equal
+the local executor's under mixed placement, typed errors, pipelining, transports,
+profiles and teardown."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from hetero_exec import InferenceSession
+from hetero_exec.demo import demo_inputs, detector_model
+from hetero_exec.errors import (
+    DimMismatchError,
+    DtypeMismatchError,
+    KernelError,
+    MissingInputError,
+    RankMismatchError,
+    UnknownInputError,
+)
+from tests.ray.helpers import actor_ids, eventually, live_placement_groups, live_segment_actors
+from tests.ray.models import SKIP_PLACEMENT, cnn, gather_model, hand_build, mlp, options, skip_model
+
+pytestmark = pytest.mark.ray
+
+MIXED = [("sim-gpu", {"exclude_ops": ["Relu"]}), "cpu"]  # Relu on cpu: alternating segments
+
+
+def assert_same(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def mlp_pair(ray_session):
+    model = mlp(layers=2)
+    with InferenceSession(model, MIXED, hetero=True, executor="ray", max_inflight=4) as sess:
+        yield sess, InferenceSession(model, ["cpu"])
+
+
+def rand(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def test_mlp_mixed_placement_matches_local(mlp_pair):
+    sess, local = mlp_pair
+    assert sess.is_heterogeneous
+    assert [s.provider_name for s in sess.placement.segments] == [
+        "sim-gpu:0",
+        "cpu",
+        "sim-gpu:0",
+        "cpu",
+    ]
+    assert len(sess.segment_actors) == 4
+    for batch in (1, 5):
+        feed = {"x": rand((batch, 32), batch)}
+        assert_same(sess.run(None, feed), local.run(None, feed))
+
+
+def test_typed_input_errors_before_dispatch(mlp_pair):
+    sess, _ = mlp_pair
+    runs = lambda: sum(s["runs"] for s in sess._executor.segment_stats().values())  # noqa: E731
+    before = runs()
+    x = rand((2, 32), 0)
+    cases = [
+        ({"x": x, "z": x}, UnknownInputError),
+        ({}, MissingInputError),
+        ({"x": x.astype(np.float64)}, DtypeMismatchError),
+        ({"x": x[0]}, RankMismatchError),
+        ({"x": rand((2, 31), 0)}, DimMismatchError),
+    ]
+    for feed, error in cases:
+        with pytest.raises(error):
+            sess.run(None, feed)
+        with pytest.raises(error):  # raised by run_async itself, not through the future
+            sess.run_async(None, feed)
+    assert runs() == before  # nothing reached an actor
+    assert sess.run(None, {"x": x})[0].shape == (2, 32)  # and the session keeps working
+
+
+def test_concurrent_run_async_run_many_and_threads(mlp_pair):
+    sess, local = mlp_pair
+    feeds = [{"x": rand((3, 32), i)} for i in range(24)]
+    want = [local.run(None, f) for f in feeds]
+    futures = [sess.run_async(None, f) for f in feeds[:12]]
+    for fut, w in zip(futures, want[:12]):
+        assert_same(fut.result(timeout=60), w)
+    for got, w in zip(sess.run_many(feeds[12:]), want[12:]):
+        assert_same(got, w)
+    results: dict[int, list] = {}
+
+    def worker(i):
+        results[i] = sess.run(["y"], feeds[i])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    assert sorted(results) == list(range(8))
+    for i in range(8):
+        assert_same(results[i], want[i])
+
+
+def test_back_pressure_bounds_requests_in_flight(mlp_pair):
+    sess, _ = mlp_pair
+    ex = sess._executor
+    futures = [sess.run_async(None, {"x": rand((2, 32), i)}) for i in range(16)]
+    # run_async returned 16 times with max_inflight=4: it blocked until slots freed
+    assert ex._inflight._value >= 0
+    assert all(f.result(timeout=60)[0].shape == (2, 32) for f in futures)
+    assert ex._inflight._value == ex.opts.max_inflight
+
+
+def test_actor_error_names_segment_node_and_op(ray_session):
+    graph, build = hand_build(gather_model(), ["sim-gpu:0", "cpu", "sim-gpu:0"])
+    from actors.coordinator import RayExecutor
+
+    ex = RayExecutor(graph, build, options(colocate=True, seam_transport="wire"))
+    try:
+        x = np.array([1, -2, 3, -4], np.float32)
+        out = ex.run(["y"], {"x": x, "idx": np.array([0, 2])})
+        np.testing.assert_array_equal(out[0], [2, 4])
+        with pytest.raises(KernelError) as info:
+            ex.run(["y"], {"x": x, "idx": np.array([0, 9])})
+        err = info.value
+        assert err.segment == "segment#1 (cpu)"
+        assert err.node == 'graph/node#1 "pick"' and err.op == "ai.onnx::Gather"
+        assert "segment#1 (cpu)" in str(err) and "Gather" in str(err)
+        np.testing.assert_array_equal(ex.run(["y"], {"x": x, "idx": np.array([3, 1])})[0], [1, 1])
+    finally:
+        ex.close()
+
+
+def test_cnn_colocated_with_profile(ray_session, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = cnn()
+    local = InferenceSession(model, ["cpu"])
+    with InferenceSession(
+        model, MIXED, hetero=True, executor="ray", colocate=True, enable_profiling=True
+    ) as sess:
+        assert len(sess.placement.segments) == 5 and len(sess.segment_actors) == 2
+        feeds = [{"x": rand((2, 3, 16, 16), i)} for i in range(4)]
+        for got, f in zip(sess.run_many(feeds), feeds):
+            assert_same(got, local.run(None, f))
+        path = sess.end_profiling()
+    trace = json.load(open(path))["traceEvents"]
+    lanes = {e["tid"]: e["args"]["name"] for e in trace if e.get("name") == "thread_name"}
+    assert lanes[0] == "driver" and len(lanes) == 3
+    spans = [e for e in trace if e["ph"] == "X"]
+    runs = [e for e in spans if e["cat"] == "segment"]
+    seams = [e for e in spans if e["cat"] == "seam"]
+    assert len(runs) == 5 * 4 and {e["tid"] for e in runs} == {1, 2}
+    assert seams and all(e["args"]["bytes"] > 0 for e in seams)
+    assert sum(e["cat"] == "request" for e in spans) == 4
+
+
+def test_device_local_seams_and_detector(ray_session):
+    from actors.coordinator import RayExecutor
+
+    graph, build = hand_build(skip_model(), SKIP_PLACEMENT)
+    ex = RayExecutor(graph, build, options(colocate=True))
+    try:
+        assert ex.slots[0].local_values == {"h"}
+        x = rand((3, 8), 1)
+        want = np.tanh(x) + np.maximum(-x, 0)
+        for got in ex.run_many(["y"], [{"x": x}] * 6):
+            np.testing.assert_allclose(got[0], want, rtol=1e-6)
+        import ray
+
+        held = ray.get(ex.slots[0].handle.__ray_call__.remote(lambda self: self.local.held()))
+        assert held == 0  # every request's device-local values were dropped
+    finally:
+        ex.close()
+    model, feed = detector_model(), demo_inputs(batch=2)
+    with InferenceSession(model, ["sim-gpu", "cpu"], hetero=True, executor="ray") as sess:
+        assert sess.is_heterogeneous
+        assert_same(sess.run(None, feed), InferenceSession(model, ["cpu"]).run(None, feed))
+
+
+def test_teardown_leaves_no_actors(ray_session):
+    before = live_placement_groups()
+    sess = InferenceSession(mlp(layers=1), MIXED, hetero=True, executor="ray")
+    ids = actor_ids(sess.segment_actors)
+    assert len(ids) == 2 and ids <= live_segment_actors()
+    assert len(live_placement_groups() - before) == 1
+    sess.close()
+    sess.close()  # idempotent
+    assert eventually(lambda: not (ids & live_segment_actors()))
+    assert eventually(lambda: live_placement_groups() <= before)
+
+
+def test_compiled_graph_path_matches_local(ray_session):
+    model = mlp(layers=1)
+    local = InferenceSession(model, ["cpu"])
+    with InferenceSession(model, MIXED, hetero=True, executor="ray", ray_compiled=True) as sess:
+        assert sess._executor.compiled is not None
+        feeds = [{"x": rand((2, 32), i)} for i in range(12)]
+        kept = [sess.run(None, f) for f in feeds]  # outputs kept alive must not pin the channels
+        kept += sess.run_many(feeds)
+        for got, f in zip(kept, feeds + feeds):
+            assert_same(got, local.run(None, f))
