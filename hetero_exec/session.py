@@ -48,11 +48,13 @@ class SessionOptions:
     enable_profiling: bool = False
     profile_file_prefix: str = "hetero_exec_profile"
     fold_constants: bool = True
+    optimize: bool = True  # run the provider's graph passes (fusions) on the single-provider path
+    cost_model: Any = None  # placement.partition.CostModel for multi-GPU splits (e.g. calibrate())
     executor_options: dict[str, Any] = field(default_factory=dict)
 
     KNOWN = ("require_gpu", "hetero", "executor", "dim_bounds", "affinity", "placement",
              "strategy", "base_dir", "enable_profiling", "profile_file_prefix",
-             "fold_constants")
+             "fold_constants", "optimize", "cost_model")
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> "SessionOptions":

@@ -115,7 +115,8 @@ def build_session_plan(graph: Graph, providers: Sequence[Any] | None, options) -
     # falls back with its reason in the report, or fails when the GPU is required)
     if hetero and not require and requested.kind != "cpu" and requested.available():
         plan = classify_placement(graph, provs, affinity=options.affinity,
-                                  strategy=options.strategy, dim_bounds=bounds)
+                                  strategy=options.strategy, dim_bounds=bounds,
+                                  cost_model=options.cost_model)
         if plan is not None:
             admit(plan, bounds)
             log.info("heterogeneous placement: %s", plan.summary())
@@ -128,13 +129,14 @@ def build_session_plan(graph: Graph, providers: Sequence[Any] | None, options) -
     from hetero_exec.placement.passes import run_provider_passes
 
     graph_before = graph
-    graph = run_provider_passes(graph, requested)
+    passes = run_provider_passes if options.optimize else (lambda g, _p: g)
+    graph = passes(graph, requested)
     report = coverage_report(graph, requested)
     if report is not None:
         if require:
             raise HeterogeneousPlacementRequired(report)
         guard_heterogeneous_fallback(graph_before, provs, hetero)
-        graph = run_provider_passes(graph_before, cpu)
+        graph = passes(graph_before, cpu)
         report.assigned_node_count, report.assigned_ops = assigned_ops(graph)
         log.warning("%s. %s", report, FALLBACK_HINT)
         reject_unsupported_operators(graph, cpu)
