@@ -152,6 +152,7 @@ def classify_placement(graph: Graph, providers: Sequence[Provider], *, affinity=
                                  for n, p in assign.items()):
         return None
     metadata_follows_input(graph, assign, cpu, pinned)
+    absorb_index_tails(graph, assign, cpu, pinned)
     if len(devices) > 1:
         from hetero_exec.placement.partition import split_devices
 
@@ -163,6 +164,40 @@ def classify_placement(graph: Graph, providers: Sequence[Provider], *, affinity=
 
     annotate_costs(plan, dim_bounds or {}, cost_model)
     return plan
+
+
+#: ops that only move or index data: a device segment of nothing else does no work
+#: worth a round trip across a seam
+DATA_MOVEMENT_OPS = frozenset({
+    "Gather", "GatherND", "GatherElements", "Reshape", "Transpose", "Squeeze", "Unsqueeze",
+    "Flatten", "Slice", "Concat", "Split", "Identity", "Expand", "Cast", "Shape", "Size",
+})
+
+
+def absorb_index_tails(graph: Graph, assign: dict[Node, Provider], cpu: Provider,
+                       pinned: set[Node]) -> None:
+    """A device segment made only of data movement that reads a cpu-produced value (say,
+    gathering the boxes a host-only NonMaxSuppression selected) runs on cpu instead: it
+    would cost a seam each way and do no work on the device."""
+    order = grouped_order(graph, assign)
+    runs: list[list[Node]] = []
+    for node in order:
+        if runs and assign[runs[-1][-1]] is assign[node]:
+            runs[-1].append(node)
+        else:
+            runs.append([node])
+    for run in runs:
+        if not assign[run[0]].is_device or any(n in pinned for n in run):
+            continue
+        if not all(n.op_type in DATA_MOVEMENT_OPS and not n.subgraphs for n in run):
+            continue
+        members = set(run)
+        reads_host = any(
+            (p := graph.producer.get(name)) is not None and p not in members and assign.get(p) is cpu
+            for n in run for name in n.inputs if name)
+        if reads_host:
+            for n in run:
+                assign[n] = cpu
 
 
 def _bodies_covered(node: Node, provider: Provider) -> bool:
