@@ -139,7 +139,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     fallback = InferenceSession(model, providers=["sim-gpu", "cpu"])
     print(f"\n1) default: whole-session fallback\n   providers in use: {fallback.get_providers()}\n"
           f"   report: {fallback.fallback_report}")
-    opts: dict[str, Any] = {"hetero": True, "executor": args.executor}
+    # the batch bound lets the plan count seam bytes for the symbolic batch dim
+    opts: dict[str, Any] = {"hetero": True, "executor": args.executor, "dim_bounds": {"N": args.batch}}
     if args.executor == "ray":
         opts["enable_profiling"] = True
     print(f"\n2) hetero=True, executor={args.executor!r}")
