@@ -222,7 +222,8 @@ def host_parallelism() -> float:
     return 2 * alone / together
 
 
-def part_pipeline(requests: int, width: int, layers: int, batch: int) -> list[dict[str, Any]]:
+def part_pipeline(requests: int, width: int, layers: int, batch: int,
+                  compiled: bool = False) -> list[dict[str, Any]]:
     start_ray()
     from tests.ray.models import mlp
 
@@ -239,7 +240,7 @@ def part_pipeline(requests: int, width: int, layers: int, batch: int) -> list[di
         ("split (2 stage actors)", ["cpu"] * (nodes // 2) + ["cpu/2"] * (nodes // 2)),
     ):
         # each actor runs NumPy on one thread (OMP/OPENBLAS_NUM_THREADS=1 in its env)
-        ex = executor_for(model, placement, max_inflight=requests)
+        ex = executor_for(model, placement, max_inflight=requests, ray_compiled=compiled)
         ex.run_many(["y"], feeds[:4])
         t = time.perf_counter()
         outs = ex.run_many(["y"], feeds)
@@ -329,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--pipeline-compiled", action="store_true",
+                    help="run the pipeline part on Ray Compiled Graphs (ray_compiled=True)")
     ap.add_argument("--json", help="also write every row to this file")
     ap.add_argument("--json-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -338,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         elif a.part == "compiled":
             rows = part_compiled(a.variant, a.repeats * 10)
         else:
-            rows = part_pipeline(a.requests, a.width, a.layers, a.batch)
+            rows = part_pipeline(a.requests, a.width, a.layers, a.batch, a.pipeline_compiled)
         print(json.dumps(rows))
         return 0
     common = ["--repeats", str(a.repeats)]
@@ -361,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                 str(a.layers),
                 "--batch",
                 str(a.batch),
+                *(["--pipeline-compiled"] if a.pipeline_compiled else []),
             ]
         )
     print(f"bench_ray: {os.cpu_count()} cores, numpy {np.__version__}")

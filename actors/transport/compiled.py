@@ -18,7 +18,9 @@ task path, with its replays.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import queue
 import threading
 from typing import Any, Sequence
 
@@ -73,6 +75,11 @@ class CompiledChain:
             _max_inflight_executions=max_inflight, _buffer_size_bytes=buffer_size_bytes
         )
         self._lock = threading.Lock()
+        self._closed = False
+        self._pending: queue.Queue = queue.Queue()
+        self._fetcher = threading.Thread(target=self._fetch_loop, name="hetero-exec-compiled-fetch",
+                                         daemon=True)
+        self._fetcher.start()
         log.info("compiled a Ray graph over %d segment actor(s)", len(handles))
 
     @classmethod
@@ -88,28 +95,45 @@ class CompiledChain:
         )
 
     def run_feeds(self, feeds: dict[str, Any]) -> dict[str, Any]:
-        """One execution: the feed dict in, every returned segment's outputs merged."""
-        try:
-            # one execution at a time: concurrent gets of compiled refs from several
-            # threads stalled the channels (Ray 2.60, RayChannelTimeoutError)
-            with self._lock:
-                dicts = ray.get(self.dag.execute(feeds))
-        except Exception as e:  # noqa: BLE001 - re-raised typed
-            typed = user_error(e)
-            if typed is not None:
-                raise typed from None
-            raise CompiledGraphFailure(f"compiled graph execution failed: {root_cause(e)!r}") from e
-        merged: dict[str, Any] = {}
-        for d in dicts:
-            # copy out of the channel's shared-memory buffer: an array the caller keeps
-            # would pin the buffer, and the graph stalls once every buffer is pinned
-            merged.update(
-                {
-                    k: np.array(v, copy=True) if isinstance(v, np.ndarray) else v
-                    for k, v in d.items()
-                }
-            )
-        return merged
+        """One execution: the feed dict in, every returned segment's outputs merged.
+
+        Executions pipeline: each is submitted in order under a lock, and one fetcher
+        thread reads the results in submission order (concurrent gets of compiled refs
+        from several threads stalled the channels on Ray 2.60), so while the last actor
+        works on execution k the first already works on k+1.
+        """
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._closed:
+                raise CompiledGraphFailure("compiled graph is closed")
+            try:
+                ref = self.dag.execute(feeds)
+            except Exception as e:  # noqa: BLE001 - re-raised typed
+                raise CompiledGraphFailure(f"compiled graph submit failed: {root_cause(e)!r}") from e
+            self._pending.put((ref, fut))
+        return fut.result()
+
+    def _fetch_loop(self) -> None:
+        """Results in submission order, each copied out of its channel buffer."""
+        while True:
+            item = self._pending.get()
+            if item is None:
+                return
+            ref, fut = item
+            try:
+                dicts = ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - handed to the waiting caller, typed
+                typed = user_error(e)
+                fut.set_exception(typed if typed is not None else CompiledGraphFailure(
+                    f"compiled graph execution failed: {root_cause(e)!r}"))
+                continue
+            merged: dict[str, Any] = {}
+            for d in dicts:
+                # copy out of the channel's shared-memory buffer: an array the caller keeps
+                # would pin the buffer, and the graph stalls once every buffer is pinned
+                merged.update({k: np.array(v, copy=True) if isinstance(v, np.ndarray) else v
+                               for k, v in d.items()})
+            fut.set_result(merged)
 
     def run(self, req: Any, executor: Any) -> list[Any]:
         """Serve a coordinator Request on the compiled path."""
@@ -128,6 +152,10 @@ class CompiledChain:
         return out
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._pending.put(None)
+        self._fetcher.join(timeout=30)
         try:
             self.dag.teardown()
         except Exception as e:  # noqa: BLE001 - teardown of a broken graph
