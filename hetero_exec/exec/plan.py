@@ -16,10 +16,10 @@ import numpy as np
 import onnx
 
 from hetero_exec.errors import UnsupportedOperatorError
-from hetero_exec.ir.graph import Graph, Node, attr_value, node_reads
-from hetero_exec.kernels.registry import lookup
 from hetero_exec.exec.functions import expand_function
 from hetero_exec.exec.host_steps import METADATA_OPS, host_step_nodes
+from hetero_exec.ir.graph import Graph, Node, attr_value, node_reads
+from hetero_exec.kernels.registry import lookup
 
 log = logging.getLogger(__name__)
 

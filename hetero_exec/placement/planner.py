@@ -16,8 +16,8 @@ import re
 from typing import Sequence
 
 from hetero_exec.errors import PlacementError
-from hetero_exec.ir.graph import Graph, Node, node_reads
 from hetero_exec.exec.host_steps import METADATA_OPS
+from hetero_exec.ir.graph import Graph, Node, node_reads
 from hetero_exec.placement.coverage import node_support, skipped
 from hetero_exec.placement.plan import PlacementPlan
 from hetero_exec.placement.segments import build_plan
