@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 
 from hetero_exec.exec.executor import execute
 from hetero_exec.exec.feeds import FeedChecker
+from hetero_exec.exec.placed_body import move_value
 from hetero_exec.exec.plan import Compiler, RunPlan
 from hetero_exec.ir.graph import Graph
 
@@ -59,23 +60,16 @@ class LocalExecutor:
         single = (len(self.segments) == 1 and not self.segments[0].provider.is_device
                   and self.trace is None)
         self._single = self.segments[0] if single else None
-        if single:
-            plan = self._single.plan
-            pos = {n: i for i, n in enumerate(graph.inputs)}
-            self._feed_pos = [pos.get(n) for n, _ in plan.input_slots]
+        # graph-input positions of the first plan's inputs (single-provider and IO-binding runs)
+        pos = {n: i for i, n in enumerate(graph.inputs)}
+        self._feed_pos = [pos.get(n) for n, _ in self.segments[0].plan.input_slots]
 
     def run(self, names: Sequence[str], feed: Mapping[str, Any], on_device: bool = False) -> list[Any]:
         """``on_device``: feeds already live on the (single) provider's device and
         outputs stay there (IO binding)."""
         ordered, _symbols = self.checker.check(feed)
-        if on_device:
-            seg = self.segments[0]
-            pos = {n: i for i, n in enumerate(self.graph.inputs)}
-            outs = execute(seg.plan, [ordered[pos[n]] if n in pos else None for n, _ in seg.plan.input_slots])
-            by_name = dict(zip(seg.plan.output_names, outs))
-            return [by_name[n] for n in names]
-        if self._single is not None:
-            plan = self._single.plan
+        if on_device or self._single is not None:
+            plan = self.segments[0].plan
             outs = execute(plan, [ordered[i] if i is not None else None for i in self._feed_pos])
             by_name = dict(zip(plan.output_names, outs))
             return [by_name[n] for n in names]
@@ -101,14 +95,7 @@ class LocalExecutor:
             for name, v in zip(seg.plan.output_names, outs):
                 env[name] = v
                 where[name] = prov
-        result = []
-        for n in names:
-            v = env[n]
-            holder = where.get(n)
-            if holder is not None and holder.is_device:
-                v = holder.to_host(v)
-            result.append(v)
-        return result
+        return [move_value(env[n], where.get(n), None) for n in names]
 
     def _traced(self, seg: CompiledSegment, args: list[Any], t0: float) -> list[Any]:
         from hetero_exec.exec.profiling import timed_execute
@@ -125,10 +112,7 @@ class LocalExecutor:
     def _move(self, v: Any, src, dst) -> Any:
         t0 = time.perf_counter()
         nbytes = int(getattr(v, "nbytes", 0) or 0)
-        if src is not None and src.is_device:
-            v = src.to_host(v)
-        if dst.is_device:
-            v = dst.to_device(v)
+        v = move_value(v, src, dst)
         with self._lock:
             self.copies += 1
             self.copy_bytes += nbytes

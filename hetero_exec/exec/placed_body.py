@@ -6,10 +6,21 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
-
 from hetero_exec.exec.executor import execute
+from hetero_exec.exec.plan import declared_dtype
 from hetero_exec.ir.graph import Graph
+
+
+def move_value(v: Any, src: Any, dst: Any) -> Any:
+    """A value held by provider ``src`` (None: the host) made ready for ``dst``
+    (None: the host): device values come to the host, then go to a device."""
+    if v is None:
+        return v
+    if src is not None and src.is_device:
+        v = src.to_host(v)
+    if dst is not None and dst.is_device:
+        v = dst.to_device(v)
+    return v
 
 
 class PlacedSubgraph:
@@ -43,8 +54,7 @@ class PlacedSubgraph:
         return len(self.body.outputs)
 
     def output_dtype(self, i: int):
-        dt = self.output_dtypes[i] if i < len(self.output_dtypes) else None
-        return dt if dt is not None else np.float32
+        return declared_dtype(self.output_dtypes, i)
 
     def run(self, scope: list[Any] | None, inputs: Sequence[Any]) -> list[Any]:
         env: dict[str, Any] = dict(zip(self.body.inputs, inputs))
@@ -57,20 +67,12 @@ class PlacedSubgraph:
             for name, _ in plan.input_slots:
                 v = env.get(name)
                 if v is not None and where.get(name) is not prov:
-                    src = where.get(name)
-                    if src is not None and src.is_device:
-                        v = src.to_host(v)
-                    v = prov.to_device(v) if prov.is_device else v
+                    v = move_value(v, where.get(name), prov)
                 args.append(v)
             for name, v in zip(plan.output_names, execute(plan, args)):
                 env[name] = v
                 where[name] = prov
-        out = []
-        for name in self.body.outputs:
-            v = env.get(name)
-            src = where.get(name)
-            out.append(src.to_host(v) if src is not None and src.is_device else v)
-        return out
+        return [move_value(env.get(name), where.get(name), None) for name in self.body.outputs]
 
     __call__ = run
 

@@ -86,6 +86,12 @@ def fast_step(st: Step) -> tuple:
     return (st.fn, a, b, st.kwargs, st.release, mode, st.outputs, st.xp)
 
 
+def declared_dtype(dtypes: Sequence[Any], i: int) -> Any:
+    """A body's declared dtype of output i (float32 when the body does not say)."""
+    dt = dtypes[i] if i < len(dtypes) else None
+    return dt if dt is not None else np.float32
+
+
 class Subgraph:
     """A compiled body (If branch, Loop/Scan body, function body): what kernels call."""
 
@@ -102,10 +108,7 @@ class Subgraph:
         return len(self.plan.output_slots)
 
     def output_dtype(self, i: int):
-        """The declared dtype of output i (float32 when the body does not say)."""
-        import numpy as np
-
-        return self.output_dtypes[i] if i < len(self.output_dtypes) and self.output_dtypes[i] is not None else np.float32
+        return declared_dtype(self.output_dtypes, i)
 
     def run(self, scope: list[Any] | None, inputs: Sequence[Any]) -> list[Any]:
         from hetero_exec.exec.executor import execute

@@ -105,18 +105,23 @@ def _row_dot(xp, a):
     return xp.matmul(a[:, None, :], a[:, :, None]).reshape(-1, 1)
 
 
+def _normalized_rows(xp, X, axis, stash_type, scale):
+    """X as a (rows, cols) matrix normalised per row over axes ``axis..``: the matrix, the
+    stash dtype, the scale broadcast to a row, and rows/cols."""
+    sdt = _stash_dtype(xp, stash_type, X.dtype)
+    tail = X.shape[axis:]
+    rows = int(np.prod(X.shape[:axis], dtype=np.int64))
+    cols = int(np.prod(tail, dtype=np.int64))
+    return X.reshape(rows, cols), sdt, _trailing(xp, scale, tail, cols, sdt), rows, cols
+
+
 @kernel("LayerNormalization", since=17)
 def LayerNormalization(xp, X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1, *,
                        num_outputs=1):
     axis = norm_axis(axis, X.ndim)
+    X2, sdt, sc, rows, cols = _normalized_rows(xp, X, axis, stash_type, Scale)
+    bi = None if B is None else _trailing(xp, B, X.shape[axis:], cols, sdt)
     dt = X.dtype
-    sdt = _stash_dtype(xp, stash_type, dt)
-    tail = X.shape[axis:]
-    rows = int(np.prod(X.shape[:axis], dtype=np.int64))
-    cols = int(np.prod(tail, dtype=np.int64))
-    X2 = X.reshape(rows, cols)
-    sc = _trailing(xp, Scale, tail, cols, sdt)
-    bi = None if B is None else _trailing(xp, B, tail, cols, sdt)
     Y = xp.empty((rows, cols), dtype=sdt)
     mean = xp.empty((rows, 1), dtype=sdt)
     inv = xp.empty((rows, 1), dtype=sdt)
@@ -144,13 +149,8 @@ def LayerNormalization(xp, X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1
 @kernel("RMSNormalization", since=23)
 def RMSNormalization(xp, X, scale, axis=-1, epsilon=1e-5, stash_type=1):
     axis = norm_axis(axis, X.ndim)
+    X2, sdt, sc, rows, cols = _normalized_rows(xp, X, axis, stash_type, scale)
     dt = X.dtype
-    sdt = _stash_dtype(xp, stash_type, dt)
-    tail = X.shape[axis:]
-    rows = int(np.prod(X.shape[:axis], dtype=np.int64))
-    cols = int(np.prod(tail, dtype=np.int64))
-    X2 = X.reshape(rows, cols)
-    sc = _trailing(xp, scale, tail, cols, sdt)
     Y = xp.empty((rows, cols), dtype=sdt)
     for r0, r1 in _row_blocks(xp, rows, cols, sdt.itemsize):
         xb = X2[r0:r1].astype(sdt, copy=False)

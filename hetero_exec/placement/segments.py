@@ -24,7 +24,6 @@ def build_plan(graph: Graph, order: Sequence[Node], assignment: dict[Node, Provi
             for o in node.outputs:
                 if o:
                     seg_of[o] = seg.id
-    graph_outputs = set(graph.outputs)
     readers: dict[str, list[int]] = {}
     for seg in segments:
         seen: set[str] = set()
@@ -52,6 +51,5 @@ def build_plan(graph: Graph, order: Sequence[Node], assignment: dict[Node, Provi
         v = graph.value(name)
         seams.append(Seam(value=name, producer=p, consumers=sorted(set(segs)),
                           dtype=v.dtype_name, shape=v.shape, nbytes=v.nbytes()))
-    del graph_outputs
     return PlacementPlan(segments=segments, seams=seams, graph=graph, strategy=strategy,
                          assignment={n: assignment[n].name for n in order})
