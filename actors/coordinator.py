@@ -184,7 +184,9 @@ class RayExecutor:
         req = self._new_request(names, feed)  # typed input errors raise here, not in the future
         self._inflight.acquire()
         try:
-            return self._executor_pool().submit(self._serve_then_release, req)
+            if self.compiled is not None:
+                return self._executor_pool().submit(self._serve_then_release, req)
+            return self._start(req)
         except BaseException:
             self._inflight.release()
             raise
@@ -210,6 +212,77 @@ class RayExecutor:
                     max_workers=int(self.opts.max_inflight), thread_name_prefix="hetero-exec-ray"
                 )
             return self._pool
+
+    def _start(self, req: Request) -> concurrent.futures.Future:
+        """Dispatch ``req`` and return its Future, with no thread waiting for it.
+
+        Ray calls back when each output lands; the last one hands the request to the
+        pool, which answers it (or, after a failure, recovers and replays it there).
+        A thread per waiting request costs the driver a core's worth of wake-ups on a
+        small host; this costs one pool task per answer.
+        """
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut.set_running_or_notify_cancel()
+        req.started_ns = time.time_ns()
+        self._dispatch(req, 0)
+        refs = [req.refs[n] for n in req.names if n in req.refs]
+        if not refs:
+            self._executor_pool().submit(self._finish, req, fut, [])
+            return fut
+        landed: list[concurrent.futures.Future] = [r.future() for r in refs]
+        remaining = [len(landed)]
+        count_lock = threading.Lock()
+
+        def on_landed(_: concurrent.futures.Future) -> None:
+            with count_lock:
+                remaining[0] -= 1
+                if remaining[0]:
+                    return
+            try:
+                self._executor_pool().submit(self._finish, req, fut, landed)
+            except Exception as e:  # the session closed under this request
+                self._settle_future(req, fut, error=e)
+
+        for f in landed:
+            f.add_done_callback(on_landed)
+        return fut
+
+    def _finish(
+        self, req: Request, fut: concurrent.futures.Future, landed: list[concurrent.futures.Future]
+    ) -> None:
+        """Answer a request whose outputs all landed: its values, or recovery then a replay."""
+        try:
+            failed = next((f.exception() for f in landed if f.exception() is not None), None)
+            if failed is None:
+                values = iter([f.result() for f in landed])
+                out = self._assemble(req, lambda _ref: next(values))
+            else:
+                self._dispatch(req, self._after_failure(req, failed))
+                out = self._serve_collect(req)
+        except BaseException as e:
+            self._settle_future(req, fut, error=e)
+        else:
+            self._settle_future(req, fut, result=out)
+
+    def _settle_future(
+        self,
+        req: Request,
+        fut: concurrent.futures.Future,
+        result: list[Any] | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        try:
+            self._forget(req)
+            if self.profiling:
+                self._driver_spans.record(
+                    f"request {req.id}", req.started_ns, "request", {"replays": req.replays}
+                )
+        finally:
+            self._inflight.release()  # before the answer: a caller woken by it may submit again
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(result)
 
     def _serve_then_release(self, req: Request) -> list[Any]:
         try:
@@ -240,17 +313,21 @@ class RayExecutor:
                 except CompiledGraphFailure as e:
                     self._drop_compiled(compiled, e)  # then serve it on the task path
             self._dispatch(req, 0)
-            while True:
-                try:
-                    return self._collect(req)
-                except Exception as e:
-                    self._dispatch(req, self._after_failure(req, e))
+            return self._serve_collect(req)
         finally:
             self._forget(req)
             if self.profiling:
                 self._driver_spans.record(
                     f"request {req.id}", started, "request", {"replays": req.replays}
                 )
+
+    def _serve_collect(self, req: Request) -> list[Any]:
+        """The outputs of a dispatched request, recovering and replaying after faults."""
+        while True:
+            try:
+                return self._collect(req)
+            except Exception as e:
+                self._dispatch(req, self._after_failure(req, e))
 
     def _dispatch(self, req: Request, start: int) -> None:
         """Submit segments ``start..`` of ``req`` (atomically, so actors see requests in order)."""
@@ -276,20 +353,22 @@ class RayExecutor:
 
     def _collect(self, req: Request) -> list[Any]:
         """Fetch the graph outputs (and only those) of ``req``."""
+        refs = [req.refs[n] for n in req.names if n in req.refs]
+        values = iter(ray.get(refs))
+        return self._assemble(req, lambda _ref: next(values))
+
+    def _assemble(self, req: Request, value_of: Any) -> list[Any]:
+        """The requested outputs in order; ``value_of(ref)`` gives each produced value, in
+        the order of ``req.names``."""
         out: list[Any] = []
-        fetch: list[tuple[int, Any]] = []
-        for i, name in enumerate(req.names):
+        for name in req.names:
             if name in req.refs:
-                fetch.append((i, req.refs[name]))
-                out.append(None)
+                out.append(self.seam.read(SeamKey(req.id, name), value_of(req.refs[name])))
             elif name in req.feeds:  # a graph input that is also an output
                 v = req.feeds[name]
                 out.append(ray.get(v) if isinstance(v, ray.ObjectRef) else v)
             else:  # an initializer that is also an output
                 out.append(self.graph.initializers.get(name))
-        values = ray.get([r for _, r in fetch])
-        for (i, _), v in zip(fetch, values):
-            out[i] = self.seam.read(SeamKey(req.id, req.names[i]), v)
         return out
 
     # -- faults ----------------------------------------------------------------------

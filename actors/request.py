@@ -25,3 +25,4 @@ class Request:
     attempt: list[Any] = field(default_factory=list)  # the refs of the latest dispatch
     incarnations: dict[int, str] = field(default_factory=dict)  # slot -> actor incarnation used
     replays: int = 0
+    started_ns: int = 0  # when it was dispatched (profiling)
