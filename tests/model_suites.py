@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import onnx
-from onnx import numpy_helper
-
 import onnx.backend.test as _bt
+from onnx import numpy_helper
 
 DATA_DIR = os.path.join(os.path.dirname(_bt.__file__), "data")
 KINDS = ("simple", "pytorch-converted", "pytorch-operator", "real")

@@ -27,7 +27,7 @@ from hetero_exec.errors import (
     UnknownInputError,
     UnknownOutputError,
 )
-from tests._models import F, I64, assert_outputs, init, mlp, model, ort_run, ref_run, vi
+from tests._models import I64, F, assert_outputs, init, mlp, model, ort_run, ref_run, vi
 
 
 def _two_input_model() -> onnx.ModelProto:

@@ -472,6 +472,6 @@ def fuse_cpu(graph: Graph) -> Graph | None:
     return graph if changed else None
 
 
-from hetero_exec.placement.passes import register_pass
+from hetero_exec.placement.passes import register_pass  # noqa: E402  (passes imports this module last)
 
 register_pass("cpu", fuse_cpu)

@@ -80,4 +80,4 @@ def _resolve(rename: dict[str, str], name: str) -> str:
 register_pass("gpu", drop_identities)
 register_pass("sim-gpu", drop_identities)
 
-from hetero_exec.placement import fusions as _fusions  # noqa: F401  (registers the cpu fusions)
+from hetero_exec.placement import fusions as _fusions  # noqa: E402, F401  (registers the cpu fusions)

@@ -19,7 +19,7 @@ from hetero_exec import InferenceSession
 from hetero_exec.errors import HeteroExecError, KernelError, UnsupportedOperatorError
 from hetero_exec.exec.plan import NONE_SLOT, Compiler, RunPlan
 from hetero_exec.ir.load import load
-from tests._models import BOOL, F, I64, assert_outputs, graph, init, mlp, model, ort_run, vi
+from tests._models import BOOL, I64, F, assert_outputs, graph, init, mlp, model, ort_run, vi
 
 
 def compile_model(m: onnx.ModelProto, fold: bool = True) -> RunPlan:

@@ -15,7 +15,7 @@ from onnx import helper
 from hetero_exec import InferenceSession
 from hetero_exec.errors import ControlFlowError, GraphCycleError, HeteroExecError, ModelLoadError
 from hetero_exec.ir.load import load
-from tests._models import BOOL, F, I64, assert_outputs, graph, init, mlp, model, ort_run, vi
+from tests._models import BOOL, I64, F, assert_outputs, graph, init, mlp, model, ort_run, vi
 
 X2 = np.array([[1.0, -2.0, 3.0, 0.5], [-1.0, 0.25, -0.75, 2.0]], np.float32)
 

@@ -18,7 +18,14 @@ from onnx import helper
 
 import hetero_exec.kernels as kernels_pkg
 from hetero_exec.kernels import registry
-from hetero_exec.kernels.registry import DuplicateKernelError, KernelDef, has_op, kernel, lookup, registered
+from hetero_exec.kernels.registry import (
+    DuplicateKernelError,
+    KernelDef,
+    has_op,
+    kernel,
+    lookup,
+    registered,
+)
 from tests.kernels._ref import reference
 
 TEST_DOMAIN = "test.hetero_exec.registry"

@@ -3,6 +3,7 @@ onnx.reference (and exact expectations where the reference is wrong or silent)."
 
 from __future__ import annotations
 
+import functools
 import types
 
 import numpy as np
@@ -11,9 +12,8 @@ from onnx import TensorProto
 
 from hetero_exec.kernels._tensor_common import scatter_reduce
 from tests.conftest import to_numpy
-import functools
-
-from tests.kernels._ref import check as _check, ours, reference
+from tests.kernels._ref import check as _check
+from tests.kernels._ref import ours, reference
 
 check = functools.partial(_check, atol=1e-5)
 

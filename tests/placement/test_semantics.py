@@ -27,7 +27,18 @@ from hetero_exec.errors import (
 )
 from hetero_exec.kernels.registry import lookup
 from hetero_exec.placement import passes
-from tests.placement._models import F, assert_outputs, chain, if_model, init, mlp, model, ort, rand, vi
+from tests.placement._models import (
+    F,
+    assert_outputs,
+    chain,
+    if_model,
+    init,
+    mlp,
+    model,
+    ort,
+    rand,
+    vi,
+)
 
 HINT = "Set HETERO_EXEC_REQUIRE_GPU=1 to reject this fallback"
 DECIDE_LOGGER = "hetero_exec.placement.decide"
