@@ -29,8 +29,8 @@ from actors.connect import ensure_ray
 from actors.options import RayOptions
 from actors.profile import SpanRecorder, write_trace
 from actors.recovery import Recovery
-from actors.remote_errors import is_fault, root_cause, user_error
-from actors.request import Request
+from actors.remote_errors import FailedValue, SegmentRunError, is_fault, root_cause, user_error
+from actors.request import InflightLimit, Request
 from actors.reservation import ActorSlot, Reservation, plan_slots
 from actors.segment_model import SegmentSpec, segment_spec
 from actors.transport import make_transport
@@ -42,7 +42,7 @@ from hetero_exec.ir.graph import Graph
 
 log = logging.getLogger(__name__)
 
-#: feeds at least this large are put in the object store once per request
+#: feeds at least this large are put in the object store once per group of requests
 PUT_FEED_BYTES = 64 * 1024
 
 
@@ -82,7 +82,7 @@ class RayExecutor:
         self._closed = False
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._ids = itertools.count(1)
-        self._inflight = threading.BoundedSemaphore(int(self.opts.max_inflight))
+        self._inflight = InflightLimit(int(self.opts.max_inflight))
         self._dispatch_lock = threading.Lock()
         self._lock = threading.Lock()
         self._driver_spans = SpanRecorder()
@@ -129,10 +129,11 @@ class RayExecutor:
         return "; ".join(parts)
 
     def segment_stats(self) -> dict[str, dict[str, float]]:
-        """Per segment: runs, mean run milliseconds (measured inside its actor), compile seconds.
+        """Per segment: requests run, Ray tasks that ran them, mean run milliseconds per
+        request (measured inside its actor), compile seconds.
 
         >>> sess._executor.segment_stats()  # doctest: +SKIP
-        {'segment#0 (sim-gpu:0)': {'runs': 3, 'mean_ms': 0.41, 'compile_s': 0.02}}
+        {'segment#0 (sim-gpu:0)': {'runs': 3, 'tasks': 3, 'mean_ms': 0.41, 'compile_s': 0.02}}
         """
         stats = ray.get([slot.handle.stats.remote() for slot in self.slots])
         out: dict[str, dict[str, float]] = {}
@@ -140,6 +141,7 @@ class RayExecutor:
             s = stats[self.slot_of[k].index][spec.segment_id]
             out[spec.label] = {
                 "runs": s["runs"],
+                "tasks": s["tasks"],
                 "compile_s": s["compile_s"],
                 "mean_ms": 1e3 * s["run_s"] / s["runs"] if s["runs"] else 0.0,
             }
@@ -168,8 +170,11 @@ class RayExecutor:
         (2, 32)
         """
         req = self._new_request(names, feed)
-        with self._inflight:
+        self._inflight.acquire(1)
+        try:
             return self._serve(req)
+        finally:
+            self._inflight.release(1)
 
     def run_async(self, names: Sequence[str], feed: Mapping[str, Any]) -> concurrent.futures.Future:
         """A Future of `run`'s result; blocks only while ``max_inflight`` requests are in flight.
@@ -182,26 +187,45 @@ class RayExecutor:
         (2, 32)
         """
         req = self._new_request(names, feed)  # typed input errors raise here, not in the future
-        self._inflight.acquire()
-        try:
-            if self.compiled is not None:
-                return self._executor_pool().submit(self._serve_then_release, req)
-            return self._start(req)
-        except BaseException:
-            self._inflight.release()
-            raise
+        return self._submit([req])[0]
 
     def run_many(
-        self, names: Sequence[str] | None, feeds: Sequence[Mapping[str, Any]]
-    ) -> list[list[Any]]:
+        self,
+        names: Sequence[str] | None,
+        feeds: Sequence[Mapping[str, Any]],
+        return_exceptions: bool = False,
+    ) -> list[Any]:
         """Every feed through the pipeline at once; results in feed order.
+
+        All feeds are checked before any is dispatched. They go in groups of up to
+        ``coalesce`` requests per actor task (each request still runs on its own), sized
+        so the pipeline still has at least 16 groups to overlap: Ray's per-task cost is
+        then paid once per group. A request that fails fails alone: with
+        ``return_exceptions`` its error takes its place in the results (as in
+        ``asyncio.gather``), otherwise the first error raises once all have finished.
 
         >>> [out[0].shape for out in executor.run_many(None, [{"x": x}] * 3)]  # doctest: +SKIP
         [(2, 32), (2, 32), (2, 32)]
         """
         names = list(names) if names else list(self.graph.outputs)
-        futures = [self.run_async(names, f) for f in feeds]
+        reqs = [self._new_request(names, f) for f in feeds]
+        size = self.group_size(len(reqs))
+        futures: list[concurrent.futures.Future] = []
+        for i in range(0, len(reqs), size):
+            futures += self._submit(reqs[i : i + size])
+        concurrent.futures.wait(futures)
+        if return_exceptions:
+            return [f.exception() or f.result() for f in futures]
         return [f.result() for f in futures]
+
+    def group_size(self, requests: int) -> int:
+        """Requests per actor task for a batch of ``requests`` (`run_many`).
+
+        >>> executor.group_size(8), executor.group_size(32), executor.group_size(256)  # doctest: +SKIP
+        (1, 2, 4)
+        """
+        limit = max(1, min(int(self.opts.coalesce), int(self.opts.max_inflight)))
+        return max(1, min(limit, requests // 16))
 
     def _executor_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
@@ -213,52 +237,85 @@ class RayExecutor:
                 )
             return self._pool
 
-    def _start(self, req: Request) -> concurrent.futures.Future:
-        """Dispatch ``req`` and return its Future, with no thread waiting for it.
+    def _submit(self, reqs: list[Request]) -> list[concurrent.futures.Future]:
+        """Take ``len(reqs)`` in-flight places (blocking), dispatch, return the Futures."""
+        self._inflight.acquire(len(reqs))
+        try:
+            if self.compiled is not None:
+                pool = self._executor_pool()
+                return [pool.submit(self._serve_then_release, r) for r in reqs]
+            return self._start(reqs)
+        except BaseException:
+            self._inflight.release(len(reqs))
+            raise
 
-        Ray calls back when each output lands; the last one hands the request to the
-        pool, which answers it (or, after a failure, recovers and replays it there).
-        A thread per waiting request costs the driver a core's worth of wake-ups on a
-        small host; this costs one pool task per answer.
+    def _start(self, reqs: list[Request]) -> list[concurrent.futures.Future]:
+        """Dispatch a group and return its Futures, with no thread waiting for them.
+
+        Ray calls back when each output lands; the last one hands the group to the
+        pool, which answers it (or, after a failure, recovers and replays each request
+        there). A thread per waiting request costs the driver a core's worth of
+        wake-ups on a small host; this costs one pool task per group.
         """
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        fut.set_running_or_notify_cancel()
-        req.started_ns = time.time_ns()
-        self._dispatch(req, 0)
-        refs = [req.refs[n] for n in req.names if n in req.refs]
-        if not refs:
-            self._executor_pool().submit(self._finish, req, fut, [])
-            return fut
-        landed: list[concurrent.futures.Future] = [r.future() for r in refs]
+        futures = [concurrent.futures.Future() for _ in reqs]
+        for fut in futures:
+            fut.set_running_or_notify_cancel()
+        started = time.time_ns()
+        for req in reqs:
+            req.started_ns = started
+        self._dispatch(reqs, 0)
+        needed = list(dict.fromkeys(r.refs[n][0] for r in reqs for n in r.names if n in r.refs))
+        landed = {ref: ref.future() for ref in needed}
         remaining = [len(landed)]
         count_lock = threading.Lock()
 
-        def on_landed(_: concurrent.futures.Future) -> None:
+        def on_landed(_: concurrent.futures.Future | None) -> None:
             with count_lock:
                 remaining[0] -= 1
-                if remaining[0]:
+                if remaining[0] > 0:
                     return
             try:
-                self._executor_pool().submit(self._finish, req, fut, landed)
-            except Exception as e:  # the session closed under this request
-                self._settle_future(req, fut, error=e)
+                self._executor_pool().submit(self._finish, reqs, futures, landed)
+            except Exception as e:  # the session closed under these requests
+                for req, fut in zip(reqs, futures):
+                    self._settle_future(req, fut, error=e)
 
-        for f in landed:
+        if not landed:
+            remaining[0] = 1
+            on_landed(None)
+        for f in landed.values():
             f.add_done_callback(on_landed)
-        return fut
+        return futures
 
     def _finish(
-        self, req: Request, fut: concurrent.futures.Future, landed: list[concurrent.futures.Future]
+        self,
+        reqs: list[Request],
+        futures: list[concurrent.futures.Future],
+        landed: dict[Any, concurrent.futures.Future],
     ) -> None:
-        """Answer a request whose outputs all landed: its values, or recovery then a replay."""
-        try:
-            failed = next((f.exception() for f in landed if f.exception() is not None), None)
-            if failed is None:
-                values = iter([f.result() for f in landed])
-                out = self._assemble(req, lambda _ref: next(values))
+        """Answer a group whose outputs all landed; after a fault, recover each request."""
+        failure = next((f.exception() for f in landed.values() if f.exception()), None)
+        if failure is not None:
+            log.debug("a group of %d request(s) failed: %s", len(reqs), type(failure).__name__)
+            pool = self._executor_pool()
+            for req, fut in zip(reqs, futures):
+                pool.submit(self._recover, req, fut, failure)
+            return
+        values = {ref: f.result() for ref, f in landed.items()}
+        for req, fut in zip(reqs, futures):
+            try:
+                out = self._assemble(req, values)
+            except SegmentRunError as e:  # this request's own run failed; not the others'
+                self._settle_future(req, fut, error=user_error(e) or e)
+            except BaseException as e:
+                self._settle_future(req, fut, error=e)
             else:
-                self._dispatch(req, self._after_failure(req, failed))
-                out = self._serve_collect(req)
+                self._settle_future(req, fut, result=out)
+
+    def _recover(self, req: Request, fut: concurrent.futures.Future, failure: Exception) -> None:
+        try:
+            self._dispatch([req], self._after_failure(req, failure))
+            out = self._serve_collect(req)
         except BaseException as e:
             self._settle_future(req, fut, error=e)
         else:
@@ -278,7 +335,7 @@ class RayExecutor:
                     f"request {req.id}", req.started_ns, "request", {"replays": req.replays}
                 )
         finally:
-            self._inflight.release()  # before the answer: a caller woken by it may submit again
+            self._inflight.release(1)  # before the answer: a caller woken by it may submit again
             if error is not None:
                 fut.set_exception(error)
             else:
@@ -288,20 +345,27 @@ class RayExecutor:
         try:
             return self._serve(req)
         finally:
-            self._inflight.release()
+            self._inflight.release(1)
 
     def _new_request(self, names: Sequence[str], feed: Mapping[str, Any]) -> Request:
         if self._closed:
             raise ActorError("the session is closed")
         ordered, _symbols = self.checker.check(feed)
-        feeds = {}
-        for name, v in zip(self.graph.inputs, ordered):
-            if v is None:
-                continue
-            if isinstance(v, np.ndarray) and v.nbytes >= PUT_FEED_BYTES:
-                v = ray.put(v)  # once per request, however many segments (and replays) read it
-            feeds[name] = v
+        feeds = {name: v for name, v in zip(self.graph.inputs, ordered) if v is not None}
         return Request(next(self._ids), list(names), feeds)
+
+    @staticmethod
+    def _put_feeds(reqs: list[Request]) -> None:
+        """Large feeds go to the object store once per input per group (however many
+        segments and replays read them); the requests then carry them like seam values."""
+        for name in list(reqs[0].feeds):
+            values = [r.feeds.get(name) for r in reqs]
+            if not all(isinstance(v, np.ndarray) and v.nbytes >= PUT_FEED_BYTES for v in values):
+                continue
+            ref = ray.put(values)
+            for j, req in enumerate(reqs):
+                del req.feeds[name]
+                req.refs[name] = (ref, j)
 
     def _serve(self, req: Request) -> list[Any]:
         started = time.time_ns()
@@ -312,7 +376,7 @@ class RayExecutor:
                     return compiled.run(req, self)
                 except CompiledGraphFailure as e:
                     self._drop_compiled(compiled, e)  # then serve it on the task path
-            self._dispatch(req, 0)
+            self._dispatch([req], 0)
             return self._serve_collect(req)
         finally:
             self._forget(req)
@@ -327,46 +391,76 @@ class RayExecutor:
             try:
                 return self._collect(req)
             except Exception as e:
-                self._dispatch(req, self._after_failure(req, e))
+                self._dispatch([req], self._after_failure(req, e))
 
-    def _dispatch(self, req: Request, start: int) -> None:
-        """Submit segments ``start..`` of ``req`` (atomically, so actors see requests in order)."""
+    def _dispatch(self, reqs: list[Request], start: int) -> None:
+        """Submit segments ``start..`` for a group of requests, one task per segment
+        (atomically, so actors see requests in order)."""
         attempt: list[Any] = []
+        ids = [r.id for r in reqs]
+        if start == 0:
+            self._put_feeds(reqs)
         with self._dispatch_lock:
             for k in range(start, len(self.specs)):
                 spec, slot = self.specs[k], self.slot_of[k]
-                args = [req.refs[n] if n in req.refs else req.feeds.get(n) for n in spec.inputs]
+                layout, flat = self._layout(reqs, spec.inputs)
                 n_out = len(spec.outputs)
+                method = slot.method(n_out, self.profiling)
                 if self.profiling:
-                    refs = slot.handle.run_fetching.options(num_returns=n_out).remote(
-                        req.id, spec.segment_id, args
-                    )
+                    refs = method.remote(ids, spec.segment_id, layout, flat)
                 else:
-                    refs = slot.handle.run.options(num_returns=n_out).remote(
-                        req.id, spec.segment_id, *args
-                    )
+                    refs = method.remote(ids, spec.segment_id, layout, *flat)
                 refs = [refs] if n_out == 1 else list(refs)
-                req.refs.update(zip(spec.outputs, refs))
+                for j, req in enumerate(reqs):
+                    req.refs.update((name, (ref, j)) for name, ref in zip(spec.outputs, refs))
+                    req.incarnations[slot.index] = slot.incarnation
                 attempt.extend(refs)
-                req.incarnations[slot.index] = slot.incarnation
-        req.attempt = attempt
+        for req in reqs:
+            req.attempt = attempt
+
+    @staticmethod
+    def _layout(reqs: list[Request], inputs: Sequence[str]) -> tuple[tuple, list[Any]]:
+        """The flat task arguments for a group and where each request's inputs are in
+        them: a group output ref (top level, so Ray resolves it) is passed once."""
+        flat: list[Any] = []
+        position: dict[Any, int] = {}
+        layout = []
+        for name in inputs:
+            entries = []
+            for req in reqs:
+                carried = req.refs.get(name)
+                if carried is not None:
+                    ref, index = carried
+                    pos = position.get(ref)
+                    if pos is None:
+                        pos = position[ref] = len(flat)
+                        flat.append(ref)
+                    entries.append((pos, index))
+                else:  # a feed (array, its ObjectRef, or None when optional and absent)
+                    entries.append((len(flat), None))
+                    flat.append(req.feeds.get(name))
+            layout.append(tuple(entries))
+        return tuple(layout), flat
 
     def _collect(self, req: Request) -> list[Any]:
         """Fetch the graph outputs (and only those) of ``req``."""
-        refs = [req.refs[n] for n in req.names if n in req.refs]
-        values = iter(ray.get(refs))
-        return self._assemble(req, lambda _ref: next(values))
+        refs = list(dict.fromkeys(req.refs[n][0] for n in req.names if n in req.refs))
+        return self._assemble(req, dict(zip(refs, ray.get(refs))))
 
-    def _assemble(self, req: Request, value_of: Any) -> list[Any]:
-        """The requested outputs in order; ``value_of(ref)`` gives each produced value, in
-        the order of ``req.names``."""
+    def _assemble(self, req: Request, values: Mapping[Any, Any]) -> list[Any]:
+        """The requested outputs in order, from the fetched group values (by ref).
+
+        Raises the request's `SegmentRunError` when its own run failed."""
         out: list[Any] = []
         for name in req.names:
             if name in req.refs:
-                out.append(self.seam.read(SeamKey(req.id, name), value_of(req.refs[name])))
-            elif name in req.feeds:  # a graph input that is also an output
-                v = req.feeds[name]
-                out.append(ray.get(v) if isinstance(v, ray.ObjectRef) else v)
+                ref, index = req.refs[name]
+                v = values[ref][index]
+                if isinstance(v, FailedValue):
+                    raise v.error
+                out.append(self.seam.read(SeamKey(req.id, name), v))
+            elif name in req.feeds:  # a (small) graph input that is also an output
+                out.append(req.feeds[name])
             else:  # an initializer that is also an output
                 out.append(self.graph.initializers.get(name))
         return out

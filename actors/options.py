@@ -26,6 +26,7 @@ class RayOptions:
     ray_init: dict[str, Any] = field(default_factory=dict)  # extra ray.init kwargs (local start)
     runtime_env: dict[str, Any] | None = None  # the actors' runtime_env (default: PYTHONPATH)
     max_inflight: int = 8  # requests dispatched and not yet answered (back-pressure beyond)
+    coalesce: int = 4  # run_many: most requests per actor task (1: a task per request)
     placement_strategy: str = "PACK"
     placement_timeout_s: float = 30.0  # how long a placement group may wait for resources
     actor_start_timeout_s: float = 120.0
@@ -57,6 +58,8 @@ class RayOptions:
             )
         if int(opts.max_inflight) < 1:
             raise ProviderError(f"max_inflight must be at least 1, got {opts.max_inflight!r}")
+        if int(opts.coalesce) < 1:
+            raise ProviderError(f"coalesce must be at least 1, got {opts.coalesce!r}")
         from actors.transport import SEAM_TRANSPORTS
 
         if opts.seam_transport not in SEAM_TRANSPORTS:

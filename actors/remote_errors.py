@@ -60,6 +60,29 @@ class _Portable:
         return (_rebuild, (type(e), e.args, state))
 
 
+class FailedValue:
+    """What a request's outputs are in a group task when its own run failed on purpose.
+
+    The other requests of the group keep their results; later segments pass this on
+    without running, and the coordinator raises ``error`` (a `SegmentRunError`) for
+    that request only.
+
+    >>> import pickle
+    >>> from hetero_exec.errors import KernelError
+    >>> err = SegmentRunError("segment#0 (cpu)", KernelError("g/n", "ai.onnx::Gather", "bad", ""))
+    >>> type(pickle.loads(pickle.dumps(FailedValue(err))).error.error).__name__
+    'KernelError'
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: SegmentRunError):
+        self.error = error
+
+    def __reduce__(self):
+        return (FailedValue, (self.error,))
+
+
 #: Ray errors after which the request is replayed (the actor or the object is gone)
 FAULTS: tuple[type[BaseException], ...] = (
     ray.exceptions.RayActorError,  # ActorDiedError, ActorUnavailableError

@@ -48,9 +48,23 @@ class ActorSlot:
     generation: int = 0  # bumped when the actor is re-created
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    _methods: dict[tuple[int, int, bool], Any] = field(default_factory=dict, repr=False)
+
     @property
     def labels(self) -> str:
         return ", ".join(s.label for s in self.specs)
+
+    def method(self, num_returns: int, fetching: bool) -> Any:
+        """The live handle's ``run`` (or ``run_fetching``) with ``num_returns`` set, made
+        once per handle (``.options()`` costs a wrapper per call otherwise)."""
+        key = (id(self.handle), num_returns, fetching)
+        m = self._methods.get(key)
+        if m is None:
+            if len(self._methods) > 16:  # handles of re-created actors
+                self._methods.clear()
+            target = self.handle.run_fetching if fetching else self.handle.run
+            m = self._methods[key] = target.options(num_returns=num_returns)
+        return m
 
 
 def plan_slots(

@@ -18,7 +18,8 @@ from typing import Any, Sequence
 
 import ray
 
-from actors.remote_errors import SegmentRunError
+from actors.remote_errors import FailedValue, SegmentRunError
+from actors.request import Layout, pick
 from actors.segment_model import SegmentSpec, load_segment_graph
 from actors.transport import make_transport
 from actors.transport.base import SeamKey
@@ -42,7 +43,8 @@ class HostedSegment:
         compiler = Compiler.for_provider(self.provider, spec.fold_constants)
         self.plan: RunPlan = compiler.compile(graph, graph.nodes, spec.inputs, spec.outputs)
         self.compile_s = time.perf_counter() - started
-        self.runs = 0
+        self.runs = 0  # requests run
+        self.tasks = 0  # Ray tasks that ran them (fewer when requests come in groups)
         self.run_s = 0.0
 
     def info(self) -> dict[str, Any]:
@@ -114,32 +116,62 @@ class SegmentActor:
             raise self.init_error
         return self.incarnation
 
-    def drop(self, request: int) -> None:
-        """Forget the device-local values of a finished request."""
-        self.local.drop(request)
+    def drop(self, *requests: int) -> None:
+        """Forget the device-local values of finished requests."""
+        for request in requests:
+            self.local.drop(request)
 
     # -- running --------------------------------------------------------------------
 
-    def run(self, request: int, segment_id: int, *inputs: Any) -> Any:
-        """Run one segment on its inputs (``spec.inputs`` order); one return per output."""
-        return self._run(request, segment_id, list(inputs))
+    def run(self, requests: list[int], segment_id: int, layout: Layout, *flat: Any) -> Any:
+        """Run one segment for each request of a group (see `Layout`).
 
-    def run_fetching(self, request: int, segment_id: int, carried: list[Any]) -> Any:
+        One return per segment output, each a list with one value per request, so a
+        group of requests costs Ray one task and one object per output. A request whose
+        run fails on purpose (a kernel error, an input refused) gets a `FailedValue` in
+        its place and the others still run; a later segment passes it on.
+        """
+        return self._run_group(requests, segment_id, layout, flat)
+
+    def run_fetching(
+        self, requests: list[int], segment_id: int, layout: Layout, flat: list[Any]
+    ) -> Any:
         """Like `run`, with seam ObjectRefs fetched here (profiling times each fetch)."""
         seg = self.segments[segment_id]
-        values = []
-        for name, item in zip(seg.spec.inputs, carried):
+        fetched = []
+        for item in flat:
             if isinstance(item, ray.ObjectRef):
                 t0 = time.time_ns()
                 item = ray.get(item)
                 self._span(
-                    f"seam {name} -> {seg.spec.name}",
+                    f"seam -> {seg.spec.name}",
                     t0,
                     "seam",
-                    {"request": request, "bytes": int(getattr(item, "nbytes", 0) or 0)},
+                    {"requests": list(requests), "bytes": _nbytes(item)},
                 )
-            values.append(item)
-        return self._run(request, segment_id, values)
+            fetched.append(item)
+        return self._run_group(requests, segment_id, layout, fetched)
+
+    def _run_group(
+        self, requests: list[int], segment_id: int, layout: Layout, flat: Sequence[Any]
+    ) -> Any:
+        seg = self.segments[segment_id]
+        seg.tasks += 1
+        n_out = len(seg.spec.outputs)
+        columns: list[list[Any]] = [[] for _ in range(n_out)]
+        for j, request in enumerate(requests):
+            carried = [pick(flat, entries[j]) for entries in layout]
+            failed = next((c for c in carried if isinstance(c, FailedValue)), None)
+            if failed is not None:
+                outs: list[Any] = [failed] * n_out  # an upstream failure, passed on
+            else:
+                try:
+                    outs = self._run(request, segment_id, carried)
+                except SegmentRunError as e:
+                    outs = [FailedValue(e)] * n_out
+            for column, value in zip(columns, outs):
+                column.append(value)
+        return columns[0] if n_out == 1 else tuple(columns)
 
     def run_dict(self, segment_id: int, *sources: dict[str, Any]) -> dict[str, Any]:
         """The compiled-graph form: named values in (feeds, upstream outputs), named out."""
@@ -165,7 +197,7 @@ class SegmentActor:
         seg.run_s += (time.time_ns() - t0) / 1e9
         return dict(zip(seg.spec.outputs, outs))
 
-    def _run(self, request: int, segment_id: int, carried: list[Any]) -> Any:
+    def _run(self, request: int, segment_id: int, carried: list[Any]) -> list[Any]:
         seg = self.segments[segment_id]
         spec, prov = seg.spec, seg.provider
         t0 = time.time_ns()
@@ -187,7 +219,7 @@ class SegmentActor:
             self._span(
                 f"{spec.name} run", t0, "segment", {"request": request, "provider": prov.name}
             )
-        return results[0] if len(results) == 1 else tuple(results)
+        return results
 
     def _read(self, request: int, name: str, item: Any, prov: Provider) -> Any:
         if name in self.local_values:
@@ -221,11 +253,17 @@ class SegmentActor:
         return spans
 
     def stats(self) -> dict[int, dict[str, float]]:
-        """Per segment: runs and seconds spent running."""
+        """Per segment: requests run, tasks that ran them, seconds spent running."""
         return {
-            sid: {"runs": s.runs, "run_s": s.run_s, "compile_s": s.compile_s}
+            sid: {"runs": s.runs, "tasks": s.tasks, "run_s": s.run_s, "compile_s": s.compile_s}
             for sid, s in self.segments.items()
         }
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, list):
+        return sum(_nbytes(v) for v in value)
+    return int(getattr(value, "nbytes", 0) or 0)
 
 
 _REMOTE: Any = None

@@ -7,6 +7,8 @@ fallback / require / hetero decision of `placement.decide`, then an executor.
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import logging
 import os
 import threading
@@ -184,8 +186,26 @@ class InferenceSession:
         names = self._output_names(output_names)
         return self._executor.run_async(names, input_feed)
 
-    def run_many(self, feeds: Sequence[Mapping[str, Any]], output_names: Sequence[str] | None = None) -> list[list[np.ndarray]]:
-        futures = [self.run_async(output_names, f) for f in feeds]
+    def run_many(
+        self,
+        feeds: Sequence[Mapping[str, Any]],
+        output_names: Sequence[str] | None = None,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """run() for every feed, concurrently; results in feed order.
+
+        With ``return_exceptions`` a failed request's error takes its place in the list
+        and the others still answer; otherwise the first error raises. On Ray every feed
+        is checked before any is dispatched, and feeds share actor tasks (``coalesce``).
+        """
+        names = self._output_names(output_names)
+        many = getattr(self._executor, "run_many", None)
+        if many is not None:
+            return many(names, feeds, return_exceptions)
+        futures = [self._executor.run_async(names, f) for f in feeds]
+        concurrent.futures.wait(futures)
+        if return_exceptions:
+            return [f.exception() or f.result() for f in futures]
         return [f.result() for f in futures]
 
     def _output_names(self, output_names: Sequence[str] | None) -> list[str]:

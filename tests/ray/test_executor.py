@@ -109,9 +109,9 @@ def test_back_pressure_bounds_requests_in_flight(mlp_pair):
     ex = sess._executor
     futures = [sess.run_async(None, {"x": rand((2, 32), i)}) for i in range(16)]
     # run_async returned 16 times with max_inflight=4: it blocked until slots freed
-    assert ex._inflight._value >= 0
+    assert ex._inflight.free >= 0
     assert all(f.result(timeout=60)[0].shape == (2, 32) for f in futures)
-    assert ex._inflight._value == ex.opts.max_inflight
+    assert ex._inflight.free == ex.opts.max_inflight
 
 
 def test_actor_error_names_segment_node_and_op(ray_session):
@@ -130,6 +130,49 @@ def test_actor_error_names_segment_node_and_op(ray_session):
         assert err.node == 'graph/node#1 "pick"' and err.op == "ai.onnx::Gather"
         assert "segment#1 (cpu)" in str(err) and "Gather" in str(err)
         np.testing.assert_array_equal(ex.run(["y"], {"x": x, "idx": np.array([3, 1])})[0], [1, 1])
+    finally:
+        ex.close()
+
+
+def test_run_many_groups_requests_and_a_failure_stays_alone(ray_session):
+    from onnx.reference import ReferenceEvaluator
+
+    model = gather_model()
+    reference = ReferenceEvaluator(model)
+    graph, build = hand_build(model, ["sim-gpu:0", "cpu", "sim-gpu:0"])
+    from actors.coordinator import RayExecutor
+
+    ex = RayExecutor(graph, build, options(coalesce=4, max_inflight=8))
+    try:
+        n = 64
+        feeds = [
+            {
+                "x": rand((4,), i),
+                "idx": np.array([i % 4, 9 if i % 5 == 0 else (i + 1) % 4]),
+            }
+            for i in range(n)
+        ]
+        before = ex.segment_stats()
+        got = ex.run_many(["y"], feeds, return_exceptions=True)
+        after = ex.segment_stats()
+        assert ex.group_size(n) == 4
+        for label in after:  # 16 tasks of 4 requests per segment, not 64 of 1
+            assert after[label]["tasks"] - before[label]["tasks"] == n // 4
+        # a request whose Gather fails goes on failing alone (the last segment passes the
+        # failure on without running it), and the other requests of its group still answer
+        failing = sum(1 for i in range(n) if i % 5 == 0)
+        last = "segment#2 (sim-gpu:0)"
+        assert after[last]["runs"] - before[last]["runs"] == n - failing
+        for i, (f, out) in enumerate(zip(feeds, got)):
+            if i % 5 == 0:
+                assert isinstance(out, KernelError), out
+                assert out.segment == "segment#1 (cpu)" and out.op == "ai.onnx::Gather"
+            else:
+                np.testing.assert_allclose(out[0], reference.run(None, f)[0], rtol=1e-6)
+        with pytest.raises(KernelError):  # without return_exceptions: the first error raises
+            ex.run_many(["y"], feeds[:20])
+        assert ex._inflight.free == 8  # every place came back
+        np.testing.assert_allclose(ex.run(["y"], feeds[1])[0], reference.run(None, feeds[1])[0])
     finally:
         ex.close()
 

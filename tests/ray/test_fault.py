@@ -60,13 +60,35 @@ def test_kills_during_concurrent_requests_lose_nothing(ray_session):
             except BaseException as e:  # noqa: BLE001 - reported below
                 errors.append(e)
 
+        grouped_rounds: list[list[np.ndarray]] = []
+
+        def submit_grouped(ids):
+            # run_many sends the requests in groups (one task per group per segment): a
+            # kill takes a whole group down, and each of its requests is replayed alone
+            try:
+                while True:
+                    grouped_rounds.append([o[0] for o in sess.run_many([feed(i) for i in ids])])
+                    if len(kills) >= 6 or stop.is_set():
+                        return
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        odd = list(range(1, n, 2))
         threads = [threading.Thread(target=killer)]
-        threads += [threading.Thread(target=submit, args=(range(k, n, 2),)) for k in range(2)]
+        threads += [
+            threading.Thread(target=submit, args=(range(0, n, 2),)),
+            threading.Thread(target=submit_grouped, args=(odd,)),
+        ]
         [t.start() for t in threads]
         [t.join(180) for t in threads[1:]]
         stop.set()
         threads[0].join(10)
         assert not errors, errors
+        assert grouped_rounds and ex.group_size(len(odd)) > 1
+        for outs in grouped_rounds:  # every round: one right answer per request
+            results.update(zip(odd, outs))
+            for i, out in zip(odd, outs):
+                np.testing.assert_allclose(out, want[i], rtol=1e-5, atol=1e-6)
         assert sorted(results) == list(range(n))  # none missing, none extra
         for i in range(n):
             np.testing.assert_allclose(results[i], want[i], rtol=1e-5, atol=1e-6)
