@@ -20,6 +20,7 @@ import itertools
 import logging
 import threading
 import time
+import uuid
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -34,8 +35,9 @@ from actors.request import InflightLimit, Request
 from actors.reservation import ActorSlot, Reservation, plan_slots
 from actors.segment_model import SegmentSpec, segment_spec
 from actors.transport import make_transport
-from actors.transport.base import SeamKey
+from actors.transport.base import SeamKey, Transport
 from actors.transport.compiled import CompiledGraphFailure
+from actors.transport.shared_memory import remove_files
 from hetero_exec.errors import ActorError, BuildError
 from hetero_exec.exec.feeds import FeedChecker
 from hetero_exec.ir.graph import Graph
@@ -75,10 +77,14 @@ class RayExecutor:
                 demand[k] = demand.get(k, 0.0) + v
         emulated = all(s.provider_kind != "gpu" for s in self.specs)
         ensure_ray(self.opts, demand, logical_gpus=emulated)
+        self.shm_prefix = f"hetero_exec-{uuid.uuid4().hex[:12]}"
+        if self.opts.seam_transport == "auto":
+            self.opts.seam_transport = auto_transport()
         self.slot_of: list[ActorSlot] = [
             next(sl for sl in self.slots if any(spec is x for x in sl.specs)) for spec in self.specs
         ]
-        self.seam = make_transport(self.opts.seam_transport)
+        self.seam = self._driver_transport()
+        self._open: set[int] = set()  # dispatched, not yet answered (see _floor)
         self._closed = False
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._ids = itertools.count(1)
@@ -87,8 +93,14 @@ class RayExecutor:
         self._lock = threading.Lock()
         self._driver_spans = SpanRecorder()
         self.replays = 0  # requests replayed after faults, over the session's life
-        self.reservation = Reservation(self.slots, bundles, self.opts, self.profiling)
-        self.reservation.start()  # on failure: everything released, then the error
+        self.reservation = Reservation(
+            self.slots, bundles, self.opts, self.profiling, shm_prefix=self.shm_prefix
+        )
+        try:
+            self.reservation.start()  # on failure: everything released, then the error
+        except BaseException:
+            self._close_seams()
+            raise
         self.recovery = Recovery(
             self.slots, self.slot_of, self.reservation, self.opts, is_closed=lambda: self._closed
         )
@@ -99,6 +111,7 @@ class RayExecutor:
             except BaseException as build_error:  # the build fails whole (SEMANTICS.md 6)
                 try:
                     self.reservation.release()
+                    self._close_seams()
                 except Exception as release_error:
                     raise BuildError(build_error, release_error) from build_error
                 raise
@@ -354,11 +367,15 @@ class RayExecutor:
         feeds = {name: v for name, v in zip(self.graph.inputs, ordered) if v is not None}
         return Request(next(self._ids), list(names), feeds)
 
-    @staticmethod
-    def _put_feeds(reqs: list[Request]) -> None:
-        """Large feeds go to the object store once per input per group (however many
-        segments and replays read them); the requests then carry them like seam values."""
+    def _put_feeds(self, reqs: list[Request]) -> None:
+        """Large feeds go to shared memory (one node), else to the object store once per
+        input per group, however many segments and replays read them; the requests then
+        carry them like seam values."""
         for name in list(reqs[0].feeds):
+            for r in reqs:
+                v = r.feeds[name] if name in r.feeds else None
+                if isinstance(v, np.ndarray) and v.nbytes >= PUT_FEED_BYTES:
+                    r.feeds[name] = self.seam.write(SeamKey(r.id, name), v)
             values = [r.feeds.get(name) for r in reqs]
             if not all(isinstance(v, np.ndarray) and v.nbytes >= PUT_FEED_BYTES for v in values):
                 continue
@@ -401,15 +418,18 @@ class RayExecutor:
         if start == 0:
             self._put_feeds(reqs)
         with self._dispatch_lock:
+            # under the lock, so no task can carry a floor above a request in flight
+            self._open.update(ids)
+            floor = min(self._open)
             for k in range(start, len(self.specs)):
                 spec, slot = self.specs[k], self.slot_of[k]
                 layout, flat = self._layout(reqs, spec.inputs)
                 n_out = len(spec.outputs)
                 method = slot.method(n_out, self.profiling)
                 if self.profiling:
-                    refs = method.remote(ids, spec.segment_id, layout, flat)
+                    refs = method.remote(ids, spec.segment_id, layout, floor, flat)
                 else:
-                    refs = method.remote(ids, spec.segment_id, layout, *flat)
+                    refs = method.remote(ids, spec.segment_id, layout, floor, *flat)
                 refs = [refs] if n_out == 1 else list(refs)
                 for j, req in enumerate(reqs):
                     req.refs.update((name, (ref, j)) for name, ref in zip(spec.outputs, refs))
@@ -458,9 +478,9 @@ class RayExecutor:
                 v = values[ref][index]
                 if isinstance(v, FailedValue):
                     raise v.error
-                out.append(self.seam.read(SeamKey(req.id, name), v))
-            elif name in req.feeds:  # a (small) graph input that is also an output
-                out.append(req.feeds[name])
+                out.append(self.seam.take(SeamKey(req.id, name), v))
+            elif name in req.feeds:  # a graph input that is also an output
+                out.append(self.seam.take(SeamKey(req.id, name), req.feeds[name]))
             else:  # an initializer that is also an output
                 out.append(self.graph.initializers.get(name))
         return out
@@ -504,6 +524,9 @@ class RayExecutor:
         for slot in self.slots:
             if slot.local_values and slot.handle is not None:
                 slot.handle.drop.remote(req.id)  # device-local values of this request
+        with self._dispatch_lock:
+            self._open.discard(req.id)
+        self.seam.drop(req.id)  # the driver's shared-memory feeds of this request
         req.refs.clear()
         req.attempt = []
 
@@ -556,4 +579,38 @@ class RayExecutor:
             pool.shutdown(wait=False, cancel_futures=True)
         if self.compiled is not None:
             self.compiled.close()
-        self.reservation.release()
+        try:
+            self.reservation.release()
+        finally:
+            self._close_seams()
+
+    # -- seams ------------------------------------------------------------------------
+
+    def _driver_transport(self) -> Transport:
+        """The driver's end of the seams: it writes large feeds and reads graph outputs."""
+        name = self.opts.seam_transport
+        if name != "shared_memory":
+            return make_transport(name)
+        return make_transport(
+            name,
+            prefix=f"{self.shm_prefix}-driver",
+            node=ray.get_runtime_context().get_node_id(),
+            budget=self.opts.shm_seam_bytes,
+        )
+
+    def _close_seams(self) -> None:
+        """The driver's buffers, and what killed actors left in /dev/shm (one node: here)."""
+        self.seam.close()
+        if self.opts.seam_transport == "shared_memory":
+            remove_files(f"{self.shm_prefix}-")
+
+
+def auto_transport() -> str:
+    """``seam_transport="auto"``: shared memory when the cluster is one node (every actor
+    and the driver share /dev/shm), Ray's object store otherwise.
+
+    >>> auto_transport() in ("shared_memory", "object_store")  # doctest: +SKIP
+    True
+    """
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    return "shared_memory" if len(alive) == 1 else "object_store"

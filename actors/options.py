@@ -33,7 +33,8 @@ class RayOptions:
     segment_num_cpus: float = 1.0  # logical CPUs a cpu segment actor reserves
     device_num_gpus: float = 1.0  # GPUs one device's bundle reserves (shared by its actors)
     colocate: bool = False  # one actor per device (device-local seams) instead of per segment
-    seam_transport: str = "object_store"  # object_store | wire
+    seam_transport: str = "auto"  # auto | shared_memory | object_store | wire
+    shm_seam_bytes: int = 1 << 30  # shared_memory: the most buffer bytes one process keeps
     ray_compiled: bool = (
         False  # a Ray Compiled Graph for a static chain (see transport/compiled.py)
     )
@@ -62,9 +63,9 @@ class RayOptions:
             raise ProviderError(f"coalesce must be at least 1, got {opts.coalesce!r}")
         from actors.transport import SEAM_TRANSPORTS
 
-        if opts.seam_transport not in SEAM_TRANSPORTS:
+        if opts.seam_transport != "auto" and opts.seam_transport not in SEAM_TRANSPORTS:
             raise ProviderError(
-                f"seam_transport must be one of {sorted(SEAM_TRANSPORTS)}, "
+                f"seam_transport must be 'auto' or one of {sorted(SEAM_TRANSPORTS)}, "
                 f"got {opts.seam_transport!r}"
             )
         return opts

@@ -14,6 +14,7 @@ from typing import Any
 import ray.exceptions
 
 from actors.transport.device_local import MissingLocalSeam
+from actors.transport.shared_memory import SeamUnreachable
 
 
 def _rebuild(cls: type[BaseException], args: tuple, state: dict[str, Any]) -> BaseException:
@@ -92,6 +93,7 @@ FAULTS: tuple[type[BaseException], ...] = (
     ray.exceptions.LocalRayletDiedError,
     ray.exceptions.ObjectFetchTimedOutError,
     MissingLocalSeam,  # the actor restarted and lost the device-local values it held
+    SeamUnreachable,  # a shared-memory seam's writer restarted (its files went with it)
 )
 
 

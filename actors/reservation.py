@@ -162,11 +162,13 @@ class Reservation:
         bundles: list[dict[str, float]],
         opts: RayOptions,
         profile: bool = False,
+        shm_prefix: str = "hetero_exec",
     ):
         self.slots = slots
         self.bundles = bundles
         self.opts = opts
         self.profile = profile
+        self.shm_prefix = shm_prefix  # shared-memory seam files: <prefix>-s<slot>-...
         self.pg: Any = None
         self.runtime_env = (
             opts.runtime_env if opts.runtime_env is not None else default_runtime_env()
@@ -293,7 +295,13 @@ class Reservation:
                 scheduling_strategy=strategy,
                 runtime_env=self.runtime_env or None,
             )
-            .remote((slot.init_args,), slot.local_values, self.opts.seam_transport, self.profile)
+            .remote(
+                (slot.init_args,),
+                slot.local_values,
+                self.opts.seam_transport,
+                self.profile,
+                {"prefix": f"{self.shm_prefix}-s{slot.index}", "budget": self.opts.shm_seam_bytes},
+            )
         )
 
     # -- recovery ---------------------------------------------------------------------

@@ -24,6 +24,7 @@ from actors.segment_model import SegmentSpec, load_segment_graph
 from actors.transport import make_transport
 from actors.transport.base import SeamKey
 from actors.transport.device_local import DeviceLocalTransport
+from actors.transport.shared_memory import remove_files
 from hetero_exec.errors import HeteroExecError, KernelError
 from hetero_exec.exec.executor import execute
 from hetero_exec.exec.plan import Compiler, RunPlan
@@ -73,6 +74,7 @@ class SegmentActor:
         local_values: set[str] | frozenset[str],
         seam_transport: str = "object_store",
         profile: bool = False,
+        seam_config: dict[str, Any] | None = None,
     ):
         if len(specs) == 1 and isinstance(specs[0], ray.ObjectRef):
             # the specs, put once by the coordinator, which holds the ref: a restart reads
@@ -81,7 +83,7 @@ class SegmentActor:
         self.incarnation = uuid.uuid4().hex
         self.local_values = frozenset(local_values)
         self.local = DeviceLocalTransport()
-        self.seam = make_transport(seam_transport)
+        self.seam = self._make_seam(seam_transport, seam_config or {})
         self.profile = profile
         self.spans: list[dict[str, Any]] = []
         self.segments: dict[int, HostedSegment] = {}
@@ -96,6 +98,18 @@ class SegmentActor:
         except Exception as e:  # reported by ready(), so the build names the failure
             label = specs[len(self.segments)].label if len(self.segments) < len(specs) else "actor"
             self.init_error = SegmentRunError(label, e)
+
+    def _make_seam(self, name: str, config: dict[str, Any]) -> Any:
+        if name != "shared_memory":
+            return make_transport(name)
+        # this incarnation's files; a killed predecessor's are removed (the coordinator
+        # replays from this actor's first segment, so nothing reads them again)
+        prefix = f"{config['prefix']}-{self.incarnation[:8]}"
+        gone = remove_files(f"{config['prefix']}-", keep=prefix)
+        if gone:
+            log.info("removed %d shared-memory seam file(s) of a previous incarnation", gone)
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        return make_transport(name, prefix=prefix, node=node, budget=int(config["budget"]))
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -123,20 +137,25 @@ class SegmentActor:
 
     # -- running --------------------------------------------------------------------
 
-    def run(self, requests: list[int], segment_id: int, layout: Layout, *flat: Any) -> Any:
+    def run(
+        self, requests: list[int], segment_id: int, layout: Layout, floor: int, *flat: Any
+    ) -> Any:
         """Run one segment for each request of a group (see `Layout`).
 
         One return per segment output, each a list with one value per request, so a
         group of requests costs Ray one task and one object per output. A request whose
         run fails on purpose (a kernel error, an input refused) gets a `FailedValue` in
-        its place and the others still run; a later segment passes it on.
+        its place and the others still run; a later segment passes it on. Every request
+        before ``floor`` has finished, so the seam transport may reuse what they held.
         """
+        self.seam.release_below(floor)
         return self._run_group(requests, segment_id, layout, flat)
 
     def run_fetching(
-        self, requests: list[int], segment_id: int, layout: Layout, flat: list[Any]
+        self, requests: list[int], segment_id: int, layout: Layout, floor: int, flat: list[Any]
     ) -> Any:
         """Like `run`, with seam ObjectRefs fetched here (profiling times each fetch)."""
+        self.seam.release_below(floor)
         seg = self.segments[segment_id]
         fetched = []
         for item in flat:

@@ -267,7 +267,8 @@ def ort_split(model, layers: int):
 
 
 def part_pipeline(requests: int, width: int, layers: int, batch: int,
-                  compiled: bool = False, repeats: int = 3) -> list[dict[str, Any]]:
+                  compiled: bool = False, repeats: int = 3,
+                  extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Ours (whole, split) and the hand-built Ray + onnxruntime (whole, split), each run
     ``repeats`` times in turns; the best of each (a busy host only ever slows a run)."""
     import ray
@@ -281,13 +282,11 @@ def part_pipeline(requests: int, width: int, layers: int, batch: int,
         {"x": np.random.default_rng(i).standard_normal((batch, width)).astype(np.float32)}
         for i in range(requests)
     ]
+    opts = {"max_inflight": requests, "ray_compiled": compiled, **(extra or {})}
     ours = {
-        "ours whole (1 actor)": executor_for(
-            model, ["cpu"] * nodes, max_inflight=requests, ray_compiled=compiled
-        ),
+        "ours whole (1 actor)": executor_for(model, ["cpu"] * nodes, **opts),
         "ours split (2 stages)": executor_for(
-            model, ["cpu"] * (nodes // 2) + ["cpu/2"] * (nodes // 2),
-            max_inflight=requests, ray_compiled=compiled,
+            model, ["cpu"] * (nodes // 2) + ["cpu/2"] * (nodes // 2), **opts
         ),
     }
     stage = ort_stage_class()
@@ -432,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--options", default="{}",
+                    help='executor options for our sessions in the pipeline part, as JSON '
+                         '(e.g. \'{"coalesce": 1, "seam_transport": "object_store"}\')')
     ap.add_argument("--pipeline-repeats", type=int, default=3,
                     help="timed run_many rounds per pipeline configuration (best is kept)")
     ap.add_argument("--pipeline-compiled", action="store_true",
@@ -446,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
             rows = part_compiled(a.variant, a.repeats * 10)
         else:
             rows = part_pipeline(
-                a.requests, a.width, a.layers, a.batch, a.pipeline_compiled, a.repeats
+                a.requests, a.width, a.layers, a.batch, a.pipeline_compiled, a.repeats,
+                json.loads(a.options),
             )
         print(json.dumps(rows))
         return 0
@@ -472,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
                 str(a.batch),
                 "--repeats",
                 str(a.pipeline_repeats),
+                "--options",
+                a.options,
                 *(["--pipeline-compiled"] if a.pipeline_compiled else []),
             ]
         )

@@ -39,6 +39,14 @@ class Transport:
         """The value back from what travelled."""
         return carried
 
+    def take(self, key: SeamKey, carried: Any) -> Any:
+        """Like `read`, for a value that leaves the transport (a graph output handed to
+        the caller): it must not depend on memory the transport reuses."""
+        return self.read(key, carried)
+
+    def release_below(self, floor: int) -> None:
+        """Every request older than ``floor`` has finished: release what they hold."""
+
     def drop(self, request: int) -> None:
         """Forget whatever is kept for ``request`` (it finished or failed)."""
 

@@ -68,6 +68,7 @@ def main() -> int:
             got = sess.run_many([{"x": x}] * 8)
             report["match"] = all(np.allclose(g[0], want, rtol=1e-5, atol=1e-6) for g in got)
             report["gpu_shares"] = [s.num_gpus for s in ex.slots]
+            report["seam_transport"] = ex.opts.seam_transport
         try:
             InferenceSession(
                 model, DEVICES, hetero=True, executor="ray", placement_strategy="STRICT_SPREAD"

@@ -223,6 +223,32 @@ def test_device_local_seams_and_detector(ray_session):
         assert_same(sess.run(None, feed), InferenceSession(model, ["cpu"]).run(None, feed))
 
 
+def test_one_node_seams_go_through_shared_memory_and_leave_nothing(ray_session):
+    import os
+
+    from actors.transport.shared_memory import SHM_DIR
+
+    model = mlp(width=256, layers=2)
+    local = InferenceSession(model, ["cpu"])
+    feeds = [{"x": rand((128, 256), i)} for i in range(8)]  # 128 KiB seams and feeds
+    sess = InferenceSession(model, MIXED, hetero=True, executor="ray")
+    ex = sess._executor
+    try:
+        assert ex.opts.seam_transport == "shared_memory"  # "auto" on a one-node cluster
+        for got, f in zip(sess.run_many(feeds), feeds):
+            # sums of 256 float32 products: the placed plan adds in another order
+            np.testing.assert_allclose(got[0], local.run(None, f)[0], rtol=1e-4, atol=1e-4)
+            assert got[0].flags.writeable  # the caller's own copy, not a shared buffer
+        mine = [f for f in os.listdir(SHM_DIR) if f.startswith(ex.shm_prefix)]
+        assert any("-s1-" in f for f in mine) and any("-driver-" in f for f in mine)
+        got = sess.run(None, feeds[0])  # buffers are reused, not piled up
+        np.testing.assert_allclose(got[0], local.run(None, feeds[0])[0], rtol=1e-4, atol=1e-4)
+        assert len([f for f in os.listdir(SHM_DIR) if f.startswith(ex.shm_prefix)]) <= len(mine)
+    finally:
+        sess.close()
+    assert not [f for f in os.listdir(SHM_DIR) if f.startswith(ex.shm_prefix)]
+
+
 def test_teardown_leaves_no_actors(ray_session):
     before = live_placement_groups()
     sess = InferenceSession(mlp(layers=1), MIXED, hetero=True, executor="ray")

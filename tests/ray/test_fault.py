@@ -29,14 +29,19 @@ def test_kills_during_concurrent_requests_lose_nothing(ray_session):
     model = mlp(width=64, layers=2)
     local = InferenceSession(model, ["cpu"])
     n = 96
-    want = [local.run(None, feed(i))[0] for i in range(n)]
+    want = [local.run(None, feed(i, batch=512))[0] for i in range(n)]
+    # (tolerances: BLAS sums in another order in the actors; a seam read from a reused
+    # buffer would be another request's activations, far outside them)
     # max_restarts=1: the second kill of an actor exhausts Ray's restarts, so the
     # coordinator re-creates it (weights reloaded) as well
     with InferenceSession(
         model, MIXED, hetero=True, executor="ray", max_inflight=8, max_restarts=1, max_replays=8
     ) as sess:
         ex = sess._executor
-        sess.run(None, feed(0))
+        # 128 KiB seams: on this one-node cluster they go through shared memory, so the
+        # replays read seams that a killed actor's successor must not have reused
+        assert ex.opts.seam_transport == "shared_memory"
+        sess.run(None, feed(0, batch=512))
         first_actors = actor_ids(sess.segment_actors)
         kills = []
         stop = threading.Event()
@@ -54,7 +59,7 @@ def test_kills_during_concurrent_requests_lose_nothing(ray_session):
 
         def submit(ids):
             try:
-                futures = {i: sess.run_async(None, feed(i)) for i in ids}
+                futures = {i: sess.run_async(None, feed(i, batch=512)) for i in ids}
                 for i, f in futures.items():
                     results[i] = f.result(timeout=120)[0]
             except BaseException as e:  # noqa: BLE001 - reported below
@@ -67,7 +72,8 @@ def test_kills_during_concurrent_requests_lose_nothing(ray_session):
             # kill takes a whole group down, and each of its requests is replayed alone
             try:
                 while True:
-                    grouped_rounds.append([o[0] for o in sess.run_many([feed(i) for i in ids])])
+                    outs = sess.run_many([feed(i, batch=512) for i in ids])
+                    grouped_rounds.append([o[0] for o in outs])
                     if len(kills) >= 6 or stop.is_set():
                         return
             except BaseException as e:  # noqa: BLE001 - reported below
@@ -88,14 +94,15 @@ def test_kills_during_concurrent_requests_lose_nothing(ray_session):
         for outs in grouped_rounds:  # every round: one right answer per request
             results.update(zip(odd, outs))
             for i, out in zip(odd, outs):
-                np.testing.assert_allclose(out, want[i], rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(out, want[i], rtol=1e-4, atol=1e-5)
         assert sorted(results) == list(range(n))  # none missing, none extra
         for i in range(n):
-            np.testing.assert_allclose(results[i], want[i], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(results[i], want[i], rtol=1e-4, atol=1e-5)
         assert kills and ex.replays > 0
         # the session still serves, through restarted or re-created actors
         for i in range(4):
-            np.testing.assert_allclose(sess.run(None, feed(i))[0], want[i], rtol=1e-5, atol=1e-6)
+            got = sess.run(None, feed(i, batch=512))[0]
+            np.testing.assert_allclose(got, want[i], rtol=1e-4, atol=1e-5)
         assert actor_ids(sess.segment_actors) != first_actors or ex.replays > 0
         final = actor_ids(sess.segment_actors)
     assert eventually(lambda: not (final & live_segment_actors()))

@@ -35,5 +35,6 @@ def test_four_device_plan_spread_across_nodes():
     assert report["actor_nodes"] == 2  # the two GPU nodes, two devices each
     assert report["match"] is True
     assert report["gpu_shares"] == [1.0, 1.0, 1.0, 1.0]
+    assert report["seam_transport"] == "object_store"  # "auto" across nodes
     assert "STRICT_SPREAD needs 4 nodes" in report["strict_spread"]
     assert report["leftover_actors"] == 0

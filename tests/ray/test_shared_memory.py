@@ -1,0 +1,132 @@
+"""The shared-memory seam transport without Ray: buffers, their reuse and lifetime,
+fallbacks to the object store, and what a reader on the wrong node gets."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from actors.remote_errors import is_fault
+from actors.transport import make_transport
+from actors.transport.base import SeamKey
+from actors.transport.shared_memory import (
+    SHM_DIR,
+    SeamUnreachable,
+    SharedMemoryTransport,
+    ShmArray,
+    remove_files,
+)
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason="no /dev/shm")
+
+
+@pytest.fixture
+def prefix():
+    p = f"hetero_exec-test-{uuid.uuid4().hex[:8]}"
+    yield p
+    remove_files(p)
+
+
+def files(prefix: str) -> list[str]:
+    return sorted(f for f in os.listdir(SHM_DIR) if f.startswith(prefix))
+
+
+def big(seed: int, shape=(128, 1024), dtype=np.float32) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def test_round_trip_is_zero_copy_for_readers_and_a_copy_for_the_caller(prefix):
+    w = make_transport("shared_memory", prefix=f"{prefix}-w", node="n1")
+    r = SharedMemoryTransport(f"{prefix}-r", node="n1")
+    x = big(0)
+    carried = w.write(SeamKey(1, "h"), x)
+    assert isinstance(carried, ShmArray) and carried.shape == x.shape
+    assert len(files(prefix)) == 1
+    seen = r.read(SeamKey(1, "h"), carried)
+    np.testing.assert_array_equal(seen, x)
+    assert not seen.flags.writeable  # a reader cannot change what other readers see
+    out = r.take(SeamKey(1, "y"), carried)
+    assert out.flags.writeable and out.flags.owndata
+    out[0, 0] = 123.0
+    assert r.read(SeamKey(1, "h"), carried)[0, 0] == x[0, 0]
+    w.close()
+    r.close()
+    assert files(prefix) == []
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.ones(8, np.float32),  # small: Ray passes it inline
+        np.array(["a"] * 40000, dtype=object),  # not plain numbers
+        np.ones(70000, ml_dtypes.bfloat16),  # a dtype its string cannot rebuild
+        "text",
+    ],
+    ids=["small", "object", "bfloat16", "not-an-array"],
+)
+def test_what_shared_memory_does_not_take_travels_as_itself(prefix, value):
+    w = SharedMemoryTransport(prefix, node="n1")
+    assert w.write(SeamKey(1, "v"), value) is value
+    assert w.read(SeamKey(1, "v"), value) is value
+    w.close()
+
+
+def test_non_contiguous_and_big_endian_arrays(prefix):
+    w = SharedMemoryTransport(prefix, node="n1")
+    for x in (big(1).T, big(2, dtype=">f8")):
+        np.testing.assert_array_equal(w.read(SeamKey(1, "v"), w.write(SeamKey(1, "v"), x)), x)
+    w.close()
+
+
+def test_buffers_are_held_until_every_earlier_request_finished_then_reused(prefix):
+    w = SharedMemoryTransport(prefix, node="n1")
+    a, b = big(3), big(4)
+    ca = w.write(SeamKey(5, "h"), a)
+    cb = w.write(SeamKey(6, "h"), b)
+    assert ca.path != cb.path
+    w.release_below(6)  # request 5 finished; 6 is still in flight
+    c = w.write(SeamKey(7, "h"), big(5))
+    assert c.path == ca.path  # 5's buffer, reused
+    np.testing.assert_array_equal(w.read(SeamKey(6, "h"), cb), b)  # 6's is untouched
+    assert w.pool.held() == 2
+    w.drop(6)
+    w.drop(7)
+    assert w.pool.held() == 0 and len(files(prefix)) == 2
+    w.close()
+
+
+def test_a_full_budget_falls_back_to_the_value_itself(prefix):
+    x = big(6)  # 512 KiB: one buffer
+    w = SharedMemoryTransport(prefix, node="n1", budget=x.nbytes)
+    assert isinstance(w.write(SeamKey(1, "h"), x), ShmArray)
+    assert w.write(SeamKey(2, "h"), x) is x  # over budget: the object store carries it
+    w.release_below(2)
+    assert isinstance(w.write(SeamKey(3, "h"), x), ShmArray)  # the buffer came back
+    w.close()
+
+
+def test_a_reader_on_another_node_or_after_the_writer_is_gone_gets_a_fault(prefix):
+    w = SharedMemoryTransport(prefix, node="n1")
+    carried = w.write(SeamKey(1, "h"), big(7))
+    with pytest.raises(SeamUnreachable, match="written on node n1"):
+        SharedMemoryTransport(f"{prefix}-r", node="n2").read(SeamKey(1, "h"), carried)
+    w.close()  # the writer's files go with it
+    with pytest.raises(SeamUnreachable, match="is gone") as info:
+        SharedMemoryTransport(f"{prefix}-r2", node="n1").read(SeamKey(1, "h"), carried)
+    assert is_fault(info.value)  # so the coordinator replays the request
+
+
+def test_remove_files_keeps_the_live_incarnation(prefix):
+    old = SharedMemoryTransport(f"{prefix}-s0-aaaa", node="n1")
+    new = SharedMemoryTransport(f"{prefix}-s0-bbbb", node="n1")
+    other = SharedMemoryTransport(f"{prefix}-s1-aaaa", node="n1")
+    for t in (old, new, other):
+        t.write(SeamKey(1, "h"), big(8))
+    assert remove_files(f"{prefix}-s0-", keep=f"{prefix}-s0-bbbb") == 1
+    assert [f.split("-")[3:5] for f in files(prefix)] == [["s0", "bbbb"], ["s1", "aaaa"]]
+    new.close()
+    other.close()
