@@ -8,7 +8,6 @@ fallback / require / hetero decision of `placement.decide`, then an executor.
 from __future__ import annotations
 
 import concurrent.futures
-
 import logging
 import os
 import threading
