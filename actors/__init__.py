@@ -11,8 +11,8 @@ import of `actors.coordinator.RayExecutor`. Modules, in the order data flows:
 * ``coordinator``: RayExecutor (dispatch, pipelining, back-pressure, profiles);
 * ``request``, ``recovery``, ``remote_errors``: replays after actor faults, and
   typed errors carried back from actors;
-* ``transport/``: seam transports (object store, device-local, msgpack wire) and
-  Ray Compiled Graphs; ``profile``: Chrome traces.
+* ``transport/``: seam transports (shared memory on one node, object store,
+  device-local, msgpack wire) and Ray Compiled Graphs; ``profile``: Chrome traces.
 
 hetero_exec never imports this package except through that one lazy import.
 """

@@ -7,6 +7,13 @@ so they go actor to actor and the driver fetches only graph outputs. Actors run
 their tasks in submission order, so while stage 2 works on request k stage 1 already
 works on k+1; at most ``max_inflight`` requests are in flight (callers block beyond).
 
+Ray's fixed cost per task and per object (a few ms of CPU on a small host) is what
+limits a pipeline, so two things cut how often it is paid: `run_many` sends requests
+in groups (one task per segment and one object per output for up to ``coalesce``
+requests, each request still run on its own), and on a one-node cluster seams travel
+through shared memory (`actors.transport.shared_memory`), with only a small
+descriptor going through Ray.
+
 When an actor dies, the requests that were in flight through it are replayed from
 the first segment it hosts, with the seam refs and feeds the request kept: Ray
 restarts the actor (or the coordinator re-creates it), it reloads its weights, and

@@ -306,17 +306,19 @@ def part_pipeline(requests: int, width: int, layers: int, batch: int,
     }
     runs["ray+ort whole (1 actor)"] = lambda: ort_run(False)
     runs["ray+ort split (2 stages)"] = lambda: ort_run(True)
-    best: dict[str, float] = {name: float("inf") for name in runs}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    cores: list[float] = []
     results: dict[str, Any] = {}
     for name, fn in runs.items():
         fn()  # warm-up (compiles, first transfers)
     warm = {name: ex.segment_stats() for name, ex in ours.items()}
     ray.get([a.reset.remote() for a in (ort_whole, *ort_stages)])
-    for _ in range(repeats):
+    for _ in range(repeats):  # rounds: every configuration once, then the host probe
         for name, fn in runs.items():
             t = time.perf_counter()
             results[name] = fn()
-            best[name] = min(best[name], time.perf_counter() - t)
+            times[name].append(time.perf_counter() - t)
+        cores.append(host_parallelism())
     want = results["ray+ort whole (1 actor)"]
     for name, got in results.items():
         got = [g[0] if isinstance(g, list) else g for g in got]
@@ -343,14 +345,14 @@ def part_pipeline(requests: int, width: int, layers: int, batch: int,
         {
             "config": name,
             "requests": requests,
-            "seconds": best[name],
-            "req_per_s": requests / best[name],
+            "seconds": times[name],  # one per round
+            "req_per_s": requests / statistics.median(times[name]),
             "stage_ms": stage_ms[name],
             "group_size": group[name],
         }
         for name in runs
     ]
-    rows.append({"config": "host", "parallelism": host_parallelism()})
+    rows.append({"config": "host", "parallelism": cores})  # one per round
     return rows
 
 
@@ -399,20 +401,26 @@ def print_tables(seam, compiled, pipeline, requests: int) -> None:
                 f"slowest stage {slowest:6.2f} ms  {r['group_size']} request(s) per task"
             )
         cores = host["parallelism"]
-        print(f"   this host gave {cores:.2f} cores to two single-threaded processes just now")
+        print(
+            "   medians of the rounds; in each round every configuration ran once, then two "
+            "single-threaded processes measured the cores this host gave: "
+            + ", ".join(f"{c:.2f}" for c in cores)
+        )
         for who in ("ours", "ray+ort"):
             whole, split = by[f"{who} whole (1 actor)"], by[f"{who} split (2 stages)"]
-            speedup = split["req_per_s"] / whole["req_per_s"]
             units = -(-m // split["group_size"])  # pipeline units: tasks per stage
             bubble = (k - 1) / (units + k - 1)
-            bound = min(k, cores) * (1 - bubble)
+            per_round = [w / s for w, s in zip(whole["seconds"], split["seconds"])]
+            bounds = [min(k, c) * (1 - bubble) for c in cores]
+            reached = [x / b for x, b in zip(per_round, bounds)]
             # what a request costs beyond its slowest stage when the pipeline is full
             over = 1e3 / split["req_per_s"] - max(split["stage_ms"].values())
             print(
-                f"   {who:<8} speedup {speedup:.2f}x (goal >= 1.7x); GPipe bubble (K-1)/(M+K-1) "
-                f"with K={k}, M={units} tasks: {bubble:.3f}, so {k * (1 - bubble):.2f}x ideal, "
-                f"{bound:.2f}x on this host ({speedup / bound:.0%} of it); split period beyond "
-                f"the slowest stage: {over:.2f} ms per request"
+                f"   {who:<8} speedup {statistics.median(per_round):.2f}x (rounds: "
+                f"{', '.join(f'{x:.2f}' for x in per_round)}; goal >= 1.7x); GPipe bubble "
+                f"(K-1)/(M+K-1) with K={k}, M={units} tasks: {bubble:.3f}, so "
+                f"{k * (1 - bubble):.2f}x ideal; {statistics.median(reached):.0%} of each "
+                f"round's host bound; split period beyond the slowest stage: {over:.2f} ms/request"
             )
 
 

@@ -55,6 +55,11 @@ class SeamUnreachable(LookupError):
     gone (the writer restarted): a fault, so the coordinator replays the request."""
 
 
+def shm_dir() -> str:
+    """Where buffers are created (read at each creation, so tests can point it elsewhere)."""
+    return SHM_DIR
+
+
 def _size_class(nbytes: int) -> int:
     return max(MIN_BUFFER, 1 << (int(nbytes) - 1).bit_length())
 
@@ -74,7 +79,9 @@ class _Buffer:
     def __init__(self, path: str, size: int):
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, size)
+            # allocated now, not on first write: a full /dev/shm fails here (OSError, so
+            # the object store carries the value) instead of a SIGBUS in the middle of a copy
+            os.posix_fallocate(fd, 0, size)
             self.mm = mmap.mmap(fd, size)
         except BaseException:
             os.unlink(path)
@@ -118,7 +125,7 @@ class ShmPool:
                     return None
                 self._count += 1
                 try:
-                    buf = _Buffer(f"{SHM_DIR}/{self.prefix}-{self._count}", size)
+                    buf = _Buffer(f"{shm_dir()}/{self.prefix}-{self._count}", size)
                 except OSError as e:  # no /dev/shm, or it is full: the object store it is
                     if not self._warned:
                         log.warning("shared-memory seams unavailable (%s); using Ray's object store", e)

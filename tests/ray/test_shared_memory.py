@@ -109,6 +109,17 @@ def test_a_full_budget_falls_back_to_the_value_itself(prefix):
     w.close()
 
 
+def test_no_room_in_shared_memory_falls_back_to_the_value_itself(prefix, monkeypatch):
+    import actors.transport.shared_memory as shm
+
+    monkeypatch.setattr(shm, "SHM_DIR", "/nonexistent-hetero-exec-shm")
+    w = SharedMemoryTransport(prefix, node="n1")
+    x = big(9)
+    assert w.write(SeamKey(1, "h"), x) is x  # the object store carries it; nothing fails
+    assert w.pool.total == 0
+    w.close()
+
+
 def test_a_reader_on_another_node_or_after_the_writer_is_gone_gets_a_fault(prefix):
     w = SharedMemoryTransport(prefix, node="n1")
     carried = w.write(SeamKey(1, "h"), big(7))
