@@ -433,10 +433,8 @@ class RayExecutor:
                 layout, flat = self._layout(reqs, spec.inputs)
                 n_out = len(spec.outputs)
                 method = slot.method(n_out, self.profiling)
-                if self.profiling:
-                    refs = method.remote(ids, spec.segment_id, layout, floor, flat)
-                else:
-                    refs = method.remote(ids, spec.segment_id, layout, floor, *flat)
+                meta = (ids, spec.segment_id, layout, floor)
+                refs = method.remote(meta, flat) if self.profiling else method.remote(meta, *flat)
                 refs = [refs] if n_out == 1 else list(refs)
                 for j, req in enumerate(reqs):
                     req.refs.update((name, (ref, j)) for name, ref in zip(spec.outputs, refs))

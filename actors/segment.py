@@ -137,10 +137,9 @@ class SegmentActor:
 
     # -- running --------------------------------------------------------------------
 
-    def run(
-        self, requests: list[int], segment_id: int, layout: Layout, floor: int, *flat: Any
-    ) -> Any:
-        """Run one segment for each request of a group (see `Layout`).
+    def run(self, meta: tuple[list[int], int, Layout, int], *flat: Any) -> Any:
+        """Run one segment for each request of a group: ``meta`` is (request ids, segment
+        id, `Layout`, floor), one argument so Ray serializes it once; ``flat`` the values.
 
         One return per segment output, each a list with one value per request, so a
         group of requests costs Ray one task and one object per output. A request whose
@@ -148,13 +147,13 @@ class SegmentActor:
         its place and the others still run; a later segment passes it on. Every request
         before ``floor`` has finished, so the seam transport may reuse what they held.
         """
+        requests, segment_id, layout, floor = meta
         self.seam.release_below(floor)
         return self._run_group(requests, segment_id, layout, flat)
 
-    def run_fetching(
-        self, requests: list[int], segment_id: int, layout: Layout, floor: int, flat: list[Any]
-    ) -> Any:
+    def run_fetching(self, meta: tuple[list[int], int, Layout, int], flat: list[Any]) -> Any:
         """Like `run`, with seam ObjectRefs fetched here (profiling times each fetch)."""
+        requests, segment_id, layout, floor = meta
         self.seam.release_below(floor)
         seg = self.segments[segment_id]
         fetched = []
