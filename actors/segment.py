@@ -24,7 +24,7 @@ from actors.segment_model import SegmentSpec, load_segment_graph
 from actors.transport import make_transport
 from actors.transport.base import SeamKey
 from actors.transport.device_local import DeviceLocalTransport
-from actors.transport.shared_memory import remove_files
+from actors.transport.shared_memory import ShmArray, remove_files
 from hetero_exec.errors import HeteroExecError, KernelError
 from hetero_exec.exec.executor import execute
 from hetero_exec.exec.plan import Compiler, RunPlan
@@ -242,14 +242,28 @@ class SegmentActor:
     def _read(self, request: int, name: str, item: Any, prov: Provider) -> Any:
         if name in self.local_values:
             return self.local.read(SeamKey(request, name), item)
+        t0 = time.time_ns()
         value = self.seam.read(SeamKey(request, name), item)
+        if self.profile and isinstance(item, ShmArray):
+            self._span(
+                f"seam {name} read (shared memory)", t0, "seam",
+                {"request": request, "bytes": _nbytes(value)},
+            )
         return prov.to_device(value) if prov.is_device else value
 
     def _write(self, request: int, name: str, value: Any, prov: Provider) -> Any:
         key = SeamKey(request, name)
         if name in self.local_values:
             return self.local.write(key, value)
-        return self.seam.write(key, prov.to_host(value) if prov.is_device else value)
+        t0 = time.time_ns()
+        host = prov.to_host(value) if prov.is_device else value
+        carried = self.seam.write(key, host)
+        if self.profile and isinstance(carried, ShmArray):
+            self._span(
+                f"seam {name} written (shared memory)", t0, "seam",
+                {"request": request, "bytes": _nbytes(host)},
+            )
+        return carried
 
     # -- observability ------------------------------------------------------------------
 

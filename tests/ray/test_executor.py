@@ -223,7 +223,9 @@ def test_device_local_seams_and_detector(ray_session):
         assert_same(sess.run(None, feed), InferenceSession(model, ["cpu"]).run(None, feed))
 
 
-def test_one_node_seams_go_through_shared_memory_and_leave_nothing(ray_session):
+def test_one_node_seams_go_through_shared_memory_and_leave_nothing(
+    ray_session, tmp_path, monkeypatch
+):
     import os
 
     from actors.transport.shared_memory import SHM_DIR
@@ -231,7 +233,8 @@ def test_one_node_seams_go_through_shared_memory_and_leave_nothing(ray_session):
     model = mlp(width=256, layers=2)
     local = InferenceSession(model, ["cpu"])
     feeds = [{"x": rand((128, 256), i)} for i in range(8)]  # 128 KiB seams and feeds
-    sess = InferenceSession(model, MIXED, hetero=True, executor="ray")
+    monkeypatch.chdir(tmp_path)
+    sess = InferenceSession(model, MIXED, hetero=True, executor="ray", enable_profiling=True)
     ex = sess._executor
     try:
         assert ex.opts.seam_transport == "shared_memory"  # "auto" on a one-node cluster
@@ -244,6 +247,12 @@ def test_one_node_seams_go_through_shared_memory_and_leave_nothing(ray_session):
         got = sess.run(None, feeds[0])  # buffers are reused, not piled up
         np.testing.assert_allclose(got[0], local.run(None, feeds[0])[0], rtol=1e-4, atol=1e-4)
         assert len([f for f in os.listdir(SHM_DIR) if f.startswith(ex.shm_prefix)]) <= len(mine)
+        trace = json.load(open(sess.end_profiling()))["traceEvents"]
+        seams = [e for e in trace if e.get("cat") == "seam"]
+        written = [e for e in seams if "written (shared memory)" in e["name"]]
+        read = [e for e in seams if "read (shared memory)" in e["name"]]
+        assert written and read
+        assert all(e["args"]["bytes"] == 128 * 256 * 4 for e in written + read)
     finally:
         sess.close()
     assert not [f for f in os.listdir(SHM_DIR) if f.startswith(ex.shm_prefix)]
