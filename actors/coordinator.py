@@ -44,7 +44,6 @@ from actors.segment_model import SegmentSpec, segment_spec
 from actors.transport import make_transport
 from actors.transport.base import SeamKey, Transport
 from actors.transport.compiled import CompiledGraphFailure
-from actors.transport.shared_memory import remove_files
 from hetero_exec.errors import ActorError, BuildError
 from hetero_exec.exec.feeds import FeedChecker
 from hetero_exec.ir.graph import Graph
@@ -604,10 +603,8 @@ class RayExecutor:
         )
 
     def _close_seams(self) -> None:
-        """The driver's buffers, and what killed actors left in /dev/shm (one node: here)."""
+        """The driver's buffers (the actors' go with their processes)."""
         self.seam.close()
-        if self.opts.seam_transport == "shared_memory":
-            remove_files(f"{self.shm_prefix}-")
 
 
 def auto_transport() -> str:

@@ -24,7 +24,7 @@ from actors.segment_model import SegmentSpec, load_segment_graph
 from actors.transport import make_transport
 from actors.transport.base import SeamKey
 from actors.transport.device_local import DeviceLocalTransport
-from actors.transport.shared_memory import ShmArray, remove_files
+from actors.transport.shared_memory import ShmArray
 from hetero_exec.errors import HeteroExecError, KernelError
 from hetero_exec.exec.executor import execute
 from hetero_exec.exec.plan import Compiler, RunPlan
@@ -102,12 +102,7 @@ class SegmentActor:
     def _make_seam(self, name: str, config: dict[str, Any]) -> Any:
         if name != "shared_memory":
             return make_transport(name)
-        # this incarnation's files; a killed predecessor's are removed (the coordinator
-        # replays from this actor's first segment, so nothing reads them again)
-        prefix = f"{config['prefix']}-{self.incarnation[:8]}"
-        gone = remove_files(f"{config['prefix']}-", keep=prefix)
-        if gone:
-            log.info("removed %d shared-memory seam file(s) of a previous incarnation", gone)
+        prefix = f"{config['prefix']}-{self.incarnation[:8]}"  # names, briefly, while created
         node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
         return make_transport(name, prefix=prefix, node=node, budget=int(config["budget"]))
 

@@ -37,6 +37,10 @@ def test_more_devices_than_the_cluster_has_fails_at_once(nothing_leaks):
 
 
 def test_busy_cluster_fails_after_a_bounded_wait(nothing_leaks):
+    # the sessions of earlier tests release their placement groups asynchronously:
+    # wait for them, or a CPU freed after the blocker was sized would let the plan in
+    total = ray.cluster_resources().get("CPU", 0)
+    eventually(lambda: ray.available_resources().get("CPU", 0) >= total)
     free = ray.available_resources().get("CPU", 0)
     blocker = placement_group([{"CPU": free}])  # every free CPU, held by someone else
     ray.get(blocker.ready(), timeout=30)
