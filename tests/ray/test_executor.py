@@ -271,6 +271,38 @@ def test_teardown_leaves_no_actors(ray_session):
     assert eventually(lambda: live_placement_groups() <= before)
 
 
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+def test_a_driver_that_exits_leaves_nothing_running(ray_session, mode):
+    import os
+    import subprocess
+    import sys
+
+    import ray
+    from ray._private import state
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.ray.exit_driver_main",
+         ray.get_runtime_context().gcs_address, mode],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": root},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(report["actors"]) == 4
+
+    def gone() -> bool:
+        pg = ray.util.placement_group_table().get(report["placement_group"], {})
+        return pg.get("state", "REMOVED") == "REMOVED" and all(
+            state.actors(a)["State"] == "DEAD" for a in report["actors"]
+        )
+
+    assert eventually(gone, timeout=30)
+
+
 def test_compiled_graph_path_matches_local(ray_session):
     model = mlp(layers=1)
     local = InferenceSession(model, ["cpu"])
