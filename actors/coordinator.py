@@ -44,6 +44,7 @@ from actors.segment_model import SegmentSpec, segment_spec
 from actors.transport import make_transport
 from actors.transport.base import SeamKey, Transport
 from actors.transport.compiled import CompiledGraphFailure
+from actors.transport.shared_memory import SeamUnreachable
 from hetero_exec.errors import ActorError, BuildError
 from hetero_exec.exec.feeds import FeedChecker
 from hetero_exec.ir.graph import Graph
@@ -90,7 +91,8 @@ class RayExecutor:
             next(sl for sl in self.slots if any(spec is x for x in sl.specs)) for spec in self.specs
         ]
         self.seam = self._driver_transport()
-        self._open: set[int] = set()  # dispatched, not yet answered (see _floor)
+        self._open: set[int] = set()  # dispatched, not yet answered (the floor in _dispatch)
+        self._waiting: dict[int, tuple[Request, concurrent.futures.Future]] = {}  # run_async
         self._closed = False
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._ids = itertools.count(1)
@@ -277,8 +279,10 @@ class RayExecutor:
         wake-ups on a small host; this costs one pool task per group.
         """
         futures = [concurrent.futures.Future() for _ in reqs]
-        for fut in futures:
-            fut.set_running_or_notify_cancel()
+        with self._lock:
+            for req, fut in zip(reqs, futures):
+                fut.set_running_or_notify_cancel()
+                self._waiting[req.id] = (req, fut)
         started = time.time_ns()
         for req in reqs:
             req.started_ns = started
@@ -316,9 +320,8 @@ class RayExecutor:
         failure = next((f.exception() for f in landed.values() if f.exception()), None)
         if failure is not None:
             log.debug("a group of %d request(s) failed: %s", len(reqs), type(failure).__name__)
-            pool = self._executor_pool()
             for req, fut in zip(reqs, futures):
-                pool.submit(self._recover, req, fut, failure)
+                self._recover_later(req, fut, failure)
             return
         values = {ref: f.result() for ref, f in landed.items()}
         for req, fut in zip(reqs, futures):
@@ -326,10 +329,21 @@ class RayExecutor:
                 out = self._assemble(req, values)
             except SegmentRunError as e:  # this request's own run failed; not the others'
                 self._settle_future(req, fut, error=user_error(e) or e)
+            except SeamUnreachable as e:  # its writer died after answering: a fault
+                self._recover_later(req, fut, e)
             except BaseException as e:
                 self._settle_future(req, fut, error=e)
             else:
                 self._settle_future(req, fut, result=out)
+
+    def _recover_later(
+        self, req: Request, fut: concurrent.futures.Future, failure: BaseException
+    ) -> None:
+        """Recover and replay ``req`` on the pool (it blocks on Ray), each request apart."""
+        try:
+            self._executor_pool().submit(self._recover, req, fut, failure)
+        except Exception as e:  # the session closed: nothing left to replay on
+            self._settle_future(req, fut, error=e)
 
     def _recover(self, req: Request, fut: concurrent.futures.Future, failure: Exception) -> None:
         try:
@@ -347,6 +361,9 @@ class RayExecutor:
         result: list[Any] | None = None,
         error: BaseException | None = None,
     ) -> None:
+        with self._lock:
+            if self._waiting.pop(req.id, None) is None:
+                return  # close() already answered it
         try:
             self._forget(req)
             if self.profiling:
@@ -581,6 +598,14 @@ class RayExecutor:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:  # requests whose answer the pool will now never give
+            waiting, self._waiting = list(self._waiting.values()), {}
+        for req, fut in waiting:
+            self._inflight.release(1)
+            if not fut.done():
+                fut.set_exception(
+                    ActorError(f"request {req.id} was in flight when the session closed")
+                )
         if self.compiled is not None:
             self.compiled.close()
         try:

@@ -271,6 +271,27 @@ def test_teardown_leaves_no_actors(ray_session):
     assert eventually(lambda: live_placement_groups() <= before)
 
 
+def test_close_answers_every_request_in_flight(ray_session):
+    import concurrent.futures
+
+    from hetero_exec.errors import ActorError
+
+    model = mlp(width=512, layers=2)
+    big = {"x": rand((4096, 512), 0)}
+    sess = InferenceSession(model, MIXED, hetero=True, executor="ray", max_inflight=12)
+    ex = sess._executor
+    futures = [sess.run_async(None, big) for _ in range(12)]
+    sess.close()
+    done, pending = concurrent.futures.wait(futures, timeout=60)
+    assert not pending  # none left waiting forever
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    assert errors and all(isinstance(e, ActorError) for e in errors)
+    assert "in flight when the session closed" in str(errors[0])
+    assert ex._inflight.free == 12
+    with pytest.raises(ActorError, match="closed"):
+        sess.run_async(None, big)
+
+
 @pytest.mark.parametrize("mode", ["soft", "hard"])
 def test_a_driver_that_exits_leaves_nothing_running(ray_session, mode):
     import os
