@@ -22,6 +22,7 @@ each request still gets exactly one answer. Bounded replays end in ActorError.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import itertools
 import logging
@@ -93,6 +94,8 @@ class RayExecutor:
         self.seam = self._driver_transport()
         self._open: set[int] = set()  # dispatched, not yet answered (the floor in _dispatch)
         self._waiting: dict[int, tuple[Request, concurrent.futures.Future]] = {}  # run_async
+        self._queue: collections.deque = collections.deque()  # run_async, not yet dispatched
+        self._drain_lock = threading.Lock()  # held by the thread dispatching the queue
         self._closed = False
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._ids = itertools.count(1)
@@ -208,7 +211,35 @@ class RayExecutor:
         (2, 32)
         """
         req = self._new_request(names, feed)  # typed input errors raise here, not in the future
-        return self._submit([req])[0]
+        if self.compiled is not None:
+            return self._submit([req])[0]
+        self._inflight.acquire(1)
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.append((req, fut))
+        self._drain()
+        return fut
+
+    def _drain(self) -> None:
+        """Dispatch what run_async queued, up to ``coalesce`` requests per task.
+
+        Whoever finds the dispatcher free dispatches everything queued, its own request
+        first if it is alone (so a lone request waits for nothing); requests that other
+        threads queue meanwhile go out together in the next group. A caller that finds
+        the dispatcher busy leaves its request to it: the dispatcher looks at the queue
+        again after letting go, so nothing is stranded.
+        """
+        limit = max(1, min(int(self.opts.coalesce), int(self.opts.max_inflight)))
+        while self._queue:
+            if not self._drain_lock.acquire(blocking=False):
+                return
+            try:
+                while self._queue:
+                    group = []
+                    while self._queue and len(group) < limit:
+                        group.append(self._queue.popleft())
+                    self._start(group)
+            finally:
+                self._drain_lock.release()
 
     def run_many(
         self,
@@ -259,34 +290,46 @@ class RayExecutor:
             return self._pool
 
     def _submit(self, reqs: list[Request]) -> list[concurrent.futures.Future]:
-        """Take ``len(reqs)`` in-flight places (blocking), dispatch, return the Futures."""
+        """Take ``len(reqs)`` in-flight places (blocking), dispatch as one group, return
+        the Futures."""
         self._inflight.acquire(len(reqs))
-        try:
-            if self.compiled is not None:
+        if self.compiled is not None:
+            try:
                 pool = self._executor_pool()
                 return [pool.submit(self._serve_then_release, r) for r in reqs]
-            return self._start(reqs)
-        except BaseException:
-            self._inflight.release(len(reqs))
-            raise
+            except BaseException:
+                self._inflight.release(len(reqs))
+                raise
+        group = [(r, concurrent.futures.Future()) for r in reqs]
+        self._start(group)
+        return [fut for _, fut in group]
 
-    def _start(self, reqs: list[Request]) -> list[concurrent.futures.Future]:
-        """Dispatch a group and return its Futures, with no thread waiting for them.
+    def _start(self, group: list[tuple[Request, concurrent.futures.Future]]) -> None:
+        """Dispatch a group whose places are taken; its Futures answer, no thread waits.
 
         Ray calls back when each output lands; the last one hands the group to the
         pool, which answers it (or, after a failure, recovers and replays each request
         there). A thread per waiting request costs the driver a core's worth of
-        wake-ups on a small host; this costs one pool task per group.
+        wake-ups on a small host; this costs one pool task per group. A dispatch that
+        fails answers the group's Futures with the error.
         """
-        futures = [concurrent.futures.Future() for _ in reqs]
+        reqs = [req for req, _ in group]
+        futures = [fut for _, fut in group]
         with self._lock:
-            for req, fut in zip(reqs, futures):
+            for req, fut in group:
                 fut.set_running_or_notify_cancel()
                 self._waiting[req.id] = (req, fut)
         started = time.time_ns()
         for req in reqs:
             req.started_ns = started
-        self._dispatch(reqs, 0)
+        try:
+            if self._closed:
+                raise ActorError("the session is closed")
+            self._dispatch(reqs, 0)
+        except BaseException as e:
+            for req, fut in group:
+                self._settle_future(req, fut, error=e)
+            return
         needed = list(dict.fromkeys(r.refs[n][0] for r in reqs for n in r.names if n in r.refs))
         landed = {ref: ref.future() for ref in needed}
         remaining = [len(landed)]
@@ -308,7 +351,6 @@ class RayExecutor:
             on_landed(None)
         for f in landed.values():
             f.add_done_callback(on_landed)
-        return futures
 
     def _finish(
         self,
@@ -600,6 +642,11 @@ class RayExecutor:
             pool.shutdown(wait=False, cancel_futures=True)
         with self._lock:  # requests whose answer the pool will now never give
             waiting, self._waiting = list(self._waiting.values()), {}
+        while True:  # and those queued but not dispatched
+            try:
+                waiting.append(self._queue.popleft())
+            except IndexError:
+                break
         for req, fut in waiting:
             self._inflight.release(1)
             if not fut.done():

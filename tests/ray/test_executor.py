@@ -271,6 +271,26 @@ def test_teardown_leaves_no_actors(ray_session):
     assert eventually(lambda: live_placement_groups() <= before)
 
 
+def test_run_async_callers_that_arrive_together_share_tasks(mlp_pair):
+    sess, local = mlp_pair
+    ex = sess._executor
+    feeds = [{"x": rand((3, 32), 100 + i)} for i in range(6)]
+    before = ex.segment_stats()
+    with ex._drain_lock:  # another caller is dispatching: these six queue behind it
+        futures = [sess.run_async(None, f) for f in feeds[:4]]
+        assert all(not f.done() for f in futures)
+    ex._drain()  # what the dispatching caller does once it lets go
+    for fut, f in zip(futures, feeds):
+        assert_same(fut.result(timeout=60), local.run(None, f))
+    after = ex.segment_stats()
+    # max_inflight=4 bounds the group: the four queued requests went out as one task
+    assert all(after[k]["tasks"] - before[k]["tasks"] == 1 for k in after)
+    assert all(after[k]["runs"] - before[k]["runs"] == 4 for k in after)
+    lone = sess.run_async(None, feeds[5])  # a lone caller dispatches at once
+    assert_same(lone.result(timeout=60), local.run(None, feeds[5]))
+    assert ex._inflight.free == ex.opts.max_inflight
+
+
 def test_close_answers_every_request_in_flight(ray_session):
     import concurrent.futures
 
