@@ -26,7 +26,7 @@ class RayOptions:
     ray_init: dict[str, Any] = field(default_factory=dict)  # extra ray.init kwargs (local start)
     runtime_env: dict[str, Any] | None = None  # the actors' runtime_env (default: PYTHONPATH)
     max_inflight: int = 8  # requests dispatched and not yet answered (back-pressure beyond)
-    coalesce: int = 4  # run_many: most requests per actor task (1: a task per request)
+    coalesce: int = 4  # most requests per actor task (run_many, concurrent run_async)
     placement_strategy: str = "PACK"
     placement_timeout_s: float = 30.0  # how long a placement group may wait for resources
     actor_start_timeout_s: float = 120.0
