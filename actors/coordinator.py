@@ -110,7 +110,7 @@ class RayExecutor:
         try:
             self.reservation.start()  # on failure: everything released, then the error
         except BaseException:
-            self._close_seams()
+            self.seam.close()  # the driver's buffers (the actors' go with their processes)
             raise
         self.recovery = Recovery(
             self.slots, self.slot_of, self.reservation, self.opts, is_closed=lambda: self._closed
@@ -122,7 +122,7 @@ class RayExecutor:
             except BaseException as build_error:  # the build fails whole (SEMANTICS.md 6)
                 try:
                     self.reservation.release()
-                    self._close_seams()
+                    self.seam.close()
                 except Exception as release_error:
                     raise BuildError(build_error, release_error) from build_error
                 raise
@@ -228,7 +228,7 @@ class RayExecutor:
         the dispatcher busy leaves its request to it: the dispatcher looks at the queue
         again after letting go, so nothing is stranded.
         """
-        limit = max(1, min(int(self.opts.coalesce), int(self.opts.max_inflight)))
+        limit = self._group_limit()
         while self._queue:
             if not self._drain_lock.acquire(blocking=False):
                 return
@@ -276,8 +276,11 @@ class RayExecutor:
         >>> executor.group_size(8), executor.group_size(32), executor.group_size(256)  # doctest: +SKIP
         (1, 2, 4)
         """
-        limit = max(1, min(int(self.opts.coalesce), int(self.opts.max_inflight)))
-        return max(1, min(limit, requests // 16))
+        return max(1, min(self._group_limit(), requests // 16))
+
+    def _group_limit(self) -> int:
+        """The most requests one task may carry: ``coalesce``, within ``max_inflight``."""
+        return max(1, min(int(self.opts.coalesce), int(self.opts.max_inflight)))
 
     def _executor_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
@@ -408,10 +411,6 @@ class RayExecutor:
                 return  # close() already answered it
         try:
             self._forget(req)
-            if self.profiling:
-                self._driver_spans.record(
-                    f"request {req.id}", req.started_ns, "request", {"replays": req.replays}
-                )
         finally:
             self._inflight.release(1)  # before the answer: a caller woken by it may submit again
             if error is not None:
@@ -436,21 +435,21 @@ class RayExecutor:
         """Large feeds go to shared memory (one node), else to the object store once per
         input per group, however many segments and replays read them; the requests then
         carry them like seam values."""
+        def large(v: Any) -> bool:
+            return isinstance(v, np.ndarray) and v.nbytes >= PUT_FEED_BYTES
+
         for name in list(reqs[0].feeds):
             for r in reqs:
-                v = r.feeds[name] if name in r.feeds else None
-                if isinstance(v, np.ndarray) and v.nbytes >= PUT_FEED_BYTES:
-                    r.feeds[name] = self.seam.write(SeamKey(r.id, name), v)
-            values = [r.feeds.get(name) for r in reqs]
-            if not all(isinstance(v, np.ndarray) and v.nbytes >= PUT_FEED_BYTES for v in values):
+                if large(r.feeds.get(name)):
+                    r.feeds[name] = self.seam.write(SeamKey(r.id, name), r.feeds[name])
+            if not all(large(r.feeds.get(name)) for r in reqs):
                 continue
-            ref = ray.put(values)
+            ref = ray.put([r.feeds.pop(name) for r in reqs])
             for j, req in enumerate(reqs):
-                del req.feeds[name]
                 req.refs[name] = (ref, j)
 
     def _serve(self, req: Request) -> list[Any]:
-        started = time.time_ns()
+        req.started_ns = time.time_ns()
         try:
             compiled = self.compiled
             if compiled is not None:
@@ -462,10 +461,6 @@ class RayExecutor:
             return self._serve_collect(req)
         finally:
             self._forget(req)
-            if self.profiling:
-                self._driver_spans.record(
-                    f"request {req.id}", started, "request", {"replays": req.replays}
-                )
 
     def _serve_collect(self, req: Request) -> list[Any]:
         """The outputs of a dispatched request, recovering and replaying after faults."""
@@ -592,6 +587,10 @@ class RayExecutor:
         self.seam.drop(req.id)  # the driver's shared-memory feeds of this request
         req.refs.clear()
         req.attempt = []
+        if self.profiling:
+            self._driver_spans.record(
+                f"request {req.id}", req.started_ns, "request", {"replays": req.replays}
+            )
 
     # -- compiled graphs -----------------------------------------------------------------
 
@@ -658,7 +657,7 @@ class RayExecutor:
         try:
             self.reservation.release()
         finally:
-            self._close_seams()
+            self.seam.close()
 
     # -- seams ------------------------------------------------------------------------
 
@@ -673,10 +672,6 @@ class RayExecutor:
             node=ray.get_runtime_context().get_node_id(),
             budget=self.opts.shm_seam_bytes,
         )
-
-    def _close_seams(self) -> None:
-        """The driver's buffers (the actors' go with their processes)."""
-        self.seam.close()
 
 
 def auto_transport() -> str:

@@ -61,11 +61,6 @@ class SeamUnreachable(LookupError):
     gone (the writer restarted): a fault, so the coordinator replays the request."""
 
 
-def shm_dir() -> str:
-    """Where buffers are created (read at each creation, so tests can point it elsewhere)."""
-    return SHM_DIR
-
-
 def _size_class(nbytes: int) -> int:
     return max(MIN_BUFFER, 1 << (int(nbytes) - 1).bit_length())
 
@@ -138,7 +133,7 @@ class ShmPool:
                     return None
                 self._count += 1
                 try:
-                    buf = _Buffer(f"{shm_dir()}/{self.prefix}-{self._count}", size)
+                    buf = _Buffer(f"{SHM_DIR}/{self.prefix}-{self._count}", size)
                 except OSError as e:  # no /dev/shm, or it is full: the object store it is
                     if not self._warned:
                         log.warning("shared-memory seams unavailable (%s); using Ray's object store", e)
@@ -151,12 +146,14 @@ class ShmPool:
     def release_below(self, floor: int) -> None:
         """Buffers of requests older than ``floor`` go back to the pool."""
         with self._lock:
-            for request in [r for r in self._held if r < floor]:
-                for buf in self._held.pop(request):
-                    self._free.setdefault(buf.size, []).append(buf)
+            self._release([r for r in self._held if r < floor])
 
     def release(self, request: int) -> None:
         with self._lock:
+            self._release([request])
+
+    def _release(self, requests: list[int]) -> None:
+        for request in requests:
             for buf in self._held.pop(request, []):
                 self._free.setdefault(buf.size, []).append(buf)
 
