@@ -384,6 +384,16 @@ def _half_times(rw: _Rewriter, mul: Node, x: str, a: str) -> list[Node] | None:
     return None
 
 
+def _plus_one_half_times(rw: _Rewriter, f: Node, x: str) -> list[Node] | None:
+    """The shared end of both Gelu chains after erf/tanh ``f``: (f + 1), then the
+    `_half_times` tail. Returns those nodes."""
+    add = rw.sole_reader(f.outputs[0])
+    if not rw.onnx_op(add, "Add") or not _const_operand(rw, add, f.outputs[0], 1.0):
+        return None
+    tail = _half_times(rw, rw.sole_reader(add.outputs[0]), x, add.outputs[0])
+    return None if tail is None else [add] + tail
+
+
 def _gelu_erf(rw: _Rewriter, erf: Node):
     d = rw.producer(erf.inputs[0])
     if d is None or rw.sole_reader(d.outputs[0]) is not erf or len(d.inputs) != 2:
@@ -395,13 +405,8 @@ def _gelu_erf(rw: _Rewriter, erf: Node):
         x = d.inputs[0] if _near(rw.scalar(d.inputs[1]), 1 / _SQRT2) else d.inputs[1]
     else:
         return None
-    add = rw.sole_reader(erf.outputs[0])
-    if not rw.onnx_op(add, "Add") or not _const_operand(rw, add, erf.outputs[0], 1.0):
-        return None
-    tail = _half_times(rw, rw.sole_reader(add.outputs[0]), x, add.outputs[0])
-    if tail is None:
-        return None
-    return x, [d, erf, add] + tail, "none"
+    tail = _plus_one_half_times(rw, erf, x)
+    return None if tail is None else (x, [d, erf] + tail, "none")
 
 
 def _gelu_tanh(rw: _Rewriter, tanh: Node):
@@ -422,13 +427,8 @@ def _gelu_tanh(rw: _Rewriter, tanh: Node):
         if not rw.onnx_op(p, "Pow") or rw.sole_reader(p.outputs[0]) is not m \
                 or p.inputs[0] != x or not _near(rw.scalar(p.inputs[1]), 3.0):
             continue
-        add = rw.sole_reader(tanh.outputs[0])
-        if not rw.onnx_op(add, "Add") or not _const_operand(rw, add, tanh.outputs[0], 1.0):
-            return None
-        tail = _half_times(rw, rw.sole_reader(add.outputs[0]), x, add.outputs[0])
-        if tail is None:
-            return None
-        return x, [p, m, inner, k, tanh, add] + tail, "tanh"
+        tail = _plus_one_half_times(rw, tanh, x)
+        return None if tail is None else (x, [p, m, inner, k, tanh] + tail, "tanh")
     return None
 
 
