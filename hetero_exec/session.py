@@ -51,11 +51,14 @@ class SessionOptions:
     fold_constants: bool = True
     optimize: bool = True  # run the provider's graph passes (fusions) on the single-provider path
     cost_model: Any = None  # placement.partition.CostModel for multi-GPU splits (e.g. calibrate())
+    #: pipeline stages of a mixed plan: "auto" (the cost model's cuts), an int K, or
+    #: explicit cuts (segment indices where a new stage starts); see placement.stages
+    stages: Any = "auto"
     executor_options: dict[str, Any] = field(default_factory=dict)
 
     KNOWN = ("require_gpu", "hetero", "executor", "dim_bounds", "affinity", "placement",
              "strategy", "base_dir", "enable_profiling", "profile_file_prefix",
-             "fold_constants", "optimize", "cost_model")
+             "fold_constants", "optimize", "cost_model", "stages")
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> "SessionOptions":
