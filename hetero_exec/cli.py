@@ -1,9 +1,10 @@
-"""hetero-exec: run | plan | demo.
+"""hetero-exec: run | plan | demo | serve.
 
     hetero-exec run model.onnx --input x=x.npy --providers sim-gpu,cpu --hetero
     hetero-exec run model.onnx --random-inputs --dim N=4
     hetero-exec plan model.onnx --providers sim-gpu:0,sim-gpu:1,cpu --hetero --json p.json --dot p.dot
     hetero-exec demo [--executor local|ray]
+    hetero-exec serve model.onnx --providers sim-gpu,cpu --hetero --port 8000
 """
 
 from __future__ import annotations
@@ -166,6 +167,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if same else 1
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve over the Open Inference Protocol until SIGINT/SIGTERM (needs the serve extra)."""
+    try:
+        from actors.serve import serve_forever  # the Ray layer, imported only here
+    except ImportError as e:
+        print(f"error: hetero-exec serve needs Ray Serve (pip install 'hetero_exec[serve]'): {e}",
+              file=sys.stderr)
+        return 2
+    opts = _session_options(args)
+    kwargs: dict[str, Any] = {"providers": _providers(args.providers), "name": args.name,
+                              "num_replicas": args.replicas, "max_batch_size": args.max_batch_size,
+                              "batch_wait_timeout_s": args.batch_wait_timeout_s}
+    return serve_forever(args.model, host=args.host, port=args.port, address=args.address,
+                         **kwargs, **opts)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="hetero-exec", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -201,6 +218,18 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--batch", type=int, default=2)
     d.add_argument("--runs", type=int, default=20)
     d.set_defaults(fn=cmd_demo)
+
+    s = sub.add_parser("serve", help="serve a model over the Open Inference Protocol (Ray Serve)")
+    s.add_argument("model")
+    s.add_argument("--name", help="the model's name in the protocol (default: the file's stem)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--replicas", type=int, default=1)
+    s.add_argument("--max-batch-size", type=int, default=32, help="rows per batch (1: off)")
+    s.add_argument("--batch-wait-timeout-s", type=float, default=0.0)
+    s.add_argument("--address", help="a Ray cluster to join (default: start a local Ray)")
+    placement_args(s)
+    s.set_defaults(fn=cmd_serve)
     return ap
 
 

@@ -1,0 +1,468 @@
+"""Ray Serve online serving over the Open Inference Protocol (KServe v2 REST).
+
+Three ways to start it::
+
+    serve run actors.serve:app model=model.onnx providers=sim-gpu,cpu hetero=true
+    serve.run(build_app("model.onnx", providers=["gpu", "cpu"], max_batch_size=32))
+    hetero-exec serve model.onnx --providers gpu,cpu --hetero --port 8000
+
+Each replica builds one session. Requests are batched along the batch dimension with
+``@serve.batch`` (`actors.batching`: only requests of one shape are stacked). A replica
+reserves what its plan needs: a GPU per device of an in-process plan, or, for a plan
+that runs on several stage actors, a placement group with the replica's bundle first
+and the stages' bundles after it (``placement_group="current"``).
+
+Routes: ``GET /v2/health/live``, ``/v2/health/ready``, ``/v2``, ``/v2/models/{name}``
+(its metadata has the placement report), ``/v2/models/{name}/ready``, and ``POST
+/v2/models/{name}/infer`` (``/versions/1`` may follow the name). A bad request gets a
+4xx and ``{"error": ...}`` naming what is wrong; a fault in the replica a 5xx. The
+replica keeps serving after either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from ray import serve
+
+from actors.batching import BatchRule, Job, run_jobs
+from actors.oip import (
+    DATATYPES,
+    HEADER_LENGTH,
+    JSON,
+    ProtocolError,
+    datatype_name,
+    error_body,
+    infer_response,
+    parse_infer_request,
+)
+from hetero_exec.errors import (
+    ActorError,
+    HeteroExecError,
+    InputError,
+    UnknownInputError,
+    UnknownOutputError,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BATCH_SIZE = 32  # rows per stacked run
+DEFAULT_MAX_REQUEST_BYTES = 64 << 20
+MODEL_VERSION = "1"
+
+
+@dataclass
+class ServeSpec:
+    """What a replica is built from (pickled into the deployment, never a session)."""
+
+    model: Any = field(repr=False)  # a path readable where the replicas run, or its bytes
+    providers: Sequence[Any] | None
+    name: str
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    batch_wait_timeout_s: float = 0.0
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    session_options: dict[str, Any] = field(default_factory=dict)
+
+
+def _rows(jobs: list[Job]) -> int:
+    return sum(j.rows or 1 for j in jobs)
+
+
+class HeteroModel:
+    """The Serve deployment: one session, the protocol's routes, dynamic batching."""
+
+    def __init__(self, spec: ServeSpec):
+        from hetero_exec import InferenceSession
+        from hetero_exec.exec.feeds import FeedChecker
+
+        self.spec, self.name = spec, spec.name
+        self.session = InferenceSession(spec.model, spec.providers, **spec.session_options)
+        self.checker = FeedChecker(self.session.graph)
+        self.dtypes = {n: self.session.graph.value(n).dtype for n in self.checker.names}
+        self.outputs = list(self.session.graph.outputs)
+        self.rule = BatchRule(self.session)
+        self.batching = self.rule.symbol is not None and spec.max_batch_size > 1
+        self._batched.set_max_batch_size(max(spec.max_batch_size, 1))
+        self._batched.set_batch_wait_timeout_s(spec.batch_wait_timeout_s)
+        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="hetero-serve")
+        self.metadata = model_metadata(self)
+        log.info("serving %s on %s (batch dim %s)", self.name,
+                 ", ".join(self.session.get_providers()), self.rule.symbol)
+
+    # -- HTTP ----------------------------------------------------------------------------
+
+    async def __call__(self, request: Any) -> Any:
+        from starlette.responses import Response
+
+        try:
+            status, body, headers = await self._route(request)
+        except ProtocolError as e:
+            status, body, headers = e.status, error_body(str(e)), {"content-type": JSON}
+        except (InputError, UnknownOutputError) as e:
+            status, body, headers = 400, error_body(str(e)), {"content-type": JSON}
+        except ActorError as e:
+            status, body, headers = 503, error_body(f"{type(e).__name__}: {e}"), {"content-type": JSON}
+        except Exception as e:  # a fault in the replica: 5xx, and it keeps serving
+            if not isinstance(e, HeteroExecError):
+                log.exception("request failed in the replica")
+            status, body = 500, error_body(f"{type(e).__name__}: {e}")
+            headers = {"content-type": JSON}
+        return Response(body, status_code=status, headers=headers)
+
+    async def _route(self, request: Any) -> tuple[int, bytes, dict[str, str]]:
+        path = request.url.path
+        root = request.scope.get("root_path") or ""
+        if root and path.startswith(root):
+            path = path[len(root):]
+        parts = [p for p in path.split("/") if p]
+        method = request.method
+        if parts[:1] != ["v2"]:
+            raise ProtocolError(f"no route {path!r}; the API is under /v2", 404)
+        rest = parts[1:]
+        if rest in ([], ["health", "live"], ["health", "ready"]):
+            _want(method, "GET", path)
+            return _json(self._health(rest))
+        if rest[:1] == ["models"] and len(rest) >= 2:
+            return await self._model_route(request, method, path, rest[1], rest[2:])
+        raise ProtocolError(f"no route {path!r}", 404)
+
+    def _health(self, rest: list[str]) -> dict[str, Any]:
+        if not rest:
+            from hetero_exec import __version__
+
+            return {"name": "hetero_exec", "version": __version__,
+                    "extensions": ["binary_tensor_data", "msgpack_tensor_frames"]}
+        return {rest[1]: True}
+
+    async def _model_route(self, request: Any, method: str, path: str, name: str,
+                           tail: list[str]) -> tuple[int, bytes, dict[str, str]]:
+        if name != self.name:
+            raise ProtocolError(f"unknown model {name!r}; this server serves {self.name!r}", 404)
+        if tail[:1] == ["versions"]:
+            if len(tail) < 2 or tail[1] != MODEL_VERSION:
+                got = tail[1] if len(tail) > 1 else ""
+                raise ProtocolError(f"unknown version {got!r} of model {name!r}; versions: "
+                                    f"[{MODEL_VERSION!r}]", 404)
+            tail = tail[2:]
+        if not tail:
+            _want(method, "GET", path)
+            return _json(self.metadata)
+        if tail == ["ready"]:
+            _want(method, "GET", path)
+            return _json({"name": self.name, "ready": True})
+        if tail == ["infer"]:
+            _want(method, "POST", path)
+            return await self._infer(request)
+        raise ProtocolError(f"no route {path!r}", 404)
+
+    # -- inference -------------------------------------------------------------------------
+
+    async def _infer(self, request: Any) -> tuple[int, bytes, dict[str, str]]:
+        body = await read_body(request, self.spec.max_request_bytes)
+        req = parse_infer_request(body, request.headers.get("content-type"),
+                                  request.headers.get(HEADER_LENGTH))
+        feed = self.feed(req.inputs)
+        outputs = self.requested(req)
+        job = self.rule.job(feed, outputs)
+        if self.batching and job.rows is not None and job.rows <= self.spec.max_batch_size:
+            result = await self._batched(job)
+        else:
+            loop = asyncio.get_running_loop()
+            result = (await loop.run_in_executor(self._pool, run_jobs, self.session, [job]))[0]
+        if isinstance(result, BaseException):
+            raise result
+        body, headers = infer_response(self.name, MODEL_VERSION, req, list(zip(outputs, result)))
+        return 200, body, headers
+
+    @serve.batch(max_batch_size=DEFAULT_MAX_BATCH_SIZE, batch_wait_timeout_s=0.0,
+                 batch_size_fn=_rows)
+    async def _batched(self, jobs: list[Job]) -> list[Any]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, run_jobs, self.session, jobs)
+
+    def feed(self, inputs: Sequence[tuple[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """A request's tensors as a feed: no duplicate or unknown name, the model's
+        datatypes, shapes its inputs accept (SEMANTICS.md section 3's errors)."""
+        feed: dict[str, np.ndarray] = {}
+        for name, arr in inputs:
+            if name in feed:
+                raise ProtocolError(f"duplicate input {name!r}")
+            if name not in self.dtypes:
+                raise UnknownInputError(name, self.checker.required)
+            want = self.dtypes[name]
+            if want is not None and arr.dtype != want:
+                raise ProtocolError(f"input {name!r}: datatype {datatype_name(arr.dtype)}, the "
+                                    f"model takes {datatype_name(want)} {list(arr.shape)}")
+            feed[name] = arr
+        self.checker.check(feed)
+        return feed
+
+    def requested(self, req: Any) -> list[str]:
+        if req.outputs is None:
+            return list(self.outputs)
+        for o in req.outputs:
+            if o.name not in self.outputs:
+                raise UnknownOutputError(o.name, self.outputs)
+        return [o.name for o in req.outputs]
+
+    def __del__(self) -> None:
+        session = getattr(self, "session", None)
+        if session is not None:
+            session.close()
+
+
+def _want(method: str, allowed: str, path: str) -> None:
+    if method != allowed:
+        raise ProtocolError(f"{method} {path}: use {allowed}", 405)
+
+
+def _json(obj: Any) -> tuple[int, bytes, dict[str, str]]:
+    return 200, json.dumps(obj).encode(), {"content-type": JSON}
+
+
+async def read_body(request: Any, limit: int) -> bytes:
+    """The request body, refused (413) past ``limit`` bytes without reading it all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ProtocolError(f"request body of {declared} bytes exceeds the limit of "
+                            f"{limit} bytes", 413)
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise ProtocolError(f"request body exceeds the limit of {limit} bytes", 413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _dims(shape: Sequence[Any] | None) -> list[int]:
+    return [d if isinstance(d, int) else -1 for d in (shape or [])]
+
+
+def _tensor_meta(session: Any, name: str) -> dict[str, Any]:
+    v = session.graph.value(name)
+    if v.kind != "tensor" or v.dtype is None:
+        raise ProtocolError(f"{name!r} is a {v.kind}, which the protocol cannot carry", 500)
+    if v.dtype != object and v.dtype not in DATATYPES.values():
+        raise ProtocolError(f"{name!r} has dtype {v.dtype}, which the protocol cannot carry", 500)
+    return {"name": name, "datatype": datatype_name(v.dtype), "shape": _dims(v.shape)}
+
+
+def model_metadata(server: HeteroModel) -> dict[str, Any]:
+    """The protocol's model metadata, plus the placement report and the batching rule."""
+    s = server.session
+    plan = s.placement
+    return {
+        "name": server.name,
+        "versions": [MODEL_VERSION],
+        "platform": "hetero_exec_onnx",
+        "inputs": [_tensor_meta(s, a.name) for a in s.get_inputs()],
+        "outputs": [_tensor_meta(s, n) for n in s.graph.outputs],
+        "placement": {
+            "providers": s.get_providers(),
+            "heterogeneous": s.is_heterogeneous,
+            "report": plan.report() if plan is not None else None,
+            "plan": plan.to_dict() if plan is not None else None,
+            "fallback_report": str(s.fallback_report) if s.fallback_report is not None else None,
+        },
+        "batching": {"batch_dim": server.rule.symbol, "max_batch_size": server.spec.max_batch_size,
+                     "batch_wait_timeout_s": server.spec.batch_wait_timeout_s},
+    }
+
+
+# -- the app ---------------------------------------------------------------------------------
+
+
+@dataclass
+class ReplicaResources:
+    """What one replica reserves, and the session options its plan needs."""
+
+    ray_actor_options: dict[str, Any]
+    placement_group_bundles: list[dict[str, float]] | None
+    session_options: dict[str, Any]
+
+
+def replica_resources(model: Any, providers: Sequence[Any] | None,
+                      session_options: Mapping[str, Any]) -> ReplicaResources:
+    """A replica's resources from its plan.
+
+    A plan on several stage actors (`actors.stage_bundles`, when the Ray layer offers
+    it) reserves a placement group: the replica's own CPU bundle first, then a bundle
+    per stage, which the replica's session fills (``placement_group="current"``). A plan
+    run in process reserves a GPU per device it places nodes on.
+    """
+    opts = dict(session_options)
+    stages = _stage_bundles(model, providers, opts)
+    if stages:
+        opts.setdefault("executor", "ray")
+        opts.setdefault("placement_group", "current")
+        return ReplicaResources({"num_cpus": 1, "num_gpus": 0}, [{"CPU": 1.0}, *stages], opts)
+    gpus = len(_plan_devices(model, providers, opts))
+    return ReplicaResources({"num_cpus": 1, "num_gpus": gpus}, None, opts)
+
+
+def _stage_bundles(model: Any, providers: Any, opts: Mapping[str, Any]) -> list[dict[str, float]]:
+    import actors
+
+    fn = getattr(actors, "stage_bundles", None)
+    if fn is None:  # a Ray layer without stage actors: the plan runs in the replica
+        return []
+    return list(fn(model, providers, **opts))
+
+
+def _plan_devices(model: Any, providers: Any, opts: Mapping[str, Any]) -> set[str]:
+    """The device providers the plan places nodes on; by name where this process
+    cannot plan (e.g. a head node without the GPU library)."""
+    from hetero_exec.ir import load
+    from hetero_exec.placement.decide import build_session_plan
+    from hetero_exec.session import SessionOptions
+
+    core = {k: v for k, v in opts.items() if k in SessionOptions.KNOWN and k != "executor"}
+    try:
+        _, graph = load(model, core.get("base_dir"))
+        build = build_session_plan(graph, providers, SessionOptions.from_kwargs(core))
+        return {s.provider.name for s in build.placement.segments if s.provider.is_device}
+    except (HeteroExecError, ImportError) as e:
+        log.warning("cannot plan here (%s): reserving a GPU per non-cpu provider named", e)
+        names = [p if isinstance(p, str) else p[0] for p in providers or ()]
+        return {n for n in names if not n.startswith("cpu")}
+
+
+def model_name(model: Any) -> str:
+    """A protocol-safe name: the file's stem, or the graph's name."""
+    if isinstance(model, (str, os.PathLike)):
+        raw = os.path.splitext(os.path.basename(os.fspath(model)))[0]
+    else:
+        from hetero_exec.ir import load
+
+        raw = load(model)[1].name or "model"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", raw) or "model"
+
+
+def build_app(
+    model: Any,
+    providers: Sequence[Any] | None = None,
+    *,
+    name: str | None = None,
+    num_replicas: int | str | None = None,
+    autoscaling_config: Mapping[str, Any] | None = None,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    batch_wait_timeout_s: float = 0.0,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_ongoing_requests: int | None = None,
+    access_log: bool = False,
+    **session_options: Any,
+) -> Any:
+    """A Serve application serving ``model`` over the Open Inference Protocol.
+
+    ``max_batch_size`` counts rows along the batch dim (1 turns batching off);
+    ``batch_wait_timeout_s`` is how long a batch waits to fill once its first request
+    came (0: it takes what has queued while the previous batch ran, so a lone request
+    waits for nothing). ``access_log``: Serve's log line per request (off: it costs
+    a replica about a millisecond a request). Other keywords are session options.
+
+    >>> serve.run(build_app("mlp.onnx", providers=["cpu"]))  # doctest: +SKIP
+    """
+    if hasattr(model, "SerializeToString"):
+        model = model.SerializeToString()
+    elif isinstance(model, os.PathLike):
+        model = os.fspath(model)
+    name = name or model_name(model)
+    res = replica_resources(model, providers, session_options)
+    spec = ServeSpec(model, list(providers) if providers is not None else None, name,
+                     int(max_batch_size), float(batch_wait_timeout_s), int(max_request_bytes),
+                     res.session_options)
+    options: dict[str, Any] = {
+        "name": name, "ray_actor_options": res.ray_actor_options,
+        "max_ongoing_requests": max_ongoing_requests or max(64, 2 * int(max_batch_size)),
+        "logging_config": {"enable_access_log": bool(access_log)},
+    }
+    if autoscaling_config is not None:
+        options["autoscaling_config"] = dict(autoscaling_config)
+    else:
+        options["num_replicas"] = num_replicas if num_replicas is not None else 1
+    if res.placement_group_bundles:
+        options["placement_group_bundles"] = res.placement_group_bundles
+    return serve.deployment(HeteroModel).options(**options).bind(spec)
+
+
+#: ``serve run actors.serve:app key=value ...``: how each argument is read
+_ARG_TYPES = {"access_log": lambda t: str(t).strip().lower() in _TRUE, "num_replicas": int, "max_batch_size": int, "batch_wait_timeout_s": float,
+              "max_request_bytes": int, "max_ongoing_requests": int}
+_TRUE = ("1", "true", "on", "yes")
+
+
+def app(args: Mapping[str, str]) -> Any:
+    """The application builder of ``serve run actors.serve:app model=PATH providers=a,b``.
+
+    ``hetero``/``require_gpu`` take true/false; ``dim.N=64`` bounds a symbolic dim; the
+    keywords of `build_app` take their types; ``name`` names the model.
+    """
+    args = dict(args)
+    if "model" not in args:
+        raise ValueError("serve run actors.serve:app needs model=PATH")
+    kwargs: dict[str, Any] = {}
+    for key, text in args.items():
+        if key == "providers":
+            kwargs[key] = [p.strip() for p in text.split(",") if p.strip()]
+        elif key in ("hetero", "require_gpu"):
+            kwargs[key] = str(text).strip().lower() in _TRUE
+        elif key.startswith("dim."):
+            kwargs.setdefault("dim_bounds", {})[key[4:]] = int(text)
+        elif key in _ARG_TYPES:
+            kwargs[key] = _ARG_TYPES[key](text)
+        else:
+            kwargs[key] = text
+    return build_app(kwargs.pop("model"), kwargs.pop("providers", None), **kwargs)
+
+
+def serve_forever(model: Any, *, host: str = "127.0.0.1", port: int = 8000,
+                  address: str | None = None, **build_kwargs: Any) -> int:
+    """Serve ``model`` until SIGINT or SIGTERM, then shut down cleanly (the CLI's
+    ``hetero-exec serve``). Joins the Ray at ``address`` (or ``RAY_ADDRESS``), else
+    starts a local one; on a cluster it joined it deletes only its own app."""
+    import signal
+    import threading
+
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    started = not ray.is_initialized() and address is None
+    if not ray.is_initialized():
+        # "local": a Ray of our own, never one that someone's `ray start` left running
+        ray.init(address=address or "local", include_dashboard=False,
+                 logging_level=logging.WARNING)
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    name = None
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        application = build_app(model, **build_kwargs)
+        name = application._bound_deployment.name
+        serve.run(application, name=name, route_prefix="/")
+        log.warning("serving %s at http://%s:%d/v2/models/%s (Ctrl-C to stop)",
+                    name, host, port, name)
+        print(f"serving {name} at http://{host}:{port}/v2/models/{name}", flush=True)
+        stop.wait()
+        print("shutting down", flush=True)
+    finally:
+        try:
+            if started:
+                serve.shutdown()
+            elif name is not None:
+                serve.delete(name)
+        finally:
+            if started:
+                ray.shutdown()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    return 0

@@ -1,0 +1,143 @@
+"""The Serve app's pieces that need no cluster: dynamic batching's grouping, the app
+builder's arguments and a replica's resources, the protocol codec (pure: no ray.init)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from actors.batching import BatchRule, run_jobs
+from actors.oip import (
+    HEADER_LENGTH,
+    ProtocolError,
+    infer_request_body,
+    infer_response,
+    parse_infer_request,
+    parse_infer_response,
+)
+from actors.serve import app, build_app, replica_resources
+from hetero_exec import InferenceSession
+from hetero_exec.errors import DtypeMismatchError
+from tests.ray.models import gather_model, mlp
+
+
+def relu_model():
+    """y = Relu(x) with x [N, M]: the trailing dim varies between requests too."""
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "M"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "M"])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+class Recording:
+    """A real session that also records the shapes each run was fed."""
+
+    def __init__(self, session):
+        self.session, self.runs = session, []
+
+    def run(self, names, feed):
+        self.runs.append({k: v.shape for k, v in feed.items()})
+        return self.session.run(names, feed)
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+
+def test_requests_of_different_shapes_are_never_stacked_together():
+    sess = Recording(InferenceSession(relu_model()))
+    rule = BatchRule(sess)
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(s).astype(np.float32) for s in [(1, 2), (2, 3), (3, 2), (1, 3)]]
+    results = run_jobs(sess, [rule.job({"x": x}, ["y"]) for x in xs])
+    for x, out in zip(xs, results):
+        np.testing.assert_array_equal(out[0], np.maximum(x, 0))
+    assert sorted(r["x"] for r in sess.runs) == [(3, 3), (4, 2)]  # one run per trailing shape
+
+
+def test_a_failing_request_fails_alone():
+    sess = InferenceSession(mlp(8, layers=1))
+    rule = BatchRule(sess)
+    good = np.ones((2, 8), np.float32)
+    jobs = [rule.job({"x": good}, ["y"]), rule.job({"x": good.astype(np.float64)}, ["y"]),
+            rule.job({"x": good[:1]}, ["y"])]
+    results = run_jobs(sess, jobs)
+    assert isinstance(results[1], DtypeMismatchError)
+    assert results[0][0].shape == (2, 8) and results[2][0].shape == (1, 8)
+
+
+def test_batch_dim_only_when_inputs_and_outputs_share_it():
+    assert BatchRule(InferenceSession(mlp(8, layers=1))).symbol == "N"
+    assert BatchRule(InferenceSession(gather_model())).symbol is None  # static shapes
+
+
+def test_app_builder_reads_serve_run_arguments(tmp_path):
+    import onnx
+
+    path = tmp_path / "tiny.onnx"
+    onnx.save(mlp(8, layers=1), str(path))
+    application = app({"model": str(path), "providers": "sim-gpu,cpu", "max_batch_size": "8",
+                       "batch_wait_timeout_s": "0.001", "name": "tiny"})
+    dep = application._bound_deployment
+    spec = dep.init_args[0]
+    assert dep.name == "tiny" and spec.max_batch_size == 8 and spec.batch_wait_timeout_s == 0.001
+    assert spec.providers == ["sim-gpu", "cpu"]
+    assert dep.ray_actor_options["num_gpus"] == 1  # the plan runs on sim-gpu:0, in process
+    with pytest.raises(ValueError, match="needs model=PATH"):
+        app({})
+
+
+def test_replica_resources_come_from_the_plan():
+    m = mlp(8, layers=1)
+    assert replica_resources(m, ["cpu"], {}).ray_actor_options == {"num_cpus": 1, "num_gpus": 0}
+    # a fallback to cpu (hetero off, Relu excluded): the replica needs no GPU
+    excl = [("sim-gpu", {"exclude_ops": ["Relu"]}), "cpu"]
+    assert replica_resources(m, excl, {}).ray_actor_options["num_gpus"] == 0
+    mixed = replica_resources(m, excl, {"hetero": True})
+    assert mixed.ray_actor_options["num_gpus"] == 1
+    assert build_app(m, ["cpu"]).\
+        _bound_deployment._deployment_config.max_ongoing_requests >= 64
+
+
+def test_protocol_roundtrip_and_refusals():
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    s = np.array(["a", "héllo"], dtype=object)
+    body, headers = infer_request_body([("x", x), ("s", s)], ["y"], binary=True, id="7")
+    req = parse_infer_request(body, headers["content-type"], headers[HEADER_LENGTH])
+    assert req.id == "7" and [o.name for o in req.outputs] == ["y"] and req.outputs[0].binary
+    np.testing.assert_array_equal(req.inputs[0][1], x)
+    assert req.inputs[1][1].tolist() == ["a", "héllo"]
+    for binary in (True, False):
+        req.binary_output, req.outputs = binary, None
+        out, resp_headers = infer_response("m", "1", req, [("y", x), ("s", s)])
+        tensors, head = parse_infer_response(out, resp_headers["content-type"],
+                                             resp_headers.get(HEADER_LENGTH))
+        assert head["model_name"] == "m" and head["id"] == "7"
+        np.testing.assert_array_equal(tensors["y"], x)
+        assert tensors["s"].tolist() == ["a", "héllo"]
+    bad = [
+        ({"inputs": [{"name": "x", "shape": [2], "datatype": "UINT8", "data": [1, 300]}]},
+         "out of range for UINT8"),
+        ({"inputs": [{"name": "x", "shape": [2], "datatype": "BOOL", "data": [1, 0]}]},
+         "BOOL data holds"),
+        ({"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [[1, 2], [3]]}]},
+         "holds 4 elements, 'data' has 3"),
+        ({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32"}]}, "no 'data'"),
+        ({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}],
+          "outputs": [{"name": "y", "parameters": {"classification": 3}}]}, "classification"),
+        ({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}],
+          "outputs": [{"name": "y"}, {"name": "y"}]}, "requested twice"),
+        ({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], "id": 5},
+         "'id' must be a string"),
+    ]
+    for obj, says in bad:
+        with pytest.raises(ProtocolError) as e:
+            parse_infer_request(json.dumps(obj).encode(), "application/json")
+        assert says in str(e.value) and e.value.status == 400, (obj, str(e.value))
+    nested = {"inputs": [{"name": "x", "shape": [2, 2], "datatype": "INT32",
+                          "data": [[1, 2], [3, 4]]}]}
+    assert parse_infer_request(json.dumps(nested).encode(), None).inputs[0][1].tolist() == [
+        [1, 2], [3, 4]]
