@@ -424,6 +424,27 @@ def app(args: Mapping[str, str]) -> Any:
     return build_app(kwargs.pop("model"), kwargs.pop("providers", None), **kwargs)
 
 
+def _logical_gpus(model: Any, build_kwargs: Mapping[str, Any]) -> int | None:
+    """The GPUs a local Ray declares when every device the plan uses is emulated
+    (sim-gpu): what the replicas reserve. None (Ray's own count) otherwise."""
+    providers = build_kwargs.get("providers")
+    names = [p if isinstance(p, str) else p[0] for p in providers or ()]
+    devices = [n for n in names if not n.startswith("cpu")]
+    if not devices or not all(n.startswith("sim-gpu") for n in devices):
+        return None
+    known = set(_BUILD_KEYWORDS)
+    opts = {k: v for k, v in build_kwargs.items() if k not in known and k != "providers"}
+    res = replica_resources(model, providers, opts)
+    per_replica = res.ray_actor_options.get("num_gpus", 0) + sum(
+        b.get("GPU", 0) for b in res.placement_group_bundles or ())
+    return int(np.ceil(per_replica * int(build_kwargs.get("num_replicas") or 1)))
+
+
+_BUILD_KEYWORDS = ("name", "num_replicas", "autoscaling_config", "max_batch_size",
+                   "batch_wait_timeout_s", "max_request_bytes", "max_ongoing_requests",
+                   "access_log")
+
+
 def serve_forever(model: Any, *, host: str = "127.0.0.1", port: int = 8000,
                   address: str | None = None, **build_kwargs: Any) -> int:
     """Serve ``model`` until SIGINT or SIGTERM, then shut down cleanly (the CLI's
@@ -437,9 +458,12 @@ def serve_forever(model: Any, *, host: str = "127.0.0.1", port: int = 8000,
     address = address or os.environ.get("RAY_ADDRESS") or None
     started = not ray.is_initialized() and address is None
     if not ray.is_initialized():
+        extra = {}
+        if address is None:  # sim-gpu devices are logical GPUs on a Ray of our own
+            extra["num_gpus"] = _logical_gpus(model, build_kwargs)
         # "local": a Ray of our own, never one that someone's `ray start` left running
         ray.init(address=address or "local", include_dashboard=False,
-                 logging_level=logging.WARNING)
+                 logging_level=logging.WARNING, **extra)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
                 for sig in (signal.SIGINT, signal.SIGTERM)}
