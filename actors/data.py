@@ -148,6 +148,12 @@ def infer(
 
     >>> out = infer(ray.data.from_numpy(x), "model.onnx", providers=["cpu"])  # doctest: +SKIP
     """
+    import ray
+
+    if isinstance(concurrency, tuple):
+        compute = ray.data.ActorPoolStrategy(min_size=concurrency[0], max_size=concurrency[1])
+    else:
+        compute = ray.data.ActorPoolStrategy(size=int(concurrency))
     kwargs: dict[str, Any] = {}
     if num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
@@ -159,6 +165,6 @@ def infer(
         batch_size=batch_size,
         batch_format="numpy",
         zero_copy_batch=True,
-        concurrency=concurrency,
+        compute=compute,
         **kwargs,
     )
