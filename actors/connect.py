@@ -40,20 +40,20 @@ def ensure_ray(
         return "connected"
     kwargs: dict[str, Any] = {"logging_level": logging.WARNING, **opts.ray_init}
     address = opts.ray_address or os.environ.get("RAY_ADDRESS") or None
-    how = "joined"
-    if address is None:
-        address = discovered_cluster()
-    if address is None:
-        how = "started"
-        kwargs = {**local_start_kwargs(demand or {}, logical_gpus), **kwargs}
-        address = "local"  # not a stale address file's cluster, whatever it says
+    if address is not None:
+        how, target = f"joined {address}", address
+    elif (found := discovered_cluster()) is not None:
+        # address=None, so Ray itself finds it again, and turns its token authentication
+        # on as it does only for a cluster it discovered (never for a given address)
+        how, target = f"joined {found}", None
     else:
-        how = f"joined {address}"
+        how, target = "started", "local"  # not a stale record's cluster, whatever it says
+        kwargs = {**local_start_kwargs(demand or {}, logical_gpus), **kwargs}
     try:
-        log.info("%s Ray", "starting a local" if how == "started" else f"joining the {address}")
-        ray.init(address=address, **kwargs)
+        log.info("%s Ray", "starting a local" if how == "started" else how.replace("joined", "joining"))
+        ray.init(address=target, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
-        where = "a local Ray" if how == "started" else f"the Ray cluster at {address}"
+        where = "a local Ray" if how == "started" else f"the Ray cluster at {how.split()[-1]}"
         raise ActorError(f"could not connect to {where}: {e}") from e
     log.info("Ray %s; resources: %s", how, ray.cluster_resources())
     return how
