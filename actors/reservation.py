@@ -39,7 +39,8 @@ class ActorSlot:
     bundle: int
     num_cpus: float
     num_gpus: float
-    threads: int | None = None  # BLAS threads in the actor (None: leave Ray's setting)
+    threads: int | None = None  # BLAS threads in the actor (None: its host's cores / share)
+    share: int = 1  # this plan's stages on the same node (they split its cores)
     handle: Any = None
     #: the actor's constructor argument, put once and held: Ray re-reads it at each
     #: restart, so it must outlive the creation task (ray-project/ray#53727)
@@ -109,16 +110,15 @@ def bundles_for(devices: Sequence[str], opts: RayOptions) -> list[dict[str, floa
     return bundles
 
 
-def stage_threads(slots: Sequence[ActorSlot], cpus_per_node: dict[str, float]) -> None:
-    """Unset thread counts: each stage gets its node's cores over the stages placed there
-    (so one stage alone on a 2-core laptop uses both, two stages one each)."""
+def stage_shares(slots: Sequence[ActorSlot]) -> None:
+    """How many of the plan's stages share each slot's node: an actor without a thread
+    count takes its host's cores over that share (one stage alone on a 2-core laptop
+    uses both cores, two stages one each)."""
     on_node: dict[str, int] = {}
     for slot in slots:
         on_node[slot.node] = on_node.get(slot.node, 0) + 1
     for slot in slots:
-        if slot.threads is None:
-            cores = cpus_per_node.get(slot.node) or os.cpu_count() or 1
-            slot.threads = max(1, int(cores // on_node[slot.node]))
+        slot.share = on_node[slot.node]
 
 
 def checkout_root() -> str:
@@ -261,9 +261,7 @@ class Reservation:
             nodes = {}
         for slot in self.slots:
             slot.node = str(nodes.get(slot.bundle + self.first_bundle, ""))
-        cpus = {n["NodeID"]: float(n.get("Resources", {}).get("CPU", 0))
-                for n in ray.nodes() if n.get("Alive")}
-        stage_threads(self.slots, cpus)
+        stage_shares(self.slots)
 
     def _start_actors(self) -> None:
         started = time.perf_counter()
@@ -335,7 +333,7 @@ class Reservation:
                 self.opts.seam_transport,
                 self.profile,
                 {"prefix": f"{self.shm_prefix}-s{slot.index}", "budget": self.opts.shm_seam_bytes},
-                slot.threads,
+                slot.threads or -slot.share,  # negative: a share of the host's cores
             )
         )
 

@@ -86,7 +86,7 @@ class StageActor:
         seam_transport: str = "object_store",
         profile: bool = False,
         seam_config: dict[str, Any] | None = None,
-        threads: int | None = None,
+        threads: int | None = None,  # BLAS threads; negative: a share of the host's cores
     ):
         if isinstance(spec, tuple):
             # the spec, put once by the coordinator, which holds the ref: a restart reads
@@ -271,10 +271,13 @@ class StageActor:
 
 
 def _limit_threads(threads: int | None) -> int | None:
-    """Give this process's BLAS ``threads`` threads (Ray sets OMP_NUM_THREADS=1 for an
-    actor with a fraction of a CPU; a lone stage on a node may use all its cores)."""
+    """Give this process's BLAS ``threads`` threads, or, when negative, this host's cores
+    over ``-threads`` stages (Ray sets OMP_NUM_THREADS=1 for an actor with a fraction of
+    a CPU; a lone stage on a node may use all its cores)."""
     if not threads:
         return None
+    if threads < 0:
+        threads = max(1, (os.cpu_count() or 1) // -threads)
     try:
         from threadpoolctl import threadpool_limits
 

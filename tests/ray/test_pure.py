@@ -13,7 +13,7 @@ from onnx import helper
 
 from actors.options import RayOptions
 from actors.remote_errors import SegmentRunError, user_error
-from actors.reservation import plan_slots, stage_threads
+from actors.reservation import plan_slots, stage_shares
 from actors.stage import compile_stage
 from actors.stage_model import load_stage_graph, stage_spec
 from actors.transport.wire import (
@@ -161,8 +161,8 @@ def test_plan_slots_reserve_a_fraction_of_a_cpu_and_the_device_per_stage():
     assert bundles == [{"CPU": 0.5}, {"CPU": 0.5, "GPU": 1.0}, {"CPU": 0.5}]
     for slot, node in zip(slots, ["a", "a", "b"]):
         slot.node = node
-    stage_threads(slots, {"a": 2.0, "b": 4.0})
-    assert [s.threads for s in slots] == [1, 1, 4]
+    stage_shares(slots)
+    assert [s.share for s in slots] == [2, 2, 1] and all(s.threads is None for s in slots)
 
 
 def test_options_are_checked():
