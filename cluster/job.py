@@ -3,7 +3,8 @@
 Joins the cluster it runs in (``ray_address="auto"``), builds the demo detector
 (conv backbone on the GPU provider, NonMaxSuppression on cpu) with heterogeneous
 placement, runs it, checks it against a cpu session, and prints the placement
-report, per-segment timings and where the segment actors run. Submit it with
+report (its pipeline stages too), per-stage and per-segment timings and where the
+stage actors run. Submit it with
 (see cluster/README.md):
 
     ray job submit --address http://127.0.0.1:8290 --working-dir . -- python cluster/job.py
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = {
             "provider": provider,
             "segments": len(sess.placement.segments),
+            "stages": len(sess.placement.stages),
             "actors": len(where),
             "nodes": len({w["node"] for w in where}),
             "ms_per_run_pipelined": round(per_run * 1e3, 2),
