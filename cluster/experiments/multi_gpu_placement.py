@@ -9,10 +9,12 @@ plus the slowest stage and the pipeline's throughput.
     python cluster/experiments/multi_gpu_placement.py                 # a local Ray
     python cluster/experiments/multi_gpu_placement.py --ray-address auto  # a cluster
 
-The predicted costs come from the planner's nominal-GPU cost model; sim-gpu runs
-NumPy on host cores, so compare the *shape* (which stage is slowest, the ratios
-between stages), not the absolute numbers. Needs 4 GPUs in the cluster (logical ones
-are fine: the local start declares them).
+Each device is one pipeline stage (one actor). The predicted costs come from the
+planner's cost model for the provider: for sim-gpu, which runs NumPy on host cores,
+the host's (its GEMM rate, memory bandwidth and per-node overhead, probed once), so
+the four stages, sharing the host's cores, run slower than predicted when they run at
+once; compare the shape (which stage is slowest, the ratios between stages). Needs 4
+GPUs in the cluster (logical ones are fine: the local start declares them).
 """
 
 from __future__ import annotations
@@ -145,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.ray_address:
         ray.init(address=a.ray_address, log_to_driver=False)
-    else:  # a small local Ray with 4 logical GPUs, one BLAS thread per actor
+    else:  # a small local Ray of its own with 4 logical GPUs, one BLAS thread per actor
         ray.init(
+            address="local",
             num_cpus=4,
             num_gpus=4,
             include_dashboard=False,
@@ -161,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     model = uneven_mlp()
     results = [
-        run_strategy(model, s, a.batch, a.requests, {"ray_address": a.ray_address})
+        run_strategy(model, s, a.batch, a.requests, {"ray_address": a.ray_address,
+                                                     "stage_threads": 1})
         for s in a.strategies
     ]
     print(f"uneven MLP widths {WIDTHS}, batch {a.batch}, {a.requests} requests per strategy")
