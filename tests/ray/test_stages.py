@@ -113,3 +113,57 @@ def test_a_saved_plan_brings_its_stages_to_ray(ray_session, tmp_path):
         assert len(sess.stage_actors) == 2
         x = {"x": np.random.default_rng(3).standard_normal((2, 32)).astype(np.float32)}
         assert_close(sess.run(None, x), InferenceSession(m).run(None, x))
+
+
+@ray.remote(num_cpus=0.25)
+class _Replica:
+    """What a Serve replica with placement_group_bundles does: drive its own stages."""
+
+    def __init__(self, model_bytes: bytes, providers, stages):
+        self.sess = InferenceSession(model_bytes, providers, hetero=True, executor="ray",
+                                     placement_group="current", stages=stages)
+
+    def run(self, feed):
+        return self.sess.run(None, feed)
+
+    def placed(self):
+        from ray.util import get_current_placement_group
+
+        ex = self.sess._executor
+        return {"pg": get_current_placement_group().id.hex(),
+                "own": ex.reservation.pg.id.hex(),
+                "bundles": [s.bundle + ex.reservation.first_bundle for s in ex.slots]}
+
+    def close(self):
+        self.sess.close()
+
+
+def test_stage_actors_go_into_the_callers_placement_group(ray_session):
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    import actors
+    from tests.ray.models import mlp as small_mlp
+
+    m = small_mlp(layers=2)
+    providers = [("sim-gpu", {"exclude_ops": ["Relu"]}), "cpu"]
+    bundles = actors.stage_bundles(m, providers, hetero=True, stages=[3])
+    assert bundles == [{"CPU": 0.25, "GPU": 1.0}, {"CPU": 0.25}]
+    pg = placement_group([{"CPU": 0.25}, *bundles])
+    ray.get(pg.ready(), timeout=60)
+    try:
+        replica = _Replica.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=pg, placement_group_bundle_index=0,
+            placement_group_capture_child_tasks=True)).remote(m.SerializeToString(), providers,
+                                                              [3])
+        where = ray.get(replica.placed.remote())
+        assert where["own"] == where["pg"] == pg.id.hex() and where["bundles"] == [1, 2]
+        x = {"x": np.random.default_rng(0).standard_normal((2, 32)).astype(np.float32)}
+        assert_close(ray.get(replica.run.remote(x)), InferenceSession(m).run(None, x))
+        ray.get(replica.close.remote())
+        ray.kill(replica)
+    finally:
+        remove_placement_group(pg)
+    # without a placement group to join, the session says so
+    with pytest.raises(Exception, match="does not run in a placement group"):
+        InferenceSession(m, providers, hetero=True, executor="ray", placement_group="current")
