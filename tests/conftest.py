@@ -39,8 +39,7 @@ def ray_session():
     if not ray.is_initialized():
         # small, and with logical GPUs: sim-gpu segment actors reserve GPU resources
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        # address="local": a Ray of our own, never a `ray start` cluster another test
-        # (or engineer) on this host left in /tmp/ray/ray_current_cluster
+        # address="local": a Ray of its own, even when a `ray start` cluster runs here
         ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False,
                  log_to_driver=False,
                  object_store_memory=1 << 30,
