@@ -291,36 +291,32 @@ class ReplicaResources:
 
 
 def replica_resources(model: Any, providers: Sequence[Any] | None,
-                      session_options: Mapping[str, Any]) -> ReplicaResources:
+                      session_options: Mapping[str, Any], num_cpus: float = 1) -> ReplicaResources:
     """A replica's resources from its plan.
 
-    A plan on several stage actors (`actors.stage_bundles`, when the Ray layer offers
-    it) reserves a placement group: the replica's own CPU bundle first, then a bundle
-    per stage, which the replica's session fills (``placement_group="current"``). A plan
-    run in process reserves a GPU per device it places nodes on.
+    A mixed plan of several pipeline stages (or any plan with ``executor="ray"``) runs on
+    stage actors that the replica drives: the replica reserves a placement group, its
+    own bundle first and then the stages' (`actors.stage_bundles`), which its session
+    fills (``placement_group="current"``). Any other plan runs in the replica's process,
+    which reserves a GPU per device the plan places nodes on.
     """
     opts = dict(session_options)
-    stages = _stage_bundles(model, providers, opts)
-    if stages:
-        opts.setdefault("executor", "ray")
-        opts.setdefault("placement_group", "current")
-        return ReplicaResources({"num_cpus": 1, "num_gpus": 0}, [{"CPU": 1.0}, *stages], opts)
-    gpus = len(_plan_devices(model, providers, opts))
-    return ReplicaResources({"num_cpus": 1, "num_gpus": gpus}, None, opts)
+    devices, segments = _plan_devices(model, providers, opts)
+    executor = opts.get("executor")
+    if executor == "ray" or (executor is None and segments > 1):
+        from actors import stage_bundles
+
+        stages = stage_bundles(model, providers, **opts)
+        if executor == "ray" or len(stages) > 1:
+            opts.update(executor="ray", placement_group="current")
+            return ReplicaResources({"num_cpus": num_cpus, "num_gpus": 0},
+                                    [{"CPU": float(num_cpus)}, *stages], opts)
+    return ReplicaResources({"num_cpus": num_cpus, "num_gpus": len(devices)}, None, opts)
 
 
-def _stage_bundles(model: Any, providers: Any, opts: Mapping[str, Any]) -> list[dict[str, float]]:
-    import actors
-
-    fn = getattr(actors, "stage_bundles", None)
-    if fn is None:  # a Ray layer without stage actors: the plan runs in the replica
-        return []
-    return list(fn(model, providers, **opts))
-
-
-def _plan_devices(model: Any, providers: Any, opts: Mapping[str, Any]) -> set[str]:
-    """The device providers the plan places nodes on; by name where this process
-    cannot plan (e.g. a head node without the GPU library)."""
+def _plan_devices(model: Any, providers: Any, opts: Mapping[str, Any]) -> tuple[set[str], int]:
+    """The device providers the plan places nodes on, and its segment count; by name
+    where this process cannot plan (e.g. a head node without the GPU library)."""
     from hetero_exec.ir import load
     from hetero_exec.placement.decide import build_session_plan
     from hetero_exec.session import SessionOptions
@@ -329,11 +325,12 @@ def _plan_devices(model: Any, providers: Any, opts: Mapping[str, Any]) -> set[st
     try:
         _, graph = load(model, core.get("base_dir"))
         build = build_session_plan(graph, providers, SessionOptions.from_kwargs(core))
-        return {s.provider.name for s in build.placement.segments if s.provider.is_device}
+        segments = build.placement.segments
+        return {s.provider.name for s in segments if s.provider.is_device}, len(segments)
     except (HeteroExecError, ImportError) as e:
         log.warning("cannot plan here (%s): reserving a GPU per non-cpu provider named", e)
         names = [p if isinstance(p, str) else p[0] for p in providers or ()]
-        return {n for n in names if not n.startswith("cpu")}
+        return {n for n in names if not n.startswith("cpu")}, 1
 
 
 def model_name(model: Any) -> str:
@@ -359,6 +356,7 @@ def build_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     max_ongoing_requests: int | None = None,
     access_log: bool = False,
+    num_cpus: float = 1,
     **session_options: Any,
 ) -> Any:
     """A Serve application serving ``model`` over the Open Inference Protocol.
@@ -367,7 +365,8 @@ def build_app(
     ``batch_wait_timeout_s`` is how long a batch waits to fill once its first request
     came (0: it takes what has queued while the previous batch ran, so a lone request
     waits for nothing). ``access_log``: Serve's log line per request (off: it costs
-    a replica about a millisecond a request). Other keywords are session options.
+    a replica about a millisecond a request). ``num_cpus``: what the replica itself
+    reserves. Other keywords are session options.
 
     >>> serve.run(build_app("mlp.onnx", providers=["cpu"]))  # doctest: +SKIP
     """
@@ -376,7 +375,7 @@ def build_app(
     elif isinstance(model, os.PathLike):
         model = os.fspath(model)
     name = name or model_name(model)
-    res = replica_resources(model, providers, session_options)
+    res = replica_resources(model, providers, session_options, num_cpus)
     spec = ServeSpec(model, list(providers) if providers is not None else None, name,
                      int(max_batch_size), float(batch_wait_timeout_s), int(max_request_bytes),
                      res.session_options)
@@ -395,9 +394,11 @@ def build_app(
 
 
 #: ``serve run actors.serve:app key=value ...``: how each argument is read
-_ARG_TYPES = {"access_log": lambda t: str(t).strip().lower() in _TRUE, "num_replicas": int, "max_batch_size": int, "batch_wait_timeout_s": float,
-              "max_request_bytes": int, "max_ongoing_requests": int}
 _TRUE = ("1", "true", "on", "yes")
+_ARG_TYPES = {"access_log": lambda t: str(t).strip().lower() in _TRUE, "num_replicas": int,
+              "num_cpus": float, "stages": lambda t: int(t) if str(t).isdigit() else t,
+              "max_batch_size": int, "batch_wait_timeout_s": float, "max_request_bytes": int,
+              "max_ongoing_requests": int}
 
 
 def app(args: Mapping[str, str]) -> Any:
@@ -442,7 +443,7 @@ def _logical_gpus(model: Any, build_kwargs: Mapping[str, Any]) -> int | None:
 
 _BUILD_KEYWORDS = ("name", "num_replicas", "autoscaling_config", "max_batch_size",
                    "batch_wait_timeout_s", "max_request_bytes", "max_ongoing_requests",
-                   "access_log")
+                   "access_log", "num_cpus")
 
 
 def serve_forever(model: Any, *, host: str = "127.0.0.1", port: int = 8000,

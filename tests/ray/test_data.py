@@ -16,7 +16,7 @@ from actors.data import (
 )
 from hetero_exec import InferenceSession
 from hetero_exec.errors import DtypeMismatchError
-from tests.ray.helpers import eventually, live_placement_groups, live_segment_actors
+from tests.ray.helpers import eventually, live_placement_groups, live_stage_actors
 from tests.ray.models import mlp
 
 pytestmark = pytest.mark.ray
@@ -105,7 +105,7 @@ def test_stage_actors_driven_by_the_replica(ray_session, tmp_path):
     out = infer(ray.data.from_items(items), path, providers=MIXED, hetero=True,
                 executor="ray", batch_size=8, concurrency=1)
     check_rows(out.take_all(), items, path)
-    assert eventually(lambda: not live_segment_actors() and not live_placement_groups(), 30)
+    assert eventually(lambda: not live_stage_actors() and not live_placement_groups(), 30)
 
 
 def _error_chain(e):

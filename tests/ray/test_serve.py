@@ -21,6 +21,7 @@ import pytest
 
 from actors.client import AsyncInferenceClient, InferenceClient, InferenceServerError
 from actors.transport.wire import encode_request, encode_tensor
+from tests.ray.helpers import eventually, live_placement_groups, live_stage_actors
 from tests.ray.models import gather_model, mlp
 
 pytestmark = pytest.mark.ray
@@ -41,17 +42,19 @@ def free_port() -> int:
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("serve")
     paths = {"mlp": str(d / "mlp.onnx"), "mixed": str(d / "mixed.onnx"),
-             "gather": str(d / "gather.onnx")}
+             "gather": str(d / "gather.onnx"), "stages": str(d / "stages.onnx")}
     onnx.save(mlp(WIDTH, layers=2), paths["mlp"])
     onnx.save(mlp(WIDTH, layers=2, seed=1), paths["mixed"])
     onnx.save(gather_model(), paths["gather"])
+    onnx.save(mlp(WIDTH, layers=2, seed=2), paths["stages"])
     return paths
 
 
 @pytest.fixture(scope="module")
 def server(ray_session, models):
-    """Three apps on one Serve: mlp at /, a mixed plan at /mixed, gather at /gather.
-    Serve is shut down at the end, so later tests find the Ray as it was."""
+    """Four apps on one Serve: mlp at /, a mixed plan run in its replica at /mixed,
+    gather at /gather, a two-stage mixed plan on stage actors its replica drives at
+    /stages. Serve is shut down at the end, so later tests find the Ray as it was."""
     from ray import serve
 
     from actors.serve import build_app
@@ -64,8 +67,11 @@ def server(ray_session, models):
                                       max_request_bytes=LIMIT), name="mlp", route_prefix="/"),
             serve.RunTarget(build_app(models["mixed"], MIXED, hetero=True, name="mixed"),
                             name="mixed", route_prefix="/mixed"),
-            serve.RunTarget(build_app(models["gather"], name="gather"), name="gather",
-                            route_prefix="/gather"),
+            serve.RunTarget(build_app(models["gather"], name="gather", num_cpus=0.5),
+                            name="gather", route_prefix="/gather"),
+            serve.RunTarget(build_app(models["stages"], MIXED, hetero=True, stages=2,
+                                      name="stages", num_cpus=0.5),
+                            name="stages", route_prefix="/stages"),
         ])
         yield f"127.0.0.1:{port}"
     finally:
@@ -148,6 +154,34 @@ def test_mixed_plan_app_reports_its_placement(server, models):
         "sim-gpu:0", "cpu", "sim-gpu:0", "cpu"]
     x = rand(5, seed=3)
     close(client.infer(x)["y"], ort(models["mixed"], {"x": x})[0])
+
+
+def test_multi_stage_replica_drives_stage_actors_in_its_placement_group(server, models):
+    import ray
+    from ray import serve
+
+    from actors.serve import replica_resources
+
+    res = replica_resources(models["stages"], MIXED, {"hetero": True, "stages": 2}, 0.5)
+    assert res.placement_group_bundles == [{"CPU": 0.5}, {"CPU": 0.25, "GPU": 1.0},
+                                           {"CPU": 0.25}]
+    assert res.session_options["placement_group"] == "current"
+    client = InferenceClient(f"http://{server}/stages", "stages")
+    placement = client.model_metadata()["placement"]
+    assert placement["heterogeneous"] and "stage" in placement["report"]
+    stage_actors = live_stage_actors()
+    assert len(stage_actors) >= 2
+    bundles = [pg["bundles"] for pg in ray.util.placement_group_table().values()
+               if pg["state"] == "CREATED"]
+    assert [{"CPU": 0.5}, {"CPU": 0.25, "GPU": 1.0}, {"CPU": 0.25}] in [
+        list(b.values()) for b in bundles]
+    for rows in (1, 3, 8):
+        x = rand(rows, seed=rows)
+        close(client.infer(x)["y"], ort(models["stages"], {"x": x})[0])
+    pgs = live_placement_groups()
+    serve.delete("stages")  # the replica goes, and its stage actors and group with it
+    assert eventually(lambda: not (live_stage_actors() & stage_actors), 60)
+    assert eventually(lambda: len(live_placement_groups() & pgs) < len(pgs), 60)
 
 
 def test_concurrent_clients_are_batched_and_each_gets_its_own_rows(server, models):
