@@ -96,10 +96,20 @@ def test_replica_resources_come_from_the_plan():
     # a fallback to cpu (hetero off, Relu excluded): the replica needs no GPU
     excl = [("sim-gpu", {"exclude_ops": ["Relu"]}), "cpu"]
     assert replica_resources(m, excl, {}).ray_actor_options["num_gpus"] == 0
-    mixed = replica_resources(m, excl, {"hetero": True})
-    assert mixed.ray_actor_options["num_gpus"] == 1
+    # one stage (given, so no Ray is asked for the hop cost): run in the replica's process
+    mixed = replica_resources(m, excl, {"hetero": True, "stages": 1})
+    assert mixed.ray_actor_options["num_gpus"] == 1 and mixed.placement_group_bundles is None
+    # two stages: on stage actors in the replica's placement group, bundle 0 its own
+    staged = replica_resources(m, excl, {"hetero": True, "stages": [1]}, num_cpus=0.5)
+    assert staged.placement_group_bundles == [{"CPU": 0.5}, {"CPU": 0.25, "GPU": 1.0},
+                                              {"CPU": 0.25}]
+    assert staged.session_options == {"hetero": True, "stages": [1], "executor": "ray",
+                                      "placement_group": "current"}
     assert build_app(m, ["cpu"]).\
         _bound_deployment._deployment_config.max_ongoing_requests >= 64
+    import ray
+
+    assert not ray.is_initialized(), "planning a replica must not start a Ray here"
 
 
 def test_protocol_roundtrip_and_refusals():

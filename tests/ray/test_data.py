@@ -19,10 +19,11 @@ from hetero_exec.errors import DtypeMismatchError
 from tests.ray.helpers import eventually, live_placement_groups, live_stage_actors
 from tests.ray.models import mlp
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
 WIDTH = 16
 MIXED = [("sim-gpu", {"exclude_ops": ["Relu"]}), "cpu"]  # Relu on cpu: a mixed plan
+CPU = 0.5  # per replica: the session's Ray may have only 2 CPUs
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def test_infer_cpu_plan_row_by_row(ray_session, model_path):
     ray = ray_session
     items = rows(37)
     out = infer(ray.data.from_items(items), model_path, providers=["cpu"], batch_size=8,
-                concurrency=2)
+                concurrency=2, num_cpus=CPU)
     check_rows(out.take_all(), items, model_path)
 
 
@@ -81,6 +82,7 @@ def test_map_batches_mixed_plan_in_replica(ray_session, model_path):
         batch_size=16,
         compute=ray.data.ActorPoolStrategy(size=1),
         num_gpus=1,
+        num_cpus=CPU,
     )
     check_rows(out.take_all(), items, model_path)
 
@@ -90,7 +92,7 @@ def test_from_numpy_read_only_batches(ray_session, model_path):
     xs = np.random.default_rng(2).standard_normal((20, WIDTH)).astype(np.float32)
     xs.setflags(write=False)
     ds = ray.data.from_numpy(xs).rename_columns({"data": "x"})
-    got = np.concatenate([b["y"] for b in infer(ds, model_path, batch_size=7).iter_batches(
+    got = np.concatenate([b["y"] for b in infer(ds, model_path, batch_size=7, num_cpus=CPU).iter_batches(
         batch_format="numpy", batch_size=None)])
     np.testing.assert_allclose(got, ort_rows(model_path, list(xs)), rtol=1e-5, atol=1e-6)
 
@@ -102,10 +104,12 @@ def test_stage_actors_driven_by_the_replica(ray_session, tmp_path):
     path = str(tmp_path / "one.onnx")
     onnx.save(mlp(WIDTH, layers=1), path)
     items = rows(24, seed=3)
+    actors_before, groups_before = live_stage_actors(), live_placement_groups()
     out = infer(ray.data.from_items(items), path, providers=MIXED, hetero=True,
-                executor="ray", batch_size=8, concurrency=1)
+                executor="ray", batch_size=8, concurrency=1, num_cpus=CPU)
     check_rows(out.take_all(), items, path)
-    assert eventually(lambda: not live_stage_actors() and not live_placement_groups(), 30)
+    assert eventually(lambda: live_stage_actors() <= actors_before
+                      and live_placement_groups() <= groups_before, 30)
 
 
 def _error_chain(e):
@@ -118,7 +122,7 @@ def test_wrong_dtype_is_our_typed_error_inside_ray_datas(ray_session, model_path
     ray = ray_session
     items = [{"id": 0, "x": np.zeros(WIDTH, np.float64)}]  # float64, the model takes float32
     with pytest.raises(Exception) as e:
-        infer(ray.data.from_items(items), model_path).take_all()
+        infer(ray.data.from_items(items), model_path, num_cpus=CPU).take_all()
     # Ray Data carries the replica's error as text (a RayTaskError(UserCodeException))
     text = "".join(str(x) for x in _error_chain(e.value))
     assert "DtypeMismatchError: input 'x': dtype mismatch, expected float, got float64" in text
@@ -128,7 +132,7 @@ def test_missing_column_is_named(ray_session, model_path):
     ray = ray_session
     with pytest.raises(Exception) as e:
         infer(ray.data.from_items([{"id": 0, "z": np.zeros(WIDTH, np.float32)}]),
-              model_path).take_all()
+              model_path, num_cpus=CPU).take_all()
     text = "".join(str(x) for x in _error_chain(e.value))
     assert "no column 'x'" in text and "['id', 'z']" in text
 

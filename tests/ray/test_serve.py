@@ -24,11 +24,13 @@ from actors.transport.wire import encode_request, encode_tensor
 from tests.ray.helpers import eventually, live_placement_groups, live_stage_actors
 from tests.ray.models import gather_model, mlp
 
-pytestmark = pytest.mark.ray
+# a hang (a replica that cannot be scheduled) fails instead of blocking the suite
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
 WIDTH = 16
 LIMIT = 1 << 16  # the main app's body limit, small enough to test
 MIXED = [("sim-gpu", {"exclude_ops": ["Relu"]}), "cpu"]
+CPU = 0.25  # what each replica reserves
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -54,7 +56,9 @@ def models(tmp_path_factory):
 def server(ray_session, models):
     """Four apps on one Serve: mlp at /, a mixed plan run in its replica at /mixed,
     gather at /gather, a two-stage mixed plan on stage actors its replica drives at
-    /stages. Serve is shut down at the end, so later tests find the Ray as it was."""
+    /stages. Serve is shut down at the end, so later tests find the Ray as it was.
+    Replicas take a quarter CPU each: the session's Ray may have only 2 CPUs (the
+    embedded default sizes it to the machine when a test started it first)."""
     from ray import serve
 
     from actors.serve import build_app
@@ -64,13 +68,14 @@ def server(ray_session, models):
     try:
         serve.run_many([
             serve.RunTarget(build_app(models["mlp"], ["cpu"], max_batch_size=16,
-                                      max_request_bytes=LIMIT), name="mlp", route_prefix="/"),
-            serve.RunTarget(build_app(models["mixed"], MIXED, hetero=True, name="mixed"),
-                            name="mixed", route_prefix="/mixed"),
-            serve.RunTarget(build_app(models["gather"], name="gather", num_cpus=0.5),
+                                      max_request_bytes=LIMIT, num_cpus=CPU),
+                            name="mlp", route_prefix="/"),
+            serve.RunTarget(build_app(models["mixed"], MIXED, hetero=True, name="mixed",
+                                      num_cpus=CPU), name="mixed", route_prefix="/mixed"),
+            serve.RunTarget(build_app(models["gather"], name="gather", num_cpus=CPU),
                             name="gather", route_prefix="/gather"),
             serve.RunTarget(build_app(models["stages"], MIXED, hetero=True, stages=2,
-                                      name="stages", num_cpus=0.5),
+                                      name="stages", num_cpus=CPU),
                             name="stages", route_prefix="/stages"),
         ])
         yield f"127.0.0.1:{port}"
@@ -162,8 +167,8 @@ def test_multi_stage_replica_drives_stage_actors_in_its_placement_group(server, 
 
     from actors.serve import replica_resources
 
-    res = replica_resources(models["stages"], MIXED, {"hetero": True, "stages": 2}, 0.5)
-    assert res.placement_group_bundles == [{"CPU": 0.5}, {"CPU": 0.25, "GPU": 1.0},
+    res = replica_resources(models["stages"], MIXED, {"hetero": True, "stages": 2}, CPU)
+    assert res.placement_group_bundles == [{"CPU": CPU}, {"CPU": 0.25, "GPU": 1.0},
                                            {"CPU": 0.25}]
     assert res.session_options["placement_group"] == "current"
     client = InferenceClient(f"http://{server}/stages", "stages")
@@ -173,7 +178,7 @@ def test_multi_stage_replica_drives_stage_actors_in_its_placement_group(server, 
     assert len(stage_actors) >= 2
     bundles = [pg["bundles"] for pg in ray.util.placement_group_table().values()
                if pg["state"] == "CREATED"]
-    assert [{"CPU": 0.5}, {"CPU": 0.25, "GPU": 1.0}, {"CPU": 0.25}] in [
+    assert [{"CPU": CPU}, {"CPU": 0.25, "GPU": 1.0}, {"CPU": 0.25}] in [
         list(b.values()) for b in bundles]
     for rows in (1, 3, 8):
         x = rand(rows, seed=rows)
