@@ -427,7 +427,8 @@ def app(args: Mapping[str, str]) -> Any:
 
 def _logical_gpus(model: Any, build_kwargs: Mapping[str, Any]) -> int | None:
     """The GPUs a local Ray declares when every device the plan uses is emulated
-    (sim-gpu): what the replicas reserve. None (Ray's own count) otherwise."""
+    (sim-gpu): one per device per replica, what an in-process replica or its stage
+    actors reserve. None (Ray's own count) otherwise. Plans without starting a Ray."""
     providers = build_kwargs.get("providers")
     names = [p if isinstance(p, str) else p[0] for p in providers or ()]
     devices = [n for n in names if not n.startswith("cpu")]
@@ -435,10 +436,8 @@ def _logical_gpus(model: Any, build_kwargs: Mapping[str, Any]) -> int | None:
         return None
     known = set(_BUILD_KEYWORDS)
     opts = {k: v for k, v in build_kwargs.items() if k not in known and k != "providers"}
-    res = replica_resources(model, providers, opts)
-    per_replica = res.ray_actor_options.get("num_gpus", 0) + sum(
-        b.get("GPU", 0) for b in res.placement_group_bundles or ())
-    return int(np.ceil(per_replica * int(build_kwargs.get("num_replicas") or 1)))
+    used, _ = _plan_devices(model, providers, opts)
+    return max(len(used), 1) * int(build_kwargs.get("num_replicas") or 1)
 
 
 _BUILD_KEYWORDS = ("name", "num_replicas", "autoscaling_config", "max_batch_size",
