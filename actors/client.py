@@ -80,6 +80,12 @@ class InferenceClient:
             self._metadata = json.loads(self._request("GET", f"/v2/models/{self.model}")[2])
         return self._metadata
 
+    def model_stats(self) -> dict[str, Any]:
+        """Inferences (rows) and executions (runs) so far: fewer executions than
+        inferences means requests were batched."""
+        stats = json.loads(self._request("GET", f"/v2/models/{self.model}/stats")[2])
+        return stats["model_stats"][0]
+
     def infer(self, inputs: Any, outputs: Sequence[str] | None = None,
               id: str | None = None) -> dict[str, np.ndarray]:
         """The outputs (all, or those named) for ``inputs``: a mapping of name to array,

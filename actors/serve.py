@@ -6,17 +6,19 @@ Three ways to start it::
     serve.run(build_app("model.onnx", providers=["gpu", "cpu"], max_batch_size=32))
     hetero-exec serve model.onnx --providers gpu,cpu --hetero --port 8000
 
-Each replica builds one session. Requests are batched along the batch dimension with
-``@serve.batch`` (`actors.batching`: only requests of one shape are stacked). A replica
+Each replica builds one session. Requests that arrive while it runs are batched along
+the batch dimension with ``@serve.batch`` (`actors.batching`: only requests of one
+shape are stacked); an idle replica runs a lone request at once. A replica
 reserves what its plan needs: a GPU per device of an in-process plan, or, for a plan
 that runs on several stage actors, a placement group with the replica's bundle first
 and the stages' bundles after it (``placement_group="current"``).
 
 Routes: ``GET /v2/health/live``, ``/v2/health/ready``, ``/v2``, ``/v2/models/{name}``
 (its metadata has the placement report), ``/v2/models/{name}/ready``, and ``POST
-/v2/models/{name}/infer`` (``/versions/1`` may follow the name). A bad request gets a
-4xx and ``{"error": ...}`` naming what is wrong; a fault in the replica a 5xx. The
-replica keeps serving after either.
+/v2/models/{name}/infer`` (``/versions/1`` may follow the name); ``GET
+/v2/models/{name}/stats`` counts inferences (rows) and executions (session runs). A
+bad request gets a 4xx and ``{"error": ...}`` naming what is wrong; a fault in the
+replica a 5xx. The replica keeps serving after either.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import json
 import logging
 import os
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -93,6 +96,8 @@ class HeteroModel:
         self._batched.set_max_batch_size(max(spec.max_batch_size, 1))
         self._batched.set_batch_wait_timeout_s(spec.batch_wait_timeout_s)
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="hetero-serve")
+        self._running = 0  # session runs in flight
+        self.counts = Counts(self.session)
         self.metadata = model_metadata(self)
         log.info("serving %s on %s (batch dim %s)", self.name,
                  ", ".join(self.session.get_providers()), self.rule.symbol)
@@ -158,6 +163,9 @@ class HeteroModel:
         if tail == ["ready"]:
             _want(method, "GET", path)
             return _json({"name": self.name, "ready": True})
+        if tail == ["stats"]:
+            _want(method, "GET", path)
+            return _json(self.counts.stats(self.name))
         if tail == ["infer"]:
             _want(method, "POST", path)
             return await self._infer(request)
@@ -172,11 +180,14 @@ class HeteroModel:
         feed = self.feed(req.inputs)
         outputs = self.requested(req)
         job = self.rule.job(feed, outputs)
-        if self.batching and job.rows is not None and job.rows <= self.spec.max_batch_size:
+        # an idle replica runs a request at once (nothing is there to batch it with),
+        # unless a batch wait was asked for
+        idle = not self._running and not self.spec.batch_wait_timeout_s
+        if (not idle and self.batching and job.rows is not None
+                and job.rows <= self.spec.max_batch_size):
             result = await self._batched(job)
         else:
-            loop = asyncio.get_running_loop()
-            result = (await loop.run_in_executor(self._pool, run_jobs, self.session, [job]))[0]
+            result = (await self._run(jobs=[job]))[0]
         if isinstance(result, BaseException):
             raise result
         body, headers = infer_response(self.name, MODEL_VERSION, req, list(zip(outputs, result)))
@@ -185,8 +196,18 @@ class HeteroModel:
     @serve.batch(max_batch_size=DEFAULT_MAX_BATCH_SIZE, batch_wait_timeout_s=0.0,
                  batch_size_fn=_rows)
     async def _batched(self, jobs: list[Job]) -> list[Any]:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, run_jobs, self.session, jobs)
+        return await self._run(jobs)
+
+    async def _run(self, jobs: list[Job]) -> list[Any]:
+        """``jobs`` on a pool thread, so the loop keeps taking (and batching) requests."""
+        self._running += 1
+        try:
+            loop = asyncio.get_running_loop()
+            results = await loop.run_in_executor(self._pool, run_jobs, self.counts, jobs)
+        finally:
+            self._running -= 1
+        self.counts.answered(jobs, results)
+        return results
 
     def feed(self, inputs: Sequence[tuple[str, np.ndarray]]) -> dict[str, np.ndarray]:
         """A request's tensors as a feed: no duplicate or unknown name, the model's
@@ -217,6 +238,34 @@ class HeteroModel:
         session = getattr(self, "session", None)
         if session is not None:
             session.close()
+
+
+class Counts:
+    """The session, counting its runs (executions) and the rows answered (inferences),
+    as the protocol's statistics extension reports them."""
+
+    def __init__(self, session: Any):
+        self.session = session
+        self.executions = self.inferences = self.requests = 0
+        self._lock = threading.Lock()
+
+    def run(self, names: Sequence[str], feed: Mapping[str, Any]) -> list[Any]:
+        outs = self.session.run(names, feed)
+        with self._lock:
+            self.executions += 1
+        return outs
+
+    def answered(self, jobs: Sequence[Job], results: Sequence[Any]) -> None:
+        for job, result in zip(jobs, results):
+            if not isinstance(result, BaseException):
+                self.requests += 1
+                self.inferences += job.rows or 1
+
+    def stats(self, name: str) -> dict[str, Any]:
+        return {"model_stats": [{"name": name, "version": MODEL_VERSION,
+                                 "inference_count": self.inferences,
+                                 "execution_count": self.executions,
+                                 "request_count": self.requests}]}
 
 
 def _want(method: str, allowed: str, path: str) -> None:

@@ -193,6 +193,7 @@ def test_concurrent_clients_are_batched_and_each_gets_its_own_rows(server, model
     """16 threads, requests of 1-4 rows: stacked along the batch dim, cut back right."""
     errors, done = [], []
     client = InferenceClient(f"http://{server}", "mlp")
+    before = client.model_stats()
 
     def worker(k):
         try:
@@ -210,6 +211,10 @@ def test_concurrent_clients_are_batched_and_each_gets_its_own_rows(server, model
         t.join(120)
     assert not errors, errors[:3]
     assert len(done) == 96
+    after = client.model_stats()
+    requests = after["request_count"] - before["request_count"]
+    runs = after["execution_count"] - before["execution_count"]
+    assert requests == 96 and runs < requests, (requests, runs)  # some were stacked
 
 
 def test_async_client(server, models):
