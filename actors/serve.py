@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BATCH_SIZE = 32  # rows per stacked run
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
 MODEL_VERSION = "1"
+LARGE_MODEL_BYTES = 64 << 20
 
 
 @dataclass
@@ -410,6 +411,8 @@ def build_app(
 ) -> Any:
     """A Serve application serving ``model`` over the Open Inference Protocol.
 
+    ``model``: a path readable where the replicas run (best for large models), bytes
+    or a ModelProto (they travel in the deployment's config through Ray's GCS).
     ``max_batch_size`` counts rows along the batch dim (1 turns batching off);
     ``batch_wait_timeout_s`` is how long a batch waits to fill once its first request
     came (0: it takes what has queued while the previous batch ran, so a lone request
@@ -423,6 +426,10 @@ def build_app(
         model = model.SerializeToString()
     elif isinstance(model, os.PathLike):
         model = os.fspath(model)
+    if isinstance(model, bytes) and len(model) > LARGE_MODEL_BYTES:
+        log.warning("a %d MB model given as bytes travels in the deployment's config "
+                    "through Ray's GCS (512 MB a message, every app together): pass a path "
+                    "readable where the replicas run", len(model) >> 20)
     name = name or model_name(model)
     res = replica_resources(model, providers, session_options, num_cpus)
     spec = ServeSpec(model, list(providers) if providers is not None else None, name,

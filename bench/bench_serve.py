@@ -63,14 +63,14 @@ def wide_mlp(width: int, layers: int = 4):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def ort_deployment(model_bytes: bytes, threads: int):
+def ort_deployment(model_path: str, threads: int):
     """The hand-written baseline: onnxruntime behind a plain Serve deployment."""
     from ray import serve
 
     @serve.deployment(max_ongoing_requests=64, ray_actor_options={"num_cpus": 1},
                       logging_config={"enable_access_log": False})
     class OrtModel:
-        def __init__(self, model: bytes):
+        def __init__(self, model: str):
             import onnxruntime as ort
 
             so = ort.SessionOptions()
@@ -91,7 +91,7 @@ def ort_deployment(model_bytes: bytes, threads: int):
             return Response(encode_response(dict(zip(names, outs)), "ort"),
                             media_type="application/msgpack")
 
-    return OrtModel.bind(model_bytes)
+    return OrtModel.bind(model_path)
 
 
 def load(fn: Callable[[], Any], concurrency: int, requests: int) -> dict[str, float]:
@@ -159,13 +159,20 @@ def main(argv: list[str] | None = None) -> int:
         model = MODELS[args.model]().SerializeToString()
         feed = {k: v[: args.rows] for k, v in inputs(args.model, args.rows).items()}
     levels = [int(c) for c in args.concurrency.split(",")]
+    # replicas read the model from a file: bytes would travel in every app's deployment
+    # config through the GCS, which refuses messages over 512 MB
+    import tempfile
+
+    tmp = tempfile.NamedTemporaryFile(suffix=".onnx", delete=False)
+    tmp.write(model)
+    tmp.close()
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": ROOT, **env}})
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    apps = {"ours": build_app(model, ["cpu"], name="ours", max_batch_size=32),
-            "ours-nobatch": build_app(model, ["cpu"], name="nobatch", max_batch_size=1),
-            "ort-serve": ort_deployment(model, args.blas_threads)}
+    apps = {"ours": build_app(tmp.name, ["cpu"], name="ours", max_batch_size=32),
+            "ours-nobatch": build_app(tmp.name, ["cpu"], name="nobatch", max_batch_size=1),
+            "ort-serve": ort_deployment(tmp.name, args.blas_threads)}
     serve.run_many([serve.RunTarget(a, name=n, route_prefix=f"/{n}") for n, a in apps.items()])
     session = InferenceSession(model, ["cpu"])
     model_of = {"ours": "ours", "ours-nobatch": "nobatch", "ort-serve": "ort"}
@@ -198,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     serve.shutdown()
     ray.shutdown()
+    os.unlink(tmp.name)
 
     med = {k: {m: statistics.median(rd[k][m] for rd in rounds) for m in ("p50_ms", "p99_ms", "rps")}
            for k in rounds[0]}
