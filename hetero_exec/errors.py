@@ -55,6 +55,18 @@ class ProviderError(HeteroExecError):
     """An unknown provider name, bad provider options or an unusable provider."""
 
 
+class OptionError(ProviderError, ValueError):
+    """An unknown session option, config entry or run option, or a bad value for one."""
+
+
+class OptionTypeError(OptionError, TypeError):
+    """A session or run option set to a value of the wrong type."""
+
+
+class UnknownOptionError(OptionError, AttributeError):
+    """Setting an option that SessionOptions or RunOptions does not have."""
+
+
 class PlacementError(HeteroExecError):
     """The placement request cannot be satisfied (affinity pins, saved plans, guard)."""
 
@@ -163,6 +175,19 @@ class SequenceOutputError(HeteroExecError):
             f"output {name!r} is a {kind}, not a tensor: run() returns tensors only; "
             f"call session.run_outputs(...) to get sequences, maps and optionals"
         )
+
+
+class RunTerminatedError(HeteroExecError):
+    """The run's RunOptions.terminate flag was set."""
+
+    def __init__(self, tag: str = ""):
+        self.tag = tag
+        super().__init__("run terminated: RunOptions.terminate is set"
+                         + (f" (run {tag!r})" if tag else ""))
+
+
+class OrtValueError(HeteroExecError, ValueError):
+    """An OrtValue used where its kind or device does not fit (named in the message)."""
 
 
 class UnknownOutputError(HeteroExecError, ValueError):
