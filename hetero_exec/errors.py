@@ -167,13 +167,13 @@ class UnresolvedShapeError(HeteroExecError):
 
 
 class SequenceOutputError(HeteroExecError):
-    """run() returns tensors only; a sequence/map/optional output needs run_outputs()."""
+    """A run bound to device buffers returns tensors only (SEMANTICS.md section 3)."""
 
-    def __init__(self, name: str, kind: str):
-        self.name, self.kind = name, kind
+    def __init__(self, name: str, kind: str, call: str = "run_with_iobinding", use: str = "run"):
+        self.name, self.kind, self.call, self.use = name, kind, call, use
         super().__init__(
-            f"output {name!r} is a {kind}, not a tensor: run() returns tensors only; "
-            f"call session.run_outputs(...) to get sequences, maps and optionals"
+            f"output {name!r} is a {kind}, not a tensor: {call}() returns tensors only; "
+            f"call session.{use}(...) to get sequences, maps and optionals"
         )
 
 
