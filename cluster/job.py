@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             for x, y in zip(r, expected)
         )
         ex = sess._executor
-        where = ray.get([h.ready.remote() for h in sess.segment_actors])
+        where = ray.get([h.ready.remote() for h in sess.stage_actors])
         for line in ex.segment_timings():
             print(line)
         summary = {

@@ -160,7 +160,8 @@ class InferenceSession:
         return self.placement is not None and len(self.placement.segments) > 1
 
     @property
-    def segment_actors(self) -> list[Any]:
+    def stage_actors(self) -> list[Any]:
+        """On Ray: the actor handles of the plan's pipeline stages, in order."""
         return list(getattr(self._executor, "actors", []))
 
     # -- running -------------------------------------------------------------------------

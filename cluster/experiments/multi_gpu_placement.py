@@ -95,14 +95,15 @@ def run_strategy(
         started = time.perf_counter()
         sess.run_many(feeds)
         elapsed = time.perf_counter() - started
-        measured = sess._executor.segment_stats()
+        measured = sess._executor.stage_stats()  # one stage (an actor) per device
+        by_id = {seg.id: seg for seg in sess.placement.segments}
         rows = []
-        for seg, (label, stats) in zip(sess.placement.segments, measured.items()):
+        for stage, (label, stats) in zip(sess.placement.stages, measured.items()):
             rows.append(
                 {
-                    "segment": label,
-                    "nodes": len(seg.nodes),
-                    "predicted_ms": (seg.predicted_cost or 0.0) * 1e3,
+                    "stage": label,
+                    "nodes": sum(len(by_id[i].nodes) for i in stage.segments),
+                    "predicted_ms": (stage.compute_s or 0.0) * 1e3,
                     "measured_ms": stats["mean_ms"],
                 }
             )
@@ -120,11 +121,11 @@ def print_report(results: list[dict[str, Any]]) -> None:
         for x in r["rows"]:
             pred, meas = x["predicted_ms"], x["measured_ms"]
             print(
-                f"  {x['segment']:<24} {x['nodes']:>5} {pred:>13.3f} {meas:>12.3f} "
+                f"  {x['stage']:<24} {x['nodes']:>5} {pred:>13.3f} {meas:>12.3f} "
                 f"{pred / ptot:>10.0%} {meas / mtot:>10.0%}"
             )
-        slow_p = max(r["rows"], key=lambda x: x["predicted_ms"])["segment"]
-        slow_m = max(r["rows"], key=lambda x: x["measured_ms"])["segment"]
+        slow_p = max(r["rows"], key=lambda x: x["predicted_ms"])["stage"]
+        slow_m = max(r["rows"], key=lambda x: x["measured_ms"])["stage"]
         print(f"  slowest stage: predicted {slow_p}, measured {slow_m}")
 
 
