@@ -327,6 +327,10 @@ def _session_options(sess_options: Any, kwargs: Mapping[str, Any]) -> SessionOpt
                               f"{type(sess_options).__module__}.{type(sess_options).__name__}")
     opts.update(kwargs)
     opts.check_executor_options()
+    if opts.executor == "ray" and opts.intra_op_num_threads and \
+            "stage_threads" not in opts.executor_options:
+        # on Ray the runs happen in the stage actors: their BLAS threads are the session's
+        opts.executor_options = {**opts.executor_options, "stage_threads": opts.intra_op_num_threads}
     return opts
 
 

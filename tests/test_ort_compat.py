@@ -774,3 +774,13 @@ def test_intra_op_threads_apply_to_this_sessions_runs_only():
     for f in [limited.run_async(None, {"x": X}) for _ in range(4)]:
         f.result(timeout=30)
     assert GATE.current_blas_threads() == default
+
+
+def test_intra_op_threads_on_ray_are_the_stage_actors_threads():
+    from hetero_exec.session import _session_options
+
+    so = hetero_exec.SessionOptions()
+    so.intra_op_num_threads = 2
+    assert _session_options(so, {"executor": "ray"}).executor_options == {"stage_threads": 2}
+    given = _session_options(so, {"executor": "ray", "stage_threads": 1})
+    assert given.executor_options == {"stage_threads": 1}  # an explicit executor option wins
