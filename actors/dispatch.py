@@ -54,6 +54,8 @@ class Dispatcher:
             floor = min(self._open)
             for slot in self.slots[start:]:
                 spec = slot.spec
+                if not spec.outputs:
+                    continue  # only nodes whose values nothing reads: nothing to run for
                 layout, flat = self.layout(reqs, spec.inputs)
                 n_out = len(spec.outputs)
                 method = slot.method(n_out, self.profiling)

@@ -18,7 +18,8 @@ from typing import Any, Sequence
 import onnx
 from onnx import helper, numpy_helper
 
-from hetero_exec.ir.graph import Graph, Node, Value, node_reads
+from hetero_exec.ir.export import node_proto, value_proto
+from hetero_exec.ir.graph import Graph, Node, node_reads
 from hetero_exec.placement.plan import Segment
 from hetero_exec.placement.stages import Stage
 from hetero_exec.providers import Provider, parse_provider
@@ -176,27 +177,6 @@ def stage_model(graph: Graph, name: str, nodes: Sequence[Node], inputs: Sequence
     opsets = [helper.make_opsetid(d, v) for d, v in graph.opsets.items()]
     model = helper.make_model(body, opset_imports=opsets)
     return model, sum(int(a.nbytes) for a in weights.values())
-
-
-def node_proto(node: Node) -> onnx.NodeProto:
-    p = helper.make_node(
-        node.op_type, node.inputs, node.outputs, domain=node.domain, name=node.name or None
-    )
-    p.attribute.extend(node.attrs.values())
-    return p
-
-
-def value_proto(v: Value) -> onnx.ValueInfoProto | None:
-    """The ValueInfoProto of what the IR knows of a value (None when nothing is known)."""
-    if v.kind == "tensor" and v.elem_type:
-        shape = None if v.shape is None else list(v.shape)
-        return helper.make_tensor_value_info(v.name, v.elem_type, shape)
-    if v.kind == "sequence" and v.elem_type:
-        return helper.make_tensor_sequence_value_info(v.name, v.elem_type, None)
-    if v.kind == "optional" and v.elem_type:
-        inner = helper.make_tensor_type_proto(v.elem_type, None)
-        return helper.make_value_info(v.name, helper.make_optional_type_proto(inner))
-    return None
 
 
 def load_stage_graph(spec: StageSpec) -> Graph:
