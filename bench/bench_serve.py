@@ -63,6 +63,27 @@ def wide_mlp(width: int, layers: int = 4):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def chain_model(n: int, width: int = 16):
+    """``n`` element-wise ops (Add, Mul, Relu in turn) on x [N, width]: a run costs about
+    the same for 1 row or 32 (per-op overhead, as kernel launches are on a GPU)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.full(width, 0.5, np.float32), "add"),
+             numpy_helper.from_array(np.full(width, 0.999, np.float32), "mul")]
+    nodes, x = [], "x"
+    for i in range(n):
+        out = "y" if i == n - 1 else f"t{i}"
+        op, ins = [("Add", [x, "add"]), ("Mul", [x, "mul"]), ("Relu", [x])][i % 3]
+        nodes.append(helper.make_node(op, ins, [out]))
+        x = out
+    g = helper.make_graph(nodes, "chain",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])],
+                          inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def ort_deployment(model_path: str, threads: int):
     """The hand-written baseline: onnxruntime behind a plain Serve deployment."""
     from ray import serve
@@ -130,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="mlp", help="a bench/models.py model (default mlp)")
     ap.add_argument("--width", type=int, default=0,
                     help="serve a 4-layer mlp of this width instead of --model")
+    ap.add_argument("--chain", type=int, default=0,
+                    help="serve a chain of this many element-wise ops instead of --model")
     ap.add_argument("--rows", type=int, default=1, help="rows per request")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=200, help="requests per measurement")
@@ -150,7 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     from bench.models import MODELS, inputs
     from hetero_exec import InferenceSession
 
-    if args.width:
+    if args.chain:
+        model = chain_model(args.chain).SerializeToString()
+        feed = {"x": np.random.default_rng(0).standard_normal((args.rows, 16)).astype(np.float32)}
+        args.model = f"chain{args.chain}"
+    elif args.width:
         model = wide_mlp(args.width).SerializeToString()
         feed = {"x": np.random.default_rng(0).standard_normal((args.rows, args.width)).astype(
             np.float32)}
