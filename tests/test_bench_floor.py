@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from bench.floor import blas_gflops, model_flops
