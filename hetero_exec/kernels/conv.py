@@ -192,8 +192,8 @@ def _band(xp, W, B, T: int, U: int, stride: int, dilation: int):
     C, _, KH, KW = W.shape
     KU = KH * U
     band = xp.zeros((C, KU + (B is not None), T), dtype=W.dtype)
-    t_idx = np.repeat(np.arange(T), KW)
-    j_idx = np.tile(np.arange(KW), T)
+    t_idx = xp.repeat(xp.arange(T), KW)
+    j_idx = xp.tile(xp.arange(KW), T)
     u_idx = t_idx * stride + j_idx * dilation
     body = band[:, :KU].reshape(C, KH, U, T)
     body[:, :, u_idx, t_idx] = W[:, 0][:, :, j_idx]
