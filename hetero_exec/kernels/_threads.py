@@ -179,6 +179,42 @@ def matmul(xp, a, b, out=None):
     return out
 
 
+def parallel_for(xp, n: int, work: Callable[[int, int], None], flops: float,
+                 least: int = 1) -> None:
+    """``work(i0, i1)`` over [0, n): on numpy inside `single_blas_thread` and for at least
+    PARALLEL_FLOPS of work, the range is cut in parts of at least ``least`` items over
+    the calling thread and the idle helpers (a kernel's independent blocks: images,
+    channels), each part doing its own copies and products; else one call here. Parts
+    must write disjoint outputs."""
+    helpers = None
+    if xp is np and _depth > 0 and flops >= PARALLEL_FLOPS and n >= 2 * least:
+        helpers = _helpers()
+    if helpers is None:
+        work(0, n)
+        return
+    pool, free = helpers
+    parts = min(cores(), n // least)
+    bounds = [n * i // parts for i in range(parts + 1)]
+    pieces = list(zip(bounds[:-1], bounds[1:]))
+    mine, futures = [pieces[0]], []
+    for piece in pieces[1:]:
+        if free.acquire(blocking=False):
+            futures.append(pool.submit(_run_part, free, work, *piece))
+        else:
+            mine.append(piece)
+    for i0, i1 in mine:
+        work(i0, i1)
+    for f in futures:
+        f.result()
+
+
+def _run_part(free: threading.Semaphore, work: Callable[[int, int], None], i0: int, i1: int):
+    try:
+        work(i0, i1)
+    finally:
+        free.release()
+
+
 def _product(a, b, out, by_rows: bool, p0: int, p1: int) -> None:
     if by_rows:
         np.matmul(a[..., p0:p1, :], b, out=out[..., p0:p1, :])

@@ -145,6 +145,26 @@ def test_im2col(xp, xs, ws, attrs, bias):
            **attrs)
 
 
+# --------------------------------------------------------------------------- threads
+
+
+@pytest.mark.parametrize("kind, xs, ws, attrs", [
+    ("depthwise", (3, 24, 12, 12), (24, 1, 3, 3), {"group": 24, "pads": [1, 1, 1, 1]}),
+    ("depthwise", (1, 24, 9, 9), (24, 1, 7, 7), {"group": 24, "pads": [3, 3, 3, 3]}),
+    ("pointwise", (3, 8, 40, 40), (16, 8, 1, 1), {}),
+    ("im2col", (5, 6, 9, 9), (8, 6, 3, 3), {"pads": [1, 1, 1, 1]}),  # wide GEMMs
+    ("im2col", (3, 4, 36, 36), (6, 2, 3, 3), {"group": 2, "strides": [1, 2]}),  # per image
+])
+def test_paths_split_over_threads(monkeypatch, kind, xs, ws, attrs):
+    """Every split a run can make (images, channels, GEMM rows or columns), forced."""
+    from hetero_exec.kernels import _threads
+
+    monkeypatch.setattr(_threads, "PARALLEL_FLOPS", 0)
+    monkeypatch.setattr(_threads, "_MIN_PART", 4)
+    with _threads.single_blas_thread():
+        forced(np, kind, f32(*xs), f32(*ws, seed=1), f32(ws[0], seed=2), **attrs)
+
+
 # --------------------------------------------------------------------------- the choice
 
 

@@ -85,6 +85,41 @@ def test_busy_helpers_leave_the_work_to_the_caller(monkeypatch):
             free.release()
 
 
+@pytest.mark.parametrize("busy", [False, True])
+def test_parallel_for_covers_every_item_once(monkeypatch, busy):
+    monkeypatch.setattr(_threads, "PARALLEL_FLOPS", 0)
+    seen = np.zeros(37, np.int64)
+    lock = threading.Lock()
+
+    def work(i0, i1):
+        with lock:
+            seen[i0:i1] += 1
+
+    helpers = _threads._helpers()
+    taken = 0
+    if busy and helpers is not None:
+        while helpers[1].acquire(blocking=False):
+            taken += 1
+    try:
+        with single_blas_thread():
+            _threads.parallel_for(np, 37, work, flops=1.0, least=4)
+    finally:
+        for _ in range(taken):
+            helpers[1].release()
+    np.testing.assert_array_equal(seen, 1)
+
+
+def test_parallel_for_errors_reach_the_caller(monkeypatch):
+    monkeypatch.setattr(_threads, "PARALLEL_FLOPS", 0)
+
+    def work(i0, i1):
+        if i0 > 0:
+            raise ValueError("part failed")
+
+    with single_blas_thread(), pytest.raises(ValueError, match="part failed"):
+        _threads.parallel_for(np, 40, work, flops=1.0)
+
+
 def test_outside_a_run_it_is_plain_matmul():
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     np.testing.assert_array_equal(matmul(np, a, a.T), a @ a.T)
