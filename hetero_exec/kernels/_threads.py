@@ -50,6 +50,23 @@ _pool: ThreadPoolExecutor | None = None
 _pool_free: threading.Semaphore | None = None
 
 
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's threads: a fresh lock and pool (the old
+    pool's threads do not exist there, so a split would wait for ever), no run inside,
+    and the BLAS count a run of the parent was holding given back."""
+    global _LOCK, _depth, _pool, _pool_free
+    _LOCK = threading.Lock()
+    _pool, _pool_free = None, None
+    if _depth and _libs:
+        for lib, n in zip(_libs, _saved):
+            lib.set_num_threads(n)
+    _depth = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def cores() -> int:
     """Cores this process may use."""
     try:

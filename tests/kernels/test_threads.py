@@ -123,3 +123,25 @@ def test_parallel_for_errors_reach_the_caller(monkeypatch):
 def test_outside_a_run_it_is_plain_matmul():
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     np.testing.assert_array_equal(matmul(np, a, a.T), a @ a.T)
+
+
+@pytest.mark.timeout(30)  # a stale pool would hang the child, and waitpid with it
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork here")
+def test_a_forked_child_gets_its_own_pool(monkeypatch):
+    """After a split has started the pool, a forked child splits too (on a new pool)."""
+    import os
+
+    monkeypatch.setattr(_threads, "PARALLEL_FLOPS", 0)
+    a, b = np.ones((64, 8), np.float32), np.ones((8, 64), np.float32)
+    with single_blas_thread():
+        matmul(np, a, b)  # the pool exists now
+        pid = os.fork()
+        if pid == 0:  # the child: a split must finish, whatever happens exit
+            code = 1
+            try:
+                with single_blas_thread():
+                    code = 0 if matmul(np, a, b)[0, 0] == 8 else 2
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
