@@ -8,10 +8,12 @@ own single-threaded element-wise kernels, onnxruntime's next run in a benchmark,
 processes). bench/README.md ("Threads") has the measurements.
 
 So a run holds the BLAS at one thread (`single_blas_thread`, entered by the executor
-around a run), and the kernels split their large products over a small pool of our own
-(`matmul`), whose idle threads block instead of spinning. Small products, most of a
-CNN's or a small transformer's, run on one thread either way: a hand-off costs more
-than they do.
+around a run), and the kernels split their large products and independent blocks over a
+small pool of our own (`matmul`, `parallel_for`), whose idle threads block instead of
+spinning: one thread per usable core, like onnxruntime's intra-op pool, or at most
+``HETERO_EXEC_INTRA_OP_THREADS`` (1: nothing is split). Small products, most of a CNN's
+or a small transformer's, run on one thread either way: a hand-off costs more than they
+do.
 
 >>> import numpy as np
 >>> a, b = np.ones((64, 32), np.float32), np.ones((32, 16), np.float32)
@@ -68,11 +70,19 @@ if hasattr(os, "register_at_fork"):
 
 
 def cores() -> int:
-    """Cores this process may use."""
+    """Threads a product or a kernel's blocks are split over: the cores this process may
+    use, at most HETERO_EXEC_INTRA_OP_THREADS when set (1: never split)."""
     try:
-        return len(os.sched_getaffinity(0))
+        n = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        n = os.cpu_count() or 1
+    cap = os.environ.get("HETERO_EXEC_INTRA_OP_THREADS", "")
+    if cap.strip():
+        try:
+            n = min(n, max(1, int(cap)))
+        except ValueError:
+            log.warning("HETERO_EXEC_INTRA_OP_THREADS=%r is not a number: ignored", cap)
+    return n
 
 
 class _Blas:

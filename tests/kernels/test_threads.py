@@ -120,6 +120,14 @@ def test_parallel_for_errors_reach_the_caller(monkeypatch):
         _threads.parallel_for(np, 40, work, flops=1.0)
 
 
+def test_intra_op_threads_cap(monkeypatch, caplog):
+    monkeypatch.setenv("HETERO_EXEC_INTRA_OP_THREADS", "1")
+    assert _threads.cores() == 1
+    monkeypatch.setenv("HETERO_EXEC_INTRA_OP_THREADS", "lots")
+    assert _threads.cores() >= 1
+    assert "not a number" in caplog.text
+
+
 def test_outside_a_run_it_is_plain_matmul():
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     np.testing.assert_array_equal(matmul(np, a, a.T), a @ a.T)
