@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from hetero_exec.kernels import _threads
 from hetero_exec.kernels._common import host_ints
 from hetero_exec.kernels._nn_common import (
     SCRATCH_KEEP,
@@ -42,7 +43,7 @@ from hetero_exec.kernels._nn_common import (
     spatial_attrs,
     window_view,
 )
-from hetero_exec.kernels._threads import matmul, parallel_for
+from hetero_exec.kernels._threads import matmul
 from hetero_exec.kernels.registry import KnownInput, kernel
 
 #: output plane size (columns per image) below which images share one wide GEMM
@@ -241,7 +242,7 @@ def _depthwise_band(xp, X, W, B, strides, dilations, pb, pe, out_sp, path: ConvP
         if not direct:
             out[:, c0:c1] = Y[c0:c1].reshape(c1 - c0, N, OH, nT * T)[..., :OW].transpose(1, 0, 2, 3)
 
-    parallel_for(xp, C, channels, 2.0 * C * R * rows * T, least=8)
+    _threads.parallel_for(xp, C, channels, 2.0 * C * R * rows * T, least=8)
     return out
 
 
@@ -288,7 +289,7 @@ def _im2col(xp, X, W, B, strides, dilations, pb, pe, group, out_sp):
             else:
                 _im2col_per_image(xp, view[n0:n1], Wr, B, out[n0:n1], group, CK)
 
-    parallel_for(xp, N, images, 2.0 * N * M * L * CK)
+    _threads.parallel_for(xp, N, images, 2.0 * N * M * L * CK)
     return out.reshape((N, M) + tuple(out_sp))
 
 
