@@ -4,8 +4,8 @@ CausalConvWithState.
 Conv runs one of four paths, chosen per node at compile time (the ``specialize`` hook
 of the kernel table) from its attributes and weight shape, see `choose_path`:
 
-* ``pointwise`` (1x1 kernel, no padding): a plain GEMM over the channels, no im2col; a
-  stride is one strided copy first;
+* ``pointwise`` (1x1 kernel, no padding): a plain GEMM per image over the channels, no
+  im2col; a stride is one strided copy first;
 * ``depthwise`` (one input channel per group, numpy): "column band" GEMMs. For each
   tile of T output columns, the K kernel rows of input it reads are copied side by side
   (K*U values, U = (T-1)*stride + (K-1)*dilation + 1), and one GEMM per channel against a
@@ -126,17 +126,8 @@ def _pointwise(xp, X, W, B, strides, group, out_sp):
         X = scratch(xp, Xs.shape, X.dtype, slot=1)
         X[...] = Xs
     Wr = W.reshape(group, M // group, C // group)
-    if group == 1 and N > 1 and L < _GEMM_COLS:
-        # small planes: one wide GEMM over (C, N*L) rather than N thin ones
-        Xt = scratch(xp, (C, N, L), X.dtype)
-        Xt[...] = X.reshape(N, C, L).transpose(1, 0, 2)
-        Y = matmul(xp, Wr[0], Xt.reshape(C, N * L)).reshape(M, N, L)
-        out = xp.empty((N, M, L), dtype=X.dtype)
-        if B is not None:
-            xp.add(Y.transpose(1, 0, 2), B.reshape(M, 1), out=out)
-        else:
-            out[...] = Y.transpose(1, 0, 2)
-        return out.reshape((N, M) + tuple(out_sp))
+    # one GEMM per image even for small planes: transposing the batch into one wide GEMM
+    # and back costs more than the thin GEMMs save (bench/README.md, "bench_conv.py")
     out = xp.empty((N, M, L), dtype=X.dtype)
     if group == 1:
         matmul(xp, Wr[0], X.reshape(N, C, L), out=out)

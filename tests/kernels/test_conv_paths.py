@@ -110,8 +110,8 @@ def test_depthwise_float16(xp):
 
 @pytest.mark.parametrize("xs, ws, attrs", [
     ((1, 6, 8, 8), (4, 6, 1, 1), {}),
-    ((3, 6, 8, 8), (4, 6, 1, 1), {}),  # small planes: one wide GEMM
-    ((2, 6, 40, 40), (4, 6, 1, 1), {}),  # large planes: a GEMM per image
+    ((3, 6, 8, 8), (4, 6, 1, 1), {}),  # small planes
+    ((2, 6, 40, 40), (4, 6, 1, 1), {}),  # large planes (a GEMM split by columns in a run)
     ((2, 6, 9, 9), (4, 6, 1, 1), {"strides": [2, 2]}),
     ((1, 6, 9, 8), (4, 6, 1, 1), {"strides": [3, 2]}),
     ((2, 6, 8, 8), (4, 3, 1, 1), {"group": 2}),  # grouped 1x1
