@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 from hetero_exec.exec.executor import execute
 from hetero_exec.exec.placed_body import move_value
 from hetero_exec.exec.plan import RunPlan
+from hetero_exec.kernels._threads import intra_op_threads, single_blas_thread
 from hetero_exec.providers.base import Provider
 
 #: called after each segment run: (segment index in the chain, start and end in ns)
@@ -36,12 +37,19 @@ class SegmentChain:
     [array([-0., -2.], dtype=float32)]
     """
 
-    def __init__(self, parts: Sequence[tuple[Provider, RunPlan]]):
+    def __init__(self, parts: Sequence[tuple[Provider, RunPlan]], threads: int | None = None):
         self.parts = list(parts)
+        self.threads = threads  # what a run splits its work over (None: the cores)
 
     def run(self, feeds: Mapping[str, Any], outputs: Sequence[str],
             on_run: OnRun | None = None) -> list[Any]:
         """``outputs`` as host values, from ``feeds`` (host values, by name)."""
+        # the BLAS at one thread, large products split over our own pool (kernels/_threads)
+        with single_blas_thread(), intra_op_threads(self.threads):
+            return self._run(feeds, outputs, on_run)
+
+    def _run(self, feeds: Mapping[str, Any], outputs: Sequence[str],
+             on_run: OnRun | None) -> list[Any]:
         env = {k: v for k, v in feeds.items() if v is not None}
         where: dict[str, Provider] = {}  # provider holding each value (absent: the host)
         for k, (prov, plan) in enumerate(self.parts):

@@ -11,9 +11,10 @@ So a run holds the BLAS at one thread (`single_blas_thread`, entered by the exec
 around a run), and the kernels split their large products and independent blocks over a
 small pool of our own (`matmul`, `parallel_for`), whose idle threads block instead of
 spinning: one thread per usable core, like onnxruntime's intra-op pool, or at most
-``HETERO_EXEC_INTRA_OP_THREADS`` (1: nothing is split). Small products, most of a CNN's
-or a small transformer's, run on one thread either way: a hand-off costs more than they
-do.
+``HETERO_EXEC_INTRA_OP_THREADS`` (1: nothing is split). A run may ask for fewer
+(`intra_op_threads`, per calling thread: a session's ``intra_op_num_threads``, a Ray
+stage's share of its node's cores). Small products, most of a CNN's or a small
+transformer's, run on one thread either way: a hand-off costs more than they do.
 
 >>> import numpy as np
 >>> a, b = np.ones((64, 32), np.float32), np.ones((32, 16), np.float32)
@@ -83,6 +84,32 @@ def cores() -> int:
         except ValueError:
             log.warning("HETERO_EXEC_INTRA_OP_THREADS=%r is not a number: ignored", cap)
     return n
+
+
+_WIDTH = threading.local()  # a run's own cap on its split (intra_op_threads)
+
+
+@contextmanager
+def intra_op_threads(n: int | None) -> Iterator[None]:
+    """Runs on this thread split their work over at most ``n`` threads (None or 0: as
+    many as `cores` allows); other threads' runs keep their own.
+
+    >>> with intra_op_threads(1):
+    ...     split_width()
+    1
+    """
+    previous = getattr(_WIDTH, "n", None)
+    _WIDTH.n = n or None
+    try:
+        yield
+    finally:
+        _WIDTH.n = previous
+
+
+def split_width() -> int:
+    """Threads the current run may split a product or a kernel's blocks over."""
+    n = getattr(_WIDTH, "n", None)
+    return cores() if n is None else max(1, min(n, cores()))
 
 
 class _Blas:
@@ -186,11 +213,12 @@ def matmul(xp, a, b, out=None):
     n = rows if by_rows else cols
     if 2.0 * math.prod(out.shape) * inner < PARALLEL_FLOPS or n < 2 * _MIN_PART:
         return np.matmul(a, b, out=out)
-    helpers = _helpers()
+    width = split_width()
+    helpers = _helpers() if width > 1 else None
     if helpers is None:
         return np.matmul(a, b, out=out)
     pool, free = helpers
-    parts = min(cores(), n // _MIN_PART)
+    parts = min(width, n // _MIN_PART)
     bounds = [n * i // parts for i in range(parts + 1)]
     pieces = list(zip(bounds[:-1], bounds[1:]))
     mine, futures = [pieces[0]], []
@@ -214,13 +242,14 @@ def parallel_for(xp, n: int, work: Callable[[int, int], None], flops: float,
     channels), each part doing its own copies and products; else one call here. Parts
     must write disjoint outputs."""
     helpers = None
-    if xp is np and _depth > 0 and flops >= PARALLEL_FLOPS and n >= 2 * least:
+    width = split_width()
+    if xp is np and _depth > 0 and flops >= PARALLEL_FLOPS and n >= 2 * least and width > 1:
         helpers = _helpers()
     if helpers is None:
         work(0, n)
         return
     pool, free = helpers
-    parts = min(cores(), n // least)
+    parts = min(width, n // least)
     bounds = [n * i // parts for i in range(parts + 1)]
     pieces = list(zip(bounds[:-1], bounds[1:]))
     mine, futures = [pieces[0]], []
