@@ -14,7 +14,8 @@ GPU, so such a kernel fails here, on machines without one:
   users, tests) they work as in CuPy.
 * **Size-1 reads are allowed**, as in CuPy: ``int(x)``, ``float(x)``, ``complex(x)``,
   ``bool(x)``, ``x.item()`` synchronise and read one element (data-dependent sizes, loop
-  conditions). Each is counted in `STATS` (``syncs``). As in CuPy there is no
+  conditions). Each is counted in `STATS` (``syncs``). ``int()``/``float()`` need a 0-d
+  array (NumPy 2's rule, which CuPy inherits by converting through NumPy). As in CuPy there is no
   ``__index__``: ``range(x)`` or ``slice(x)`` of a device scalar is a TypeError.
 * **Host arrays do not mix in**: a ``numpy.ndarray`` (0-d too) passed to a ufunc, an
   operator or an ``xp`` function is a TypeError, as CuPy's "Unsupported type"; only the
