@@ -223,9 +223,9 @@ def _function(name: str, np_fn: Callable, host_ok: bool = False) -> Callable:
     where = f"cupy.{name}"
 
     def call(*args, **kwargs):
+        checked.check(args, kwargs)
         if _RECORD[0] is not None:
             _record(name, args, kwargs)
-        checked.check(args, kwargs)
         if host_ok:
             a = [_unwrap_host_ok(x) for x in args]
             kw = {k: _unwrap_host_ok(v) for k, v in kwargs.items()}
@@ -276,12 +276,12 @@ class SimUfunc:
         return f"<ufunc '{self.name}' (sim-gpu)>"
 
     def __call__(self, *args, **kwargs):
-        if _RECORD[0] is not None:
-            _record(self.__name__, args, kwargs)
         bad = set(kwargs) - _UFUNC_KWARGS
         if bad:
             raise TypeError(f"Wrong arguments {dict((k, kwargs[k]) for k in sorted(bad))} "
                             f"({self._where} takes only {sorted(_UFUNC_KWARGS)})")
+        if _RECORD[0] is not None:
+            _record(self.__name__, args, kwargs)
         a = [_ufunc_arg(x, self._where) for x in args]
         out = kwargs.get("out")
         if out is not None:
@@ -304,26 +304,26 @@ class SimUfunc:
         return x._a
 
     def reduce(self, array, axis=0, dtype=None, out=None, keepdims=False):
-        _record(f"{self.__name__}.reduce", (array,), {})
         fn = self._method("reduce")
+        _record(f"{self.__name__}.reduce", (array,), {})
         return _wrap(fn(self._device(array, "reduce"), axis=axis, dtype=dtype,
                         out=None if out is None else self._device(out, "reduce"), keepdims=keepdims))
 
     def accumulate(self, array, axis=0, dtype=None, out=None):
-        _record(f"{self.__name__}.accumulate", (array,), {})
         fn = self._method("accumulate")
+        _record(f"{self.__name__}.accumulate", (array,), {})
         return _wrap(fn(self._device(array, "accumulate"), axis=axis, dtype=dtype,
                         out=None if out is None else self._device(out, "accumulate")))
 
     def reduceat(self, array, indices, axis=0, dtype=None, out=None):
-        _record(f"{self.__name__}.reduceat", (array, indices), {})
         fn = self._method("reduceat")
+        _record(f"{self.__name__}.reduceat", (array, indices), {})
         return _wrap(fn(self._device(array, "reduceat"), _unwrap_host_ok(indices), axis=axis,
                         dtype=dtype, out=None if out is None else self._device(out, "reduceat")))
 
     def at(self, a, indices, b=None):
-        _record(f"{self.__name__}.at", (a, indices, b), {})
         fn = self._method("at")
+        _record(f"{self.__name__}.at", (a, indices, b), {})
         if b is not None:
             b = _ufunc_arg(b, f"{self._where}.at")
         fn(self._device(a, "at"), _index(indices), b)
@@ -688,9 +688,9 @@ def _method(name: str) -> Callable:
     np_fn = getattr(np, name, None)
 
     def method(self, *args, **kwargs):
+        checked.check(args, kwargs)
         if _RECORD[0] is not None:
             _record(f"ndarray.{name}", args, kwargs)
-        checked.check(args, kwargs)
         a = [_unwrap(x, where) for x in args]
         kw = {k: _unwrap(v, where) for k, v in kwargs.items()} if kwargs else kwargs
         bound = getattr(self._a, name, None)
@@ -793,8 +793,8 @@ class SimRandomState:
         fn = getattr(self._rs, name)
 
         def method(*args, **kwargs):
-            _record(full, args, kwargs)
             checked.check(args, kwargs)
+            _record(full, args, kwargs)
             return _wrap(fn(*[_unwrap(a, f"cupy.{full}") for a in args], **kwargs))
 
         return method
