@@ -25,7 +25,7 @@ GPU, so such a kernel fails here, on machines without one:
   (``__array_function__``/``__array_ufunc__`` with CuPy's lookup rules); ufunc methods
   only where CuPy has them (``maximum.reduce`` raises NotImplementedError as in CuPy).
 * **``xp`` has CuPy's names and signatures only** (`cupy_surface`); a keyword CuPy does not
-  take is a TypeError. Results CuPy returns as 0-d device arrays (reductions, a single
+  take is a TypeError. Sorts are stable, as CuPy's are. Results CuPy returns as 0-d device arrays (reductions, a single
   element) stay 0-d device arrays; dtypes CuPy lacks (object, strings, bfloat16...) are
   refused.
 
@@ -693,6 +693,10 @@ def _method(name: str) -> Callable:
             _record(f"ndarray.{name}", args, kwargs)
         a = [_unwrap(x, where) for x in args]
         kw = {k: _unwrap(v, where) for k, v in kwargs.items()} if kwargs else kwargs
+        if name in ("sort", "argsort"):  # stable, as CuPy's (see _stable)
+            kw = dict(kw, kind="stable")
+            if len(a) > 1:
+                a = a[:1]
         bound = getattr(self._a, name, None)
         r = bound(*a, **kw) if bound is not None else np_fn(self._a, *a, **kw)
         if r is self._a:
@@ -770,6 +774,19 @@ _CUSTOM: dict[str, Any] = {"asnumpy": _asnumpy, "get_array_module": _get_array_m
                            "fuse": _fuse, "is_available": lambda: True}
 
 
+def _stable(fn: Callable) -> Callable:
+    """CuPy's sorts are stable whatever ``kind`` says (Thrust's stable sort; CuPy ignores
+    the argument), NumPy's default quicksort is not: ties come out as on the GPU."""
+    def sort(a, axis=-1, kind=None):
+        return fn(a, axis=axis, kind="stable")
+
+    return sort
+
+
+#: NumPy functions standing in for CuPy's where their behaviour differs
+_NUMPY_AS_CUPY: dict[str, Callable] = {"sort": _stable(np.sort), "argsort": _stable(np.argsort)}
+
+
 def _scalar_result(fn: Callable) -> Callable:
     def call(*args, **kwargs):
         r = fn(*args, **kwargs)
@@ -813,7 +830,7 @@ def _member(full: str, kind: str, np_mod: Any) -> Any:
     if kind in ("function", "gufunc"):
         if np_obj is None or not callable(np_obj):
             return None
-        fn = _function(full, np_obj, host_ok=full in HOST_OK)
+        fn = _function(full, _NUMPY_AS_CUPY.get(full, np_obj), host_ok=full in HOST_OK)
         return _scalar_result(fn) if full in _DEVICE_SCALAR_RESULTS else fn
     if kind == "class":
         if full == "ndarray":
