@@ -441,6 +441,15 @@ def table(summary: dict) -> str:
     for key, sec in summary.items():
         if isinstance(sec, dict) and "traceback" in sec:
             lines.append(f"\n{key} failed: {sec['traceback'][-400:]}")
+    cg = summary.get("cuda_graph")
+    if cg:
+        lines += ["", "## CUDA graphs (experimental)", ""]
+        if "unavailable" in cg or "skipped" in cg:
+            lines.append(f"not run: {cg.get('unavailable') or cg.get('skipped')}")
+        for r in cg.get("rows", []):
+            lines.append(f"- {r['model']} b={r['batch']}: eager {_fmt(r.get('eager_ms'))} ms, replay "
+                         f"{_fmt(r.get('replay_ms'))} ms, speedup {_fmt(r.get('speedup'))}, match "
+                         f"{_fmt(r.get('match'))} {r.get('reason') or r.get('error') or ''}")
     timing = summary.get("seconds", {})
     lines += ["", "seconds: " + ", ".join(f"{k} {v}" for k, v in timing.items())]
     return "\n".join(lines) + "\n"

@@ -111,6 +111,23 @@ class GpuProvider(DeviceCapabilities):
     def to_host(self, arr: Any) -> Any:
         return map_tensors(arr, self._to_host)
 
+    def receive_from(self, value: Any, src: Any) -> Any:
+        """``value`` from another gpu provider's device copied straight to this one (a
+        CUDA peer copy, gpu_graphs.peer_copy), or None: then the caller stages it through
+        the host. Experimental: not yet run on a machine with two GPUs."""
+        if getattr(src, "kind", None) != "gpu" or src.options.device_id == self.options.device_id:
+            return None
+        from hetero_exec.providers.gpu_graphs import peer_access, peer_copy
+
+        try:
+            cp = _cupy()
+        except Exception:  # noqa: BLE001
+            return None
+        if not isinstance(value, cp.ndarray) or not peer_access(src.options.device_id,
+                                                                self.options.device_id):
+            return None
+        return peer_copy(value, self.options.device_id)
+
     def _to_device(self, arr: Any) -> Any:
         if isinstance(arr, np.ndarray) and arr.dtype.kind in DEVICE_KINDS:
             with self.device():
