@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
 
 import pytest
-
-import os
 
 from tests.backend_cases import assert_similar, known_failures, node_cases, to_value
 
