@@ -142,12 +142,15 @@ def _kernel_codes() -> dict:
     gen = generation()
     if _KERNEL_CODES[0] != gen:
         with _codes_lock:
-            codes = {}
+            ops: dict[Any, set[str]] = {}
             for k in registered():
                 code = getattr(k.fn, "__code__", None)
                 if code is not None:
-                    codes[code] = f"{k.domain or 'ai.onnx'}::{k.op_type}"
-            _KERNEL_CODES[1] = codes
+                    ops.setdefault(code, set()).add(f"{k.domain or 'ai.onnx'}::{k.op_type}")
+            # one function may serve several ops (the element-wise helpers' wrappers)
+            _KERNEL_CODES[1] = {code: names.pop() if len(names) == 1 else
+                                f"one of {', '.join(sorted(names)[:3])}{'...' if len(names) > 3 else ''}"
+                                for code, names in ops.items()}
             _KERNEL_CODES[0] = gen
     return _KERNEL_CODES[1]
 
