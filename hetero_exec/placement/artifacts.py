@@ -38,6 +38,12 @@ def plan_to_dict(plan: PlacementPlan) -> dict[str, Any]:
              "shape": list(s.shape) if s.shape is not None else None, "bytes": s.nbytes}
             for s in plan.seams
         ],
+        "stages": [
+            {"id": st.id, "segments": st.segments, "device": st.device,
+             "inputs": st.inputs, "outputs": st.outputs,
+             "predicted_compute_s": st.compute_s, "predicted_hop_s": st.hop_s}
+            for st in plan.stages
+        ],
     }
 
 
@@ -90,12 +96,34 @@ def load_plan(source: Any, graph: Graph, providers: Sequence[Provider]) -> Place
             p = graph.producer.get(name)
             if p is not None and position[p] > position[node]:
                 raise PlacementError(f"saved plan runs {node.identity} before its producer {p.identity}")
-    return build_plan(graph, order, assign, strategy=data.get("strategy", "saved"))
+    plan = build_plan(graph, order, assign, strategy=data.get("strategy", "saved"))
+    plan.saved_cuts = _saved_cuts(data.get("stages"), len(plan.segments))
+    return plan
+
+
+def _saved_cuts(stages: Any, n_segments: int) -> list[int] | None:
+    """The cuts of a saved plan's stages (None when it has none: plans saved before
+    stages existed); a malformed list is an error."""
+    if not stages:
+        return None
+    ok = isinstance(stages, list) and all(
+        isinstance(st, dict) and isinstance(st.get("segments"), list) and st["segments"]
+        for st in stages)
+    flat = [i for st in stages for i in st["segments"]] if ok else []
+    if not ok or flat != list(range(n_segments)):
+        raise PlacementError("saved plan is malformed: 'stages' must list every segment id once, "
+                             "in order, as [{'segments': [id, ...]}, ...]")
+    from hetero_exec.placement.stages import cut_positions
+
+    return cut_positions([st["segments"] for st in stages])
 
 
 def plan_report(plan: PlacementPlan) -> str:
+    from hetero_exec.placement.stages import stage_report
+
     lines = [f"placement ({plan.strategy}): {len(plan.segments)} segment(s), "
-             f"{len(plan.seams)} seam(s), {plan.seam_bytes()} seam bytes known"]
+             f"{len(plan.seams)} seam(s), {plan.seam_bytes()} seam bytes known, "
+             f"{len(plan.stages)} pipeline stage(s)"]
     for s in plan.segments:
         ops: dict[str, int] = {}
         for n in s.nodes:
@@ -109,27 +137,45 @@ def plan_report(plan: PlacementPlan) -> str:
         shape = list(seam.shape) if seam.shape is not None else "?"
         lines.append(f"  seam {seam.value!r}: segment#{seam.producer} -> "
                      f"{', '.join(f'segment#{c}' for c in seam.consumers)} ({seam.dtype} {shape}, {nb})")
+    if plan.stages:
+        lines.append("pipeline stages (an actor each on Ray):")
+        lines += stage_report(plan.stages)
     return "\n".join(lines)
 
 
 def plan_to_dot(plan: PlacementPlan) -> str:
-    """Graphviz DOT: one cluster per segment, filled by provider."""
+    """Graphviz DOT: a cluster per stage (its actor) holding a cluster per segment,
+    filled by provider; seams in red."""
     colour_of: dict[str, str] = {}
     shades = iter(DEVICE_SHADES)
     for name in plan.providers:
         kind = name.split(":")[0]
         colour_of[name] = COLOURS["cpu"] if kind == "cpu" else next(shades, COLOURS.get(kind, "#dddddd"))
     out = ["digraph placement {", "  rankdir=TB;", '  node [shape=box, style="rounded,filled", fontsize=10];']
-    node_id = {}
-    for seg in plan.segments:
-        out.append(f"  subgraph cluster_{seg.id} {{")
-        out.append(f'    label="{seg.name} on {seg.provider.name}"; style=dashed;')
-        for n in seg.nodes:
-            nid = f"n{len(node_id)}"
-            node_id[n] = nid
-            label = f"{n.op_type}\\n{_esc(n.name or n.identity)}"
-            out.append(f'    {nid} [label="{label}", fillcolor="{colour_of[seg.provider.name]}"];')
-        out.append("  }")
+    node_id: dict[Any, str] = {}
+    by_id = {seg.id: seg for seg in plan.segments}
+    groups = [(st, [by_id[i] for i in st.segments]) for st in plan.stages] or [
+        (None, list(plan.segments))]
+    for stage, segs in groups:
+        indent = "  "
+        if stage is not None:
+            pred = (f"\\npredicted {stage.compute_s * 1e3:.2f} ms + hop {(stage.hop_s or 0) * 1e3:.2f} ms"
+                    if stage.compute_s is not None else "")
+            out.append(f"  subgraph cluster_stage{stage.id} {{")
+            out.append(f'    label="{stage.name} on {stage.provider}{pred}"; style=bold;')
+            indent = "    "
+        for seg in segs:
+            out.append(f"{indent}subgraph cluster_{seg.id} {{")
+            out.append(f'{indent}  label="{seg.name} on {seg.provider.name}"; style=dashed;')
+            for n in seg.nodes:
+                nid = f"n{len(node_id)}"
+                node_id[n] = nid
+                label = f"{n.op_type}\\n{_esc(n.name or n.identity)}"
+                out.append(f'{indent}  {nid} [label="{label}", '
+                           f'fillcolor="{colour_of[seg.provider.name]}"];')
+            out.append(f"{indent}}}")
+        if stage is not None:
+            out.append("  }")
     seam_values = {s.value for s in plan.seams}
     graph = plan.graph
     for seg in plan.segments:

@@ -94,6 +94,20 @@ def reject_unsupported_operators(graph: Graph, provider: Provider) -> None:
 
 
 def build_session_plan(graph: Graph, providers: Sequence[Any] | None, options) -> SessionBuild:
+    """The session's plan, then its pipeline stages (``options.stages``; a saved plan's
+    own cuts when the session asks for "auto")."""
+    from hetero_exec.placement.stages import plan_stages
+
+    build = _place(graph, providers, options)
+    plan = build.placement
+    spec = getattr(options, "stages", "auto")
+    if spec == "auto" and plan.saved_cuts is not None:
+        spec = plan.saved_cuts
+    plan.stages = plan_stages(plan, spec, bounds=dict(options.dim_bounds or {}))
+    return build
+
+
+def _place(graph: Graph, providers: Sequence[Any] | None, options) -> SessionBuild:
     provs = parse_providers(providers)
     requested = provs[0]
     cpu = provs[-1]

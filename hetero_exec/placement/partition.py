@@ -56,6 +56,59 @@ class CostModel:
                    per_node_s=float(coef[2]))
 
 
+_HOST_MODEL: CostModel | None = None
+
+
+def host_cost_model() -> CostModel:
+    """A CostModel for kernels that run on this host's CPU (the cpu provider, and
+    sim-gpu, which emulates a GPU over NumPy): its GEMM rate, memory bandwidth and
+    per-op overhead, probed once per process (about 30 ms).
+
+    >>> m = host_cost_model(); m.flops_per_s > 1e8 and m.per_node_s > 0
+    True
+    """
+    global _HOST_MODEL
+    if _HOST_MODEL is None:
+        _HOST_MODEL = _probe_host()
+        log.info("host cost model: %.1f GFLOP/s, %.1f GB/s, %.1f us per node",
+                 _HOST_MODEL.flops_per_s / 1e9, _HOST_MODEL.bytes_per_s / 1e9,
+                 _HOST_MODEL.per_node_s * 1e6)
+    return _HOST_MODEL
+
+
+def _probe_host() -> CostModel:
+    import time
+
+    def best(fn, reps: int) -> float:
+        fn()
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    a = np.random.default_rng(0).standard_normal((384, 384)).astype(np.float32)
+    gemm = best(lambda: a @ a, 5)
+    x = np.ones(1 << 21, np.float32)
+    out = np.empty_like(x)
+    stream = best(lambda: np.add(x, x, out=out), 5)  # reads 2, writes 1
+    tiny = np.ones(4, np.float32)
+    per_op = best(lambda: [np.add(tiny, tiny) for _ in range(100)], 3) / 100
+    return CostModel(flops_per_s=2 * 384**3 / gemm, bytes_per_s=3 * x.nbytes / stream,
+                     # our run loop and the kernel's Python around the ufunc
+                     per_node_s=per_op + 3e-6, link_bytes_per_s=3 * x.nbytes / stream,
+                     link_latency_s=0.0)
+
+
+def provider_cost_model(provider: Provider, given: CostModel | None = None) -> CostModel:
+    """The model a provider's nodes are costed with: ``given`` (calibrated) when there is
+    one, else the host's for cpu and sim-gpu, else the nominal GPU."""
+    if given is not None:
+        return given
+    return CostModel() if provider.kind == "gpu" else host_cost_model()
+
+
 def _nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least squares with the negative coefficients dropped (refit without them)."""
     scale = np.maximum(np.abs(a).max(axis=0), 1e-30)
@@ -172,7 +225,7 @@ def split_devices(graph: Graph, order: Sequence[Node], assign: dict[Node, Provid
         from hetero_exec.errors import PlacementError
 
         raise PlacementError(f"unknown multi-GPU strategy {strategy!r}; use one of {STRATEGIES}")
-    model = cost_model or CostModel()
+    model = provider_cost_model(devices[0], cost_model)
     dev_nodes = [n for n in order if assign[n].is_device and n not in pinned]
     if not dev_nodes:
         return
@@ -280,15 +333,28 @@ def _stage_need(graph: Graph, stage: Sequence[Node], bounds: dict[str, int]) -> 
     return weights + peak
 
 
+def cost_bounds(graph: Graph, bounds: dict[str, int]) -> dict[str, int]:
+    """``bounds`` with every other symbol at 1, for estimates only (admission never
+    guesses): a batch or sequence dim without a bound is costed as one."""
+    out = dict(bounds)
+    for v in graph.values.values():
+        for d in v.shape or ():
+            if isinstance(d, str) and d not in out:
+                out[d] = 1
+    return out
+
+
 def annotate_costs(plan: Any, bounds: dict[str, int], cost_model: CostModel | None = None) -> None:
-    """Each segment's predicted seconds: its nodes plus the seams it reads."""
-    model = cost_model or CostModel()
+    """Each segment's predicted seconds: ``compute_cost`` (its nodes, on its provider's
+    model) and ``predicted_cost`` (plus the seams it reads over the link model)."""
     graph = plan.graph
     for s in plan.seams:
         if s.nbytes is None and resolve_shape(graph, s.value, bounds) is not None:
             s.nbytes = value_bytes(graph, s.value, bounds)
-    seam_bytes = {s.value: s.nbytes or 0 for s in plan.seams}
+    estimate = cost_bounds(graph, bounds)
+    seam_bytes = {s.value: value_bytes(graph, s.value, estimate) for s in plan.seams}
     for seg in plan.segments:
-        compute = sum(node_cost(graph, n, bounds, model) for n in seg.nodes)
+        model = provider_cost_model(seg.provider, cost_model)
+        seg.compute_cost = sum(node_cost(graph, n, estimate, model) for n in seg.nodes)
         transfer = sum(model.seam_seconds(seam_bytes.get(i, 0)) for i in seg.inputs if i in seam_bytes)
-        seg.predicted_cost = compute + transfer
+        seg.predicted_cost = seg.compute_cost + transfer

@@ -18,7 +18,8 @@ class Segment:
     nodes: list[Node]
     inputs: list[str] = field(default_factory=list)  # graph inputs, initializers and seams it reads
     outputs: list[str] = field(default_factory=list)  # seams it produces and graph outputs
-    predicted_cost: float | None = None
+    predicted_cost: float | None = None  # its nodes plus the seams it reads (link model)
+    compute_cost: float | None = None  # its nodes only
     mem_need: int | None = None
 
     @property
@@ -50,6 +51,10 @@ class PlacementPlan:
     strategy: str = "single"
     #: node -> provider name, for every top-level node
     assignment: dict[Node, str] = field(default_factory=dict)
+    #: pipeline stages (placement.stages): contiguous runs of segments, an actor each
+    stages: list[Any] = field(default_factory=list)
+    #: stage cuts read from a saved plan (used when the session asks for "auto")
+    saved_cuts: list[int] | None = None
 
     @property
     def providers(self) -> list[str]:
@@ -96,4 +101,6 @@ class PlacementPlan:
 
     def summary(self) -> str:
         segs = ", ".join(f"{s.name}={s.provider.name}({len(s.nodes)})" for s in self.segments)
-        return f"{len(self.segments)} segments [{segs}], {len(self.seams)} seams, {self.seam_bytes()} B"
+        stages = f", {len(self.stages)} stage(s)" if self.stages else ""
+        return (f"{len(self.segments)} segments [{segs}], {len(self.seams)} seams, "
+                f"{self.seam_bytes()} B{stages}")
