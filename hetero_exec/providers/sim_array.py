@@ -850,10 +850,12 @@ def _member(full: str, kind: str, np_mod: Any) -> Any:
 
 
 def _build() -> SimNamespace:
-    root = SimNamespace("cupy", "sim-gpu's CuPy namespace: NumPy behind CuPy's names")
+    # not named "cupy": code that keys state by xp.__name__ (kernels/random.py) must not
+    # mix sim-gpu's NumPy-backed objects with real CuPy's in one process
+    root = SimNamespace("sim_cupy", "sim-gpu's CuPy namespace: NumPy behind CuPy's names")
     spaces = {"": root}
     for sub in sorted(n for n, k in SURFACE.NAMES.items() if k == "module"):
-        ns = SimNamespace(f"cupy.{sub}")
+        ns = SimNamespace(f"sim_cupy.{sub}")
         parent, _, leaf = sub.rpartition(".")
         setattr(spaces[parent], leaf, ns)
         spaces[sub] = ns
