@@ -190,7 +190,9 @@ def check_models(args, deadline: Deadline) -> dict:
             feed = inputs(name, batch, seq=args.seq) if name in ("bert", "gpt2") else inputs(name, batch)
             row: dict[str, Any] = {"model": name, "batch": batch}
             ref = cpu.run(None, feed)
-            fns: dict[str, Callable[[], Any]] = {"cpu": lambda: cpu.run(None, feed)}
+            fns: dict[str, Callable[[], Any]] = {}
+            if args.time_cpu:  # our cpu provider's latency: optional, the reference run is not
+                fns["cpu"] = lambda: cpu.run(None, feed)
             for key, sess in ort_sessions.items():
                 fns[key] = functools.partial(sess.run, None, feed)
             if gpu is not None:
@@ -236,7 +238,7 @@ def _describe(sess) -> dict:
             out["stages"] = len(stages)
     if sess.fallback_report is not None:
         out["fallback"] = str(sess.fallback_report)[:300]
-    actors = getattr(sess, "segment_actors", None)
+    actors = getattr(sess, "stage_actors", None)
     if actors:
         out["actors"] = len(actors)
     return out
@@ -473,6 +475,7 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--ray-timeout", type=float, default=150)
+    ap.add_argument("--time-cpu", action="store_true", help="also time our cpu provider")
     ap.add_argument("--skip", default="", help="sections to skip, comma-separated")
     ap.add_argument("--shares", default="", help="seconds per section, e.g. node_suite=200,models=90")
     ap.add_argument("--cuda-graph", action="store_true", help="the experimental CUDA-graph section")
