@@ -16,6 +16,10 @@ def move_value(v: Any, src: Any, dst: Any) -> Any:
     (None: the host): device values come to the host, then go to a device."""
     if v is None:
         return v
+    direct = getattr(dst, "receive_from", None) if src is not None and src is not dst else None
+    moved = direct(v, src) if direct is not None else None
+    if moved is not None:  # device to device (GPU peers, providers/gpu.py): no host staging
+        return moved
     if src is not None and src.is_device:
         v = src.to_host(v)
     if dst is not None and dst.is_device:

@@ -209,12 +209,18 @@ class Compiler:
                                           if s not in host_slots and s not in host_copy.values()
                                           and s != NONE_SLOT], self.to_host)
                 host_slots.update(out_slots)
-            elif host_slots:
+            elif self.device:
                 kdef = lookup(node.domain, node.op_type, graph.opset(node.domain))
                 host_pos = kdef.host_inputs if kdef else frozenset()
                 data_pos = [p for p, s in enumerate(in_slots) if s in host_slots and p not in host_pos]
                 if data_pos:
                     fn = _converting(fn, data_pos, self.to_device)
+                # declared host inputs arrive as host values: constants from host copies
+                # made once, device values moved per run (kernels never read device data)
+                in_slots = self._host_constants(in_slots, constants, host_copy, template, host_pos)
+                fn = _converting(fn, [p for p in host_pos if p < len(in_slots) and in_slots[p]
+                                      not in host_slots and in_slots[p] not in host_copy.values()
+                                      and in_slots[p] != NONE_SLOT], self.to_host)
             if (self.fold_constants and not wants_scope and node.op_type not in NONDETERMINISTIC
                     and all(s in constants or s == NONE_SLOT for s in in_slots)):
                 if self._fold(fn, kwargs, in_slots, out_slots, template, node, step_xp):
@@ -304,11 +310,13 @@ class Compiler:
         return fn or kdef.fn
 
     def _host_constants(self, in_slots: tuple[int, ...], constants: set[int],
-                        host_copy: dict[int, int], template: list[Any]) -> tuple[int, ...]:
-        """A host step reads constants from host copies made once, here."""
+                        host_copy: dict[int, int], template: list[Any],
+                        positions: Any = None) -> tuple[int, ...]:
+        """A host step (or a device step's host inputs at ``positions``) reads constants
+        from host copies made once, here."""
         out = []
-        for s in in_slots:
-            if s in constants and s != NONE_SLOT:
+        for p, s in enumerate(in_slots):
+            if s in constants and s != NONE_SLOT and (positions is None or p in positions):
                 if s not in host_copy:
                     host_copy[s] = len(template)
                     template.append(self.to_host(template[s]))

@@ -93,6 +93,7 @@ class DuplicateKernelError(ValueError):
 
 
 _TABLE: dict[tuple[str, str], dict[int, KernelDef]] = {}
+_GENERATION = [0]  # bumped on every registration: caches over the table compare it
 
 
 def canonical_domain(domain: str) -> str:
@@ -142,6 +143,7 @@ def kernel(
                 attrs=attrs,
                 specialize=specialize,
             )
+        _GENERATION[0] += 1
         return fn
 
     return register
@@ -178,6 +180,12 @@ def lookup(domain: str, op_type: str, opset: int) -> KernelDef | None:
 def registered() -> list[KernelDef]:
     _ensure_loaded()
     return [k for versions in _TABLE.values() for k in versions.values()]
+
+
+def generation() -> int:
+    """A number that changes whenever a kernel is registered (for caches over the table)."""
+    _ensure_loaded()
+    return _GENERATION[0]
 
 
 def has_op(domain: str, op_type: str) -> bool:
