@@ -368,7 +368,12 @@ def _conv_full(xp, X, W, B, auto_pad="NOTSET", dilations=None, group=1, kernel_s
     K = list(kernel_shape) if kernel_shape else list(W.shape[2:])
     out_sp, pb, pe = conv_geometry(X.shape[2:], K, strides, dilations, pads, auto_pad)
     out_dtype = X.dtype
+    if path is None:
+        path = ConvPath(choose_path(is_numpy(xp), W.shape, group, not any(pb) and not any(pe)))
     cdt = acc_dtype(xp, out_dtype)
+    if cdt == np.float16 and path.kind == "depthwise_taps":
+        # element-wise sums over the taps: no BLAS accumulates them wider, so float32
+        cdt = np.dtype(np.float32)
     Xc = X.astype(cdt, copy=False)
     Wc = W.astype(cdt, copy=False)
     Bc = None if B is None else B.astype(cdt, copy=False)
@@ -638,7 +643,8 @@ def CausalConvWithState(xp, input, weight, bias=None, past_state=None, activatio
     Nb, C, L = input.shape
     k = weight.shape[2]
     dt = input.dtype
-    cdt = acc_dtype(xp, dt)
+    # the taps are element-wise sums, which no BLAS accumulates wider: float32 on every xp
+    cdt = np.dtype(np.float32) if dt == np.float16 else acc_dtype(xp, dt)
     if past_state is None:
         pad = xp.zeros((Nb, C, k - 1), dtype=dt)
     else:

@@ -786,8 +786,31 @@ def _stable(fn: Callable) -> Callable:
     return sort
 
 
+def _gemm(fn: Callable) -> Callable:
+    """CuPy runs a float16 product through cuBLAS with float32 compute (sgemmEx/GemmEx
+    with CUBLAS_COMPUTE_32F): it accumulates in float32 and rounds once, where NumPy's
+    float16 matmul rounds at every step."""
+    def product(*args, **kwargs):
+        if not any(getattr(a, "dtype", None) == np.float16 for a in args):
+            return fn(*args, **kwargs)
+        out = kwargs.pop("out", None)
+        wide = [a.astype(np.float32) if getattr(a, "dtype", None) == np.float16 else a
+                for a in args]
+        r = fn(*wide, **kwargs).astype(np.float16)
+        if out is None:
+            return r
+        np.copyto(out, r, casting="same_kind")
+        return out
+
+    product.__name__ = getattr(fn, "__name__", "product")
+    return product
+
+
 #: NumPy functions standing in for CuPy's where their behaviour differs
-_NUMPY_AS_CUPY: dict[str, Callable] = {"sort": _stable(np.sort), "argsort": _stable(np.argsort)}
+_NUMPY_AS_CUPY: dict[str, Callable] = {
+    "sort": _stable(np.sort), "argsort": _stable(np.argsort),
+    **{name: _gemm(getattr(np, name)) for name in ("matmul", "dot", "tensordot")},
+}
 
 
 def _scalar_result(fn: Callable) -> Callable:
