@@ -29,6 +29,7 @@ from hetero_exec.kernels._nn_common import (
     spatial_attrs,
     window_view,
 )
+from hetero_exec.kernels.fused import FUSED_DOMAIN, activate
 from hetero_exec.kernels.registry import kernel
 
 #: output plane size (columns per image) below which images share one wide GEMM
@@ -72,13 +73,13 @@ def _chunk(xp, N, per_image_bytes):
 
 
 def _epilogue(xp, Y, Z, activation):
-    """In place on a fresh conv output block: add the residual Z, apply the activation."""
+    """In place on a fresh conv output block: add the residual Z, apply the activation
+    (a name of kernels.fused.ACTIVATIONS, or (name, params))."""
     if Z is not None:
         Y += Z
-    if activation == "Relu":
-        xp.maximum(Y, 0, out=Y)
-    elif activation:
-        raise ValueError(f"FusedConv: unsupported activation {activation!r}")
+    if activation:
+        name, params = (activation, None) if isinstance(activation, str) else activation
+        activate(xp, Y, name, params, "FusedConv")
 
 
 def _conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp, Z=None, activation=""):
@@ -185,14 +186,15 @@ def Conv(xp, X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_sh
     return (_conv_full(xp, X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides),)
 
 
-@kernel("FusedConv", since=1, domain="hetero_exec")
-def FusedConv(xp, X, W, B=None, Z=None, activation="", auto_pad="NOTSET", dilations=None, group=1,
-              kernel_shape=None, pads=None, strides=None):
-    """Internal op of the cpu fusion passes (placement/fusions.py):
+@kernel("FusedConv", since=1, domain=FUSED_DOMAIN)
+def FusedConv(xp, X, W, B=None, Z=None, activation="", activation_params=None, auto_pad="NOTSET",
+              dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """Internal op of the fusion passes (placement/fusions/):
     ``activation(Conv(X, W, B) + Z)``, Z (optional) of the output's shape, the activation
-    ("Relu" or "" for none) applied in place on the GEMM output."""
+    (kernels.fused.ACTIVATIONS) applied in place on each block of the GEMM output."""
+    act = (activation, activation_params) if activation else ""
     return (_conv_full(xp, X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides,
-                       Z, activation),)
+                       Z, act),)
 
 
 # --------------------------------------------------------------------------- integer / quantised

@@ -1,9 +1,17 @@
-"""Internal ops of the fusion passes (hetero_exec/placement/fusions.py), in the
+"""Internal ops of the fusion passes (hetero_exec/placement/fusions/), in the
 "hetero_exec" domain: several ONNX nodes computed as one kernel, with the later steps
-in place on the first one's fresh output. FusedConv lives with Conv in conv.py.
+in place on the first one's fresh output.
+
+FusedConv lives with Conv in conv.py (its epilogue calls `activate` below);
+FusedLayerNorm and FusedRMSNorm in norm.py; FusedAttention and FusedRotary in
+attention.py.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
 
 from hetero_exec.kernels.elementwise import Gelu
 from hetero_exec.kernels.linalg import _float_operands
@@ -11,16 +19,51 @@ from hetero_exec.kernels.registry import kernel
 
 FUSED_DOMAIN = "hetero_exec"
 
+#: what `activate` applies in place; ``activation_params`` are (min, max) for Clip and
+#: (alpha, beta) for HardSigmoid
+ACTIVATIONS = frozenset({"", "Relu", "Clip", "HardSigmoid", "HardSwish", "SiLU"})
 
-def _activate(xp, Y, activation, op):
+
+def activate(xp, Y, activation: str, params: Sequence[float] | None = None, op: str = "fused op"):
+    """``activation(Y)`` written into ``Y`` (a fresh float array); at most one work array."""
+    if not activation:
+        return Y
     if activation == "Relu":
         xp.maximum(Y, 0, out=Y)
-    elif activation:
+    elif activation == "Clip":
+        lo, hi = params if params else (-np.inf, np.inf)
+        # max then min, as Clip: min > max gives max everywhere
+        if lo > -np.inf:
+            xp.maximum(Y, Y.dtype.type(lo), out=Y)
+        if hi < np.inf:
+            xp.minimum(Y, Y.dtype.type(hi), out=Y)
+    elif activation == "HardSigmoid":
+        alpha, beta = params if params else (0.2, 0.5)
+        _hard_sigmoid(xp, Y, alpha, beta, out=Y)
+    elif activation == "HardSwish":
+        Y *= _hard_sigmoid(xp, Y, 1.0 / 6.0, 0.5)
+    elif activation == "SiLU":
+        t = xp.empty_like(Y)
+        with np.errstate(over="ignore"):  # exp(-y) -> inf gives y / inf = 0, as wanted
+            xp.negative(Y, out=t)
+            xp.exp(t, out=t)
+        t += 1
+        Y /= t
+    else:
         raise ValueError(f"{op}: unsupported activation {activation!r}")
+    return Y
+
+
+def _hard_sigmoid(xp, Y, alpha, beta, out=None):
+    t = xp.multiply(Y, Y.dtype.type(alpha), out=out)
+    t += Y.dtype.type(beta)
+    xp.maximum(t, 0, out=t)
+    xp.minimum(t, 1, out=t)
+    return t
 
 
 @kernel("FusedMatMul", since=1, domain=FUSED_DOMAIN)
-def FusedMatMul(xp, A, B, bias=None, activation=""):
+def FusedMatMul(xp, A, B, bias=None, activation="", activation_params=None):
     """``activation(MatMul(A, B) + bias)``, bias (N,) along the last axis; from MatMul+Add
     and from Gemm (alpha = beta = 1, transA = 0; transB folded into B by the pass)."""
     (Ac, Bc), back = _float_operands(xp, A, B)
@@ -32,7 +75,7 @@ def FusedMatMul(xp, A, B, bias=None, activation=""):
         shape = None
     if bias is not None:
         Y += bias.astype(Y.dtype, copy=False)
-    _activate(xp, Y, activation, "FusedMatMul")
+    activate(xp, Y, activation, activation_params, "FusedMatMul")
     if shape is not None:
         Y = Y.reshape(shape)
     if back is not None:
