@@ -34,10 +34,11 @@ def _bypassable(rw: Rewriter, node: Node) -> bool:
 
 def _transpose(rw: Rewriter, node: Node) -> None:
     q = _perm(rw, node)
-    if q is None or not _bypassable(rw, node):
+    if q is None:
         return
     if q == list(range(len(q))):
-        rw.bypass(node, node.inputs[0])
+        if _bypassable(rw, node):
+            rw.bypass(node, node.inputs[0])
         return
     first = rw.producer(node.inputs[0])
     if not rw.onnx_op(first, "Transpose"):
@@ -47,8 +48,11 @@ def _transpose(rw: Rewriter, node: Node) -> None:
         return
     composed = [p[i] for i in q]
     if composed == list(range(len(q))):
+        if not _bypassable(rw, node):
+            return
+        sole = rw.sole_reader(first.outputs[0]) is node
         rw.bypass(node, first.inputs[0])  # ``first`` goes too when nothing else reads it
-        if rw.sole_reader(first.outputs[0]) is node:
+        if sole:
             rw.bypass(first, first.inputs[0])
     elif rw.sole_reader(first.outputs[0]) is node:
         rw.fuse([first, node], "Transpose", node.domain, [first.inputs[0]], node.outputs[0],
@@ -64,10 +68,11 @@ def _same_shape(rw: Rewriter, a: str, b: str) -> bool:
 
 
 def _reshape(rw: Rewriter, node: Node) -> None:
-    if len(node.inputs) < 2 or not _bypassable(rw, node):
+    if len(node.inputs) < 2:
         return
     if _same_shape(rw, node.inputs[0], node.outputs[0]):
-        rw.bypass(node, node.inputs[0])
+        if _bypassable(rw, node):
+            rw.bypass(node, node.inputs[0])
         return
     first = rw.producer(node.inputs[0])
     if not rw.onnx_op(first, "Reshape") or len(first.inputs) < 2 or rw.sole_reader(first.outputs[0]) is not node:

@@ -31,6 +31,9 @@ _SHAPE_ARITHMETIC = frozenset({
     "Reshape", "Identity", "Neg", "Floor", "Sqrt", "Reciprocal", "Pow",
 })
 _EVAL_MAX_SIZE = 64  # elements: shape vectors and scalars, never weights
+#: ops never dropped for being unread (their effect is not their output)
+_KEEP_WHEN_DEAD = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
+                             "RandomUniformLike", "Bernoulli", "Multinomial"})
 
 
 @dataclass
@@ -243,10 +246,11 @@ class Rewriter:
         return bool(sup)
 
     def finish(self) -> bool:
-        """Apply the replacements; drop initializers and Constants nothing reads any more."""
+        """Apply the replacements; drop the nodes and initializers nothing reads any more."""
         if not self.changed:
             return False
         g = self.graph
+        dropped = [n for n in g.nodes if id(n) in self.replace]
         g.nodes = self._apply(g.nodes)
         if self.region is not None:
             self.region.nodes = self._apply(self.region.nodes)
@@ -256,7 +260,7 @@ class Rewriter:
         if domain_used(g, FUSED_DOMAIN):
             g.opsets.setdefault(FUSED_DOMAIN, 1)
         g.reindex()
-        self._drop_dead_constants()
+        self._drop_dead_producers(dropped)
         self._prune()
         self.replace.clear()
         self.consumed.clear()
@@ -273,12 +277,23 @@ class Rewriter:
                 out.append(r)
         return out
 
-    def _drop_dead_constants(self) -> None:
+    def _drop_dead_producers(self, dropped: list[Node]) -> None:
+        """Nodes whose every output only the replaced nodes read (a Constant, the shape
+        arithmetic of a Slice bound) go too, and then what only they read."""
         g = self.graph
-        dead = {id(n) for n in g.nodes
-                if n.op_type == "Constant" and n.canonical_domain == "ai.onnx" and self.mine(n)
-                and all(o not in g.consumers and o not in self.outputs and not _captured(g, o)
-                        for o in n.outputs)}
+        dead: set[int] = set()
+        work = [g.producer.get(i) for n in dropped for i in n.inputs if i]
+        while work:
+            p = work.pop()
+            if p is None or id(p) in dead or not self.mine(p) or p.subgraphs \
+                    or p.canonical_domain != "ai.onnx" or p.op_type in _KEEP_WHEN_DEAD:
+                continue
+            if any(o and (o in self.outputs or _captured(g, o)
+                          or any(id(r) not in dead for r in g.consumers.get(o, ())))
+                   for o in p.outputs):
+                continue
+            dead.add(id(p))
+            work.extend(g.producer.get(i) for i in p.inputs if i)
         if not dead:
             return
         g.nodes = [n for n in g.nodes if id(n) not in dead]
