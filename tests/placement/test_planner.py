@@ -321,7 +321,6 @@ def test_pinning_control_flow_to_the_gpu_is_an_error():
 @pytest.mark.parametrize("strategy", ["greedy", "balanced", "memory"])
 def test_multi_gpu_strategies_valid_and_correct(strategy):
     m = mlp(6, width=32, batch=3)
-    g = graph_of(m)
     providers = SIMS4 + ["cpu"]
     if strategy == "memory":  # a layer is 4224 B of weights: each device fits two
         providers = [(p, {"mem_limit": 11000}) for p in SIMS4] + ["cpu"]
@@ -392,7 +391,6 @@ def test_balanced_is_optimal_over_contiguous_splits():
 
 def test_memory_strategy_respects_each_device_limit():
     m = mlp(6, width=32, batch=3)
-    g = graph_of(m)
     limits = {"sim-gpu:0": 11000, "sim-gpu:1": 6000, "sim-gpu:2": 11000, "sim-gpu:3": 11000}
     sess = InferenceSession(m, providers=[(p, {"mem_limit": limits[p]}) for p in SIMS4],
                             hetero=True, strategy="memory")
