@@ -373,7 +373,18 @@ def _blocked(x, n0, n1, n):
     return x[n0:n1]
 
 
-def _attention_block(xp, Q, K, V, mask, condition, fill, scale, k_transposed, kv_groups, out=None):
+def _add_mask(s, mask, groups):
+    """s + mask, in place when the mask broadcasts into s (``groups``: added in the view
+    of s with its leading axis split as (-1, groups))."""
+    view = s.reshape((-1, groups) + s.shape[1:]) if groups else s
+    if np.broadcast_shapes(view.shape, mask.shape) == view.shape:
+        view += mask
+        return s
+    return (view + mask).reshape(s.shape)
+
+
+def _attention_block(xp, Q, K, V, mask, condition, fill, scale, k_transposed, kv_groups,
+                     mask_groups=0, out=None):
     KT = K if k_transposed else xp.swapaxes(K, -1, -2)
     if kv_groups > 1:
         s = _grouped_matmul(xp, Q, KT, KT.shape[1])
@@ -387,10 +398,7 @@ def _attention_block(xp, Q, K, V, mask, condition, fill, scale, k_transposed, kv
         else:
             s = xp.where(condition, s, fill.astype(s.dtype, copy=False))
     if mask is not None:
-        if np.broadcast_shapes(s.shape, mask.shape) == s.shape:
-            s += mask
-        else:
-            s = s + mask
+        s = _add_mask(s, mask, mask_groups)
     _softmax_last_inplace(xp, s)
     if kv_groups > 1:
         return _grouped_matmul(xp, s, V, V.shape[1])
@@ -399,23 +407,29 @@ def _attention_block(xp, Q, K, V, mask, condition, fill, scale, k_transposed, kv
 
 @kernel("FusedAttention", since=1, domain=FUSED_DOMAIN)
 def FusedAttention(xp, Q, K, V, mask=None, condition=None, fill=None, scale=1.0, k_transposed=1,
-                   kv_groups=1):
+                   kv_groups=1, mask_groups=0):
     """``Softmax(scale * Q @ K^T [where condition else fill] [+ mask]) @ V`` in one pass
     over the scores, in place: the MatMul-[Mul]-[Where]-[Add]-Softmax-MatMul chain.
     ``k_transposed``: K is given as K^T (..., D, S); ``kv_groups`` > 1: K and V hold
-    Hq / kv_groups heads, each shared by a group of query heads (repeat_kv not run)."""
+    Hq / kv_groups heads, each shared by a group of query heads (repeat_kv not run);
+    ``mask_groups`` > 0: the mask is added to the scores viewed (-1, mask_groups, ...)."""
     n = Q.shape[0] if Q.ndim >= 3 else 0
     per_row = Q.dtype.itemsize * math.prod(Q.shape[1:-1]) * (K.shape[-1] if k_transposed else K.shape[-2])
-    if xp is not np or n <= 1 or per_row * n <= _SCORE_BLOCK or kv_groups > 1 \
-            or any(x is not None and x.ndim >= 3 and x.shape[0] not in (1, n) for x in (K, V, mask, condition)):
-        return (_attention_block(xp, Q, K, V, mask, condition, fill, scale, k_transposed, kv_groups),)
-    step = max(1, _SCORE_BLOCK // per_row)
+    step = max(1, _SCORE_BLOCK // max(per_row, 1))
+    if mask_groups:
+        step = max(mask_groups, step - step % mask_groups)
+    sliced = (K, V, condition) if mask_groups else (K, V, mask, condition)
+    if xp is not np or n <= 1 or n <= step or kv_groups > 1 \
+            or any(x is not None and x.ndim >= 3 and x.shape[0] not in (1, n) for x in sliced):
+        return (_attention_block(xp, Q, K, V, mask, condition, fill, scale, k_transposed, kv_groups,
+                                 mask_groups),)
     out = None
     for n0 in range(0, n, step):
         n1 = min(n, n0 + step)
+        m = mask if mask_groups else _blocked(mask, n0, n1, n)
         blk = _attention_block(xp, Q[n0:n1], _blocked(K, n0, n1, n), _blocked(V, n0, n1, n),
-                               _blocked(mask, n0, n1, n), _blocked(condition, n0, n1, n), fill,
-                               scale, k_transposed, kv_groups)
+                               m, _blocked(condition, n0, n1, n), fill,
+                               scale, k_transposed, kv_groups, mask_groups)
         if out is None:
             out = xp.empty((n,) + blk.shape[1:], dtype=blk.dtype)
         out[n0:n1] = blk
@@ -428,7 +442,9 @@ def FusedRotary(xp, X, cos, sin, split=0):
     X[..., :split]) on the last axis (Llama's rotary embedding as exported)."""
     h = int(split)
     w = X.shape[-1] - h
-    Y = xp.multiply(X, cos)
+    shape = np.broadcast_shapes(X.shape, cos.shape, sin.shape)
+    Y = xp.empty(shape, dtype=np.result_type(X.dtype, cos.dtype, sin.dtype))
+    xp.multiply(X, cos, out=Y)
     s_lo, s_hi = (sin, sin) if sin.shape[-1] == 1 else (sin[..., :w], sin[..., w:])
     Y[..., :w] -= X[..., h:] * s_lo
     Y[..., w:] += X[..., :h] * s_hi

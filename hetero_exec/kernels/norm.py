@@ -166,10 +166,22 @@ def RMSNormalization(xp, X, scale, axis=-1, epsilon=1e-5, stash_type=1):
 
 
 @kernel("FusedLayerNorm", since=1, domain=FUSED_DOMAIN)
-def FusedLayerNorm(xp, X, scale=None, bias=None, axis=-1, epsilon=1e-5):
+def FusedLayerNorm(xp, X, scale=None, bias=None, axis=-1, epsilon=1e-5, axes=None):
     """LayerNormalization (scale and bias optional) in the input's precision: the node
-    chain exporters write for it (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, ...)."""
-    return LayerNormalization(xp, X, scale, bias, axis=axis, epsilon=epsilon, stash_type=0)
+    chain exporters write for it (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, ...).
+    ``axes``: normalise over these instead of ``axis..`` (scale and bias broadcast as in
+    the chain's Mul and Add)."""
+    if axes is None:
+        return LayerNormalization(xp, X, scale, bias, axis=axis, epsilon=epsilon, stash_type=0)
+    ax = tuple(axes)
+    d = X - xp.mean(X, axis=ax, keepdims=True)
+    var = xp.mean(d * d, axis=ax, keepdims=True)
+    d *= 1.0 / xp.sqrt(var + epsilon)
+    if scale is not None:
+        d *= scale
+    if bias is not None:
+        d += bias
+    return (d,)
 
 
 @kernel("FusedRMSNorm", since=1, domain=FUSED_DOMAIN)

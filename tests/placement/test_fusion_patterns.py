@@ -185,7 +185,10 @@ def layer_norm(square="pow", divide="div", eps="init", opset=17, affine=True, ax
     _divide("d", "s", divide, "n" if affine else "y", nodes, inits)
     if affine:
         rng = np.random.default_rng(6)
-        shape = [XS[a] for a in axes] if len(axes) > 1 else [XS[-1]]
+        if axes == [1]:  # channels first: gamma[:, None] * x
+            shape = [XS[1], 1]
+        else:
+            shape = [XS[a] for a in axes] if len(axes) > 1 else [XS[-1]]
         inits += [init("gamma", rng.uniform(0.5, 1.5, shape).astype(np.float32)),
                   init("beta", rng.normal(0, 0.2, shape).astype(np.float32))]
         nodes += [h.make_node("Mul", ["n", "gamma"], ["g"]), h.make_node("Add", ["beta", "g"], ["y"])]
@@ -209,9 +212,14 @@ def test_layer_norm_chain(kw):
     assert node.attrs["axis"].i == -len(kw.get("axes", (-1,)))
 
 
-@pytest.mark.parametrize("kw", [dict(expose="s"), dict(axes=(1,))], ids=["exposed", "not-trailing"])
-def test_layer_norm_chain_kept(kw):
-    check(layer_norm(**kw), _x(), {"FusedLayerNorm": 0, "FusedRMSNorm": 0, "Sqrt": 1})
+def test_layer_norm_over_a_middle_axis():
+    """ConvNeXt's channels-first LayerNorm: over axis 1, gamma and beta along it."""
+    sess = check(layer_norm(axes=(1,), opset=13), _x(), {"FusedLayerNorm": 1}, total=1)
+    assert list(sess.placement.segments[0].nodes[0].attrs["axes"].ints) == [-2]
+
+
+def test_layer_norm_chain_kept_when_an_intermediate_is_an_output():
+    check(layer_norm(expose="s"), _x(), {"FusedLayerNorm": 0, "FusedRMSNorm": 0, "Sqrt": 1})
 
 
 def rms_norm(square="pow", divide="recip", weight_first=True, casts=False, opset=17,
@@ -501,3 +509,59 @@ def test_a_fusion_that_raises_is_skipped_alone(monkeypatch, caplog):
         sess = check(m, {"x": rand(4, 16)}, {"FusedGelu": 0, "Erf": 1, "Reshape": 1})
     assert "fuse_gelu" in caplog.text and "an odd graph" in caplog.text
     assert "debris" not in sess._build.graph.initializers
+
+
+def test_attention_with_a_window_grouped_mask():
+    """Swin: the shift mask added to the scores viewed (-1, nW, h, T, T)."""
+    nw, heads, t, d = 4, 2, 5, 8
+    rng = np.random.default_rng(8)
+    inits = [init("sqrtd", np.float32(math.sqrt(d))),
+             init("mask", np.where(rng.random((nw, 1, t, t)) < 0.3, -100.0, 0.0).astype(np.float32)),
+             init("s5", np.array([-1, nw, heads, t, t], np.int64)),
+             init("s4", np.array([-1, heads, t, t], np.int64))]
+    nodes = [h.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             h.make_node("MatMul", ["q", "kt"], ["qk"]), h.make_node("Div", ["qk", "sqrtd"], ["sc"]),
+             h.make_node("Reshape", ["sc", "s5"], ["s5v"]), h.make_node("Add", ["s5v", "mask"], ["m5"]),
+             h.make_node("Reshape", ["m5", "s4"], ["m4"]), h.make_node("Softmax", ["m4"], ["p"], axis=-1),
+             h.make_node("MatMul", ["p", "v"], ["y"])]
+    shape = [2 * nw, heads, t, d]
+    m = model(nodes, [vi(n, F, shape) for n in ("q", "k", "v")], [vi("y", F, shape)], inits)
+    sess = check(m, attention_feed(m), {"FusedAttention": 1}, total=1)
+    assert sess.placement.segments[0].nodes[0].attrs["mask_groups"].i == nw
+
+
+def test_matmul_silu_without_a_bias():
+    """Llama's gate projection: MatMul then x * Sigmoid(x)."""
+    w = init("w", np.random.default_rng(9).standard_normal((16, 24)).astype(np.float32) * 0.3)
+    nodes = [h.make_node("MatMul", ["x", "w"], ["g"]), h.make_node("Sigmoid", ["g"], ["sg"]),
+             h.make_node("Mul", ["g", "sg"], ["y"])]
+    m = model(nodes, [vi("x", F, [2, 5, 16])], [vi("y", F, [2, 5, 24])], [w])
+    check(m, {"x": rand(2, 5, 16)}, {"FusedMatMul": 1}, total=1)
+
+
+# --- where they fire in the real-architecture benchmark models -------------------------------
+
+#: fused ops each architecture's export must get (both spellings)
+ARCH_FUSED = {
+    "mobilenetv2": {"FusedConv"},
+    "convnext": {"FusedLayerNorm", "FusedMatMul", "FusedGelu"},
+    "vit": {"FusedMatMul", "FusedAttention", "FusedGelu"},
+    "llama": {"FusedRMSNorm", "FusedRotary", "FusedAttention", "FusedMatMul"},
+    "swin": {"FusedMatMul", "FusedAttention", "FusedGelu"},
+    "whisper": {"FusedMatMul", "FusedAttention", "FusedGelu"},
+}
+
+
+@pytest.mark.parametrize("arch", list(ARCH_FUSED))
+@pytest.mark.parametrize("spelling", ["ts", "dynamo"])
+def test_arch_models_get_their_fusions(arch, spelling):
+    from bench.arch_models import ARCH_MODELS
+    from hetero_exec.ir.load import load
+    from hetero_exec.placement.fusions import fuse
+
+    _, graph = load(ARCH_MODELS[f"{arch}_{spelling}"]())
+    fuse(graph)
+    ops = {n.op_type for n in graph.nodes}
+    assert ARCH_FUSED[arch] <= ops, sorted(ops)
+    if spelling == "ts" and arch != "mobilenetv2":  # no norm left written out
+        assert "Sqrt" not in ops and "Erf" not in ops

@@ -3,6 +3,9 @@
     s = MatMul(Q [* a], K^T [* b]) [* c | / c] [Where(cond, s, fill)] [+ mask]
     y = MatMul(Softmax(s, last axis), V)
 
+The mask may be added in a view of the scores that splits their leading axis in
+(-1, G) (Swin's shifted windows: Reshape, Add, Reshape).
+
 K^T is a Transpose of the last two axes of K (absorbed: the kernel reads K) or any
 value already laid out (..., D, S), such as a Transpose(0, 2, 3, 1) of the key's heads.
 The scalars a, b, c (the dynamo exporter splits sqrt(scale) over Q and K^T) fold into
@@ -41,9 +44,15 @@ def _scaled(rw: Rewriter, name: str, reader: Node) -> tuple[str, float, list[Nod
 
 def _scores(rw: Rewriter, name: str, reader: Node):
     """Walk back from the softmax input to the QK MatMul: the pieces found on the way."""
-    found = {"mask": "", "cond": "", "fill": "", "scale": 1.0, "nodes": []}
+    found = {"mask": "", "cond": "", "fill": "", "scale": 1.0, "nodes": [], "groups": 0}
     node = rw.producer(name)
-    if rw.onnx_op(node, "Add") and len(node.inputs) == 2 and rw.feeds_only(node, reader):
+    grouped = _grouped_mask(rw, node, reader)
+    if grouped is not None:  # Swin's shifted windows: the mask added in a (-1, nW, ...) view
+        mask, groups, nodes, r1 = grouped
+        found.update(mask=mask, groups=groups)
+        found["nodes"] += nodes
+        reader, node = r1, rw.producer(r1.inputs[0])
+    elif rw.onnx_op(node, "Add") and len(node.inputs) == 2 and rw.feeds_only(node, reader):
         for s, m in (node.inputs, node.inputs[::-1]):
             p = rw.producer(s)
             if p is not None and p.op_type in ("MatMul", "Mul", "Div", "Where") and rw.feeds_only(p, node):
@@ -69,6 +78,35 @@ def _scores(rw: Rewriter, name: str, reader: Node):
         return None
     found["matmul"] = node
     return found
+
+
+def _grouped_mask(rw: Rewriter, r2: Node | None, reader: Node):
+    """Reshape(Reshape(s, (-1, G, h, T, T)) + mask, (-1, h, T, T)): (mask, G, nodes, the
+    first Reshape)."""
+    if not rw.onnx_op(r2, "Reshape") or not rw.feeds_only(r2, reader):
+        return None
+    add = rw.producer(r2.inputs[0])
+    if not rw.onnx_op(add, "Add") or len(add.inputs) != 2 or not rw.feeds_only(add, r2):
+        return None
+    for s, mask in (add.inputs, add.inputs[::-1]):
+        r1 = rw.producer(s)
+        if not rw.onnx_op(r1, "Reshape") or not rw.feeds_only(r1, add):
+            continue
+        scores = _dims(rw, r1.inputs[0])
+        t1, t2 = rw.ints(r1.inputs[1]), rw.ints(r2.inputs[1])
+        if scores is None or len(scores) != 4 or t1 is None or t2 is None:
+            continue
+        tail = list(scores[1:])
+        if not all(isinstance(d, int) for d in tail) or t2 != [-1] + tail or len(t1) != 5 \
+                or t1[0] != -1 or t1[2:] != tail or t1[1] <= 0:
+            continue
+        ms = _dims(rw, mask)
+        want = (t1[1], *tail)
+        if ms is None or len(ms) > 5 or any(d not in (1, w) for d, w in zip(ms[::-1], want[::-1])) \
+                or (len(ms) == 5 and ms[0] != 1):
+            continue
+        return mask, t1[1], [r2, add, r1], r1
+    return None
 
 
 def _swaps_last_two(rw: Rewriter, node: Node) -> bool:
@@ -100,17 +138,25 @@ def _repeated_kv(rw: Rewriter, name: str, reader: Node) -> tuple[str, int, list[
     if not rw.onnx_op(un, "Unsqueeze") or not rw.feeds_only(un, ex):
         return None
     axes = attr(un, "axes", None) if rw.graph.opset("") < 13 else rw.ints(un.inputs[1])
-    xs, es, out = rw.shape(un.inputs[0]), rw.shape(ex.outputs[0]), rw.shape(name)
+    xs, es, out = (_dims(rw, n) for n in (un.inputs[0], ex.outputs[0], name))
     if axes not in ([2], [-3]) or xs is None or es is None or out is None:
         return None
-    if len(xs) != 4 or len(es) != 5 or len(out) != 4 or not isinstance(es[2], int) or es[2] <= 1:
+    if len(xs) != 4 or len(es) != 5 or len(out) != 4:
         return None
-    g = es[2]
-    if not isinstance(xs[1], int) or es[1] != xs[1] or out[1] != xs[1] * g:
+    g, kv, d = es[2], xs[1], xs[3]
+    if not all(isinstance(v, int) for v in (g, kv, d)) or g <= 1 or es[1] != kv:
         return None
-    if (out[0], out[2], out[3]) != (es[0], es[3], es[4]) or (es[0], es[3], es[4]) != (xs[0], xs[2], xs[3]):
+    # (B, kv, g, S, D) -> (B, kv*g, S', D): with B and D kept, the element count gives S' = S
+    if out[1] != kv * g or out[3] != d or es[4] != d or out[0] is None or out[0] != es[0] \
+            or es[0] != xs[0]:
         return None
     return un.inputs[0], g, [un, ex, rs]
+
+
+def _dims(rw: Rewriter, name: str):
+    """The declared dims of ``name`` (unknown ones None), None when its rank is unknown."""
+    v = rw.graph.values.get(name)
+    return None if v is None or v.shape is None else tuple(v.shape)
 
 
 def _attention(rw: Rewriter, sm: Node) -> None:
@@ -137,6 +183,8 @@ def _attention(rw: Rewriter, sm: Node) -> None:
     attrs = {"scale": helper.make_attribute("scale", float(a * b * found["scale"])),
              "k_transposed": helper.make_attribute("k_transposed", k_transposed),
              "kv_groups": helper.make_attribute("kv_groups", groups)}
+    if found["groups"]:
+        attrs["mask_groups"] = helper.make_attribute("mask_groups", found["groups"])
     if not all(rw.dtype(n) == rw.dtype(q) for n in (k, v) + ((found["mask"],) if found["mask"] else ())):
         return
     rw.fuse(chain, "FusedAttention", FUSED_DOMAIN,

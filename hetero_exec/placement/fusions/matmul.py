@@ -1,4 +1,4 @@
-"""``fuse_matmul``: MatMul + Add(1-D bias) [+ activation], and Gemm (alpha = beta = 1,
+"""``fuse_matmul``: MatMul [+ Add(1-D bias)] [+ activation] (one of the two at least), and Gemm (alpha = beta = 1,
 transA = 0, constant B: transB is folded into a transposed copy) [+ activation] ->
 FusedMatMul, the activation one of `activation.match_activation`'s."""
 
@@ -24,20 +24,26 @@ def _matmul_add(rw: Rewriter, node: Node) -> None:
     a, w = node.inputs
     ws = rw.shape(w)
     y = node.outputs[0]
-    add = rw.sole_reader(y)
     if ws is None or len(ws) != 2 or not rw.float_value(y):
         return
-    if not rw.onnx_op(add, "Add") or len(add.inputs) != 2:
-        return
-    bias_name = other(add, y)
-    bias = rw.const(bias_name)
+    add = rw.sole_reader(y)
+    bias_name = other(add, y) if rw.onnx_op(add, "Add") and len(add.inputs) == 2 else ""
+    bias = rw.const(bias_name) if bias_name else None
     if bias is None or bias.dtype != rw.dtype(y) or bias.shape != (ws[1],):
+        _matmul_activation(rw, node)  # no bias: the activation alone (SiLU of a gate)
         return
     if bias_name not in rw.graph.initializers:  # a Constant node's value: an initializer now
         bias_name = rw.add_const(f"{bias_name}_bias", bias)
     chain = [node, add]
     out, attrs = _with_activation(rw, add.outputs[0], chain)
     rw.fuse(chain, "FusedMatMul", FUSED_DOMAIN, [a, w, bias_name], out, attrs)
+
+
+def _matmul_activation(rw: Rewriter, node: Node) -> None:
+    chain = [node]
+    out, attrs = _with_activation(rw, node.outputs[0], chain)
+    if len(chain) > 1:
+        rw.fuse(chain, "FusedMatMul", FUSED_DOMAIN, list(node.inputs), out, attrs)
 
 
 def _gemm(rw: Rewriter, node: Node) -> None:

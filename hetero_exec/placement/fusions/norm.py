@@ -11,7 +11,9 @@ RMSNorm (T5, Llama; both exporters)::
     [* weight]
 
 ``d^2`` is Pow(d, 2) or Mul(d, d); ReduceMean's axes are an attribute or (opset 18) a
-constant input, and must be the trailing axes; eps is an initializer or a Constant.
+constant input: the trailing axes (LayerNormalization's layout), or for LayerNorm any
+axes (ConvNeXt's channels-first LayerNorm reduces axis 1 of NCHW) with gamma and beta
+varying along those only; eps is an initializer or a Constant.
 """
 
 from __future__ import annotations
@@ -23,9 +25,8 @@ from hetero_exec.kernels.fused import FUSED_DOMAIN
 from hetero_exec.placement.fusions.rewriter import Region, Rewriter, attr, near, other
 
 
-def _trailing_axis(rw: Rewriter, node: Node) -> int | None:
-    """The first normalised axis, negative (-k for the last k axes), of a ReduceMean that
-    keeps dims and reduces the trailing axes; None otherwise."""
+def _reduced_axes(rw: Rewriter, node: Node) -> tuple[int, ...] | None:
+    """The axes (negative, sorted) a ReduceMean reduces keeping dims; None otherwise."""
     if not attr(node, "keepdims", 1):
         return None
     if rw.graph.opset("") >= 18:
@@ -39,9 +40,11 @@ def _trailing_axis(rw: Rewriter, node: Node) -> int | None:
         if rank is None:
             return None
         axes = [a - rank if a >= 0 else a for a in axes]
-    axes = sorted(axes)
-    k = len(axes)
-    return -k if axes == list(range(-k, 0)) else None
+    return tuple(sorted(set(axes)))
+
+
+def _trailing(axes: tuple[int, ...]) -> bool:
+    return axes == tuple(range(-len(axes), 0))
 
 
 def _square_of(rw: Rewriter, name: str, reader: Node) -> str | None:
@@ -83,29 +86,34 @@ def _divided(rw: Rewriter, num: str, s: str) -> tuple[list[Node], str] | None:
     return None
 
 
-def _affine(rw: Rewriter, y: str, op: str, k: int) -> tuple[Node, str] | None:
-    """y op p (Mul by gamma, Add beta) with p over at most the k normalised axes."""
+def _affine(rw: Rewriter, y: str, op: str, axes: tuple[int, ...]) -> tuple[Node, str] | None:
+    """y op p (Mul by gamma, Add beta) with p varying along the normalised axes only."""
     node = rw.sole_reader(y)
     if not rw.onnx_op(node, op) or len(node.inputs) != 2:
         return None
     p = other(node, y)
-    shape = rw.shape(p)
-    if shape is None or len(shape) > k or rw.dtype(p) != rw.dtype(y):
+    shape, ys = rw.shape(p), rw.shape(y)
+    if shape is None or rw.dtype(p) != rw.dtype(y):
         return None
-    ys = rw.shape(y)
+    if _trailing(axes) and len(shape) <= len(axes):
+        pass  # along the trailing axes, as LayerNormalization's scale
+    elif ys is None or len(shape) > len(ys) or any(
+            d != 1 and (i - len(shape) not in axes or d != ys[i - len(shape)])
+            for i, d in enumerate(shape)):
+        return None
     if ys is not None and any(d not in (1, yd) for d, yd in zip(shape[::-1], ys[::-1])):
         return None
     return node, p
 
 
-def _scale_bias(rw: Rewriter, chain: list[Node], y: str, k: int, bias: bool):
+def _scale_bias(rw: Rewriter, chain: list[Node], y: str, axes: tuple[int, ...], bias: bool):
     scale = b = ""
-    found = _affine(rw, y, "Mul", k)
+    found = _affine(rw, y, "Mul", axes)
     if found is not None:
         chain.append(found[0])
         y, scale = found[0].outputs[0], found[1]
         if bias:
-            found = _affine(rw, y, "Add", k)
+            found = _affine(rw, y, "Add", axes)
             if found is not None:
                 chain.append(found[0])
                 y, b = found[0].outputs[0], found[1]
@@ -114,9 +122,9 @@ def _scale_bias(rw: Rewriter, chain: list[Node], y: str, k: int, bias: bool):
 
 def _layer_norm(rw: Rewriter, mean: Node) -> None:
     x = mean.inputs[0]
-    axis = _trailing_axis(rw, mean)
+    axes = _reduced_axes(rw, mean)
     sub = rw.sole_reader(mean.outputs[0])
-    if axis is None or not rw.onnx_op(sub, "Sub") or sub.inputs != [x, mean.outputs[0]]:
+    if axes is None or not rw.onnx_op(sub, "Sub") or sub.inputs != [x, mean.outputs[0]]:
         return
     d = sub.outputs[0]
     readers = rw.readers(d)
@@ -125,7 +133,7 @@ def _layer_norm(rw: Rewriter, mean: Node) -> None:
     var = next((rw.sole_reader(r.outputs[0]) for r in readers if r.op_type in ("Pow", "Mul")
                 and rw.sole_reader(r.outputs[0]) is not None), None)
     if not rw.onnx_op(var, "ReduceMean") or _square_of(rw, var.inputs[0], var) != d \
-            or _trailing_axis(rw, var) != axis:
+            or _reduced_axes(rw, var) != axes:
         return
     sq = rw.producer(var.inputs[0])
     tail = _inverse_rms(rw, var)
@@ -135,14 +143,14 @@ def _layer_norm(rw: Rewriter, mean: Node) -> None:
     if div is None or {id(r) for r in readers} != {id(sq), id(div[0][-1])}:
         return
     chain = [mean, sub, sq, var] + tail[0] + div[0]
-    y, scale, bias = _scale_bias(rw, chain, div[1], -axis, bias=True)
-    _emit(rw, chain, "FusedLayerNorm", [x, scale, bias], y, axis, tail[2])
+    y, scale, bias = _scale_bias(rw, chain, div[1], axes, bias=True)
+    _emit(rw, chain, "FusedLayerNorm", [x, scale, bias], y, axes, tail[2])
 
 
 def _rms_norm(rw: Rewriter, var: Node) -> None:
-    axis = _trailing_axis(rw, var)
+    axes = _reduced_axes(rw, var)
     x = _square_of(rw, var.inputs[0], var)
-    if axis is None or x is None:
+    if axes is None or not _trailing(axes) or x is None:
         return
     sq = rw.producer(var.inputs[0])
     tail = _inverse_rms(rw, var)
@@ -152,16 +160,19 @@ def _rms_norm(rw: Rewriter, var: Node) -> None:
     if div is None:
         return
     chain = [sq, var] + tail[0] + div[0]
-    y, scale, _ = _scale_bias(rw, chain, div[1], -axis, bias=False)
-    _emit(rw, chain, "FusedRMSNorm", [x, scale], y, axis, tail[2])
+    y, scale, _ = _scale_bias(rw, chain, div[1], axes, bias=False)
+    _emit(rw, chain, "FusedRMSNorm", [x, scale], y, axes, tail[2])
 
 
-def _emit(rw: Rewriter, chain: list[Node], op: str, inputs: list[str], y: str, axis: int,
-          eps: float) -> None:
+def _emit(rw: Rewriter, chain: list[Node], op: str, inputs: list[str], y: str,
+          axes: tuple[int, ...], eps: float) -> None:
     if not rw.float_value(inputs[0]) or rw.dtype(y) != rw.dtype(inputs[0]):
         return
-    attrs = {"axis": helper.make_attribute("axis", axis),
-             "epsilon": helper.make_attribute("epsilon", float(eps))}
+    attrs = {"epsilon": helper.make_attribute("epsilon", float(eps))}
+    if _trailing(axes):
+        attrs["axis"] = helper.make_attribute("axis", -len(axes))
+    else:  # e.g. ConvNeXt's channels-first LayerNorm over axis 1 of NCHW
+        attrs["axes"] = helper.make_attribute("axes", list(axes))
     rw.fuse(chain, op, FUSED_DOMAIN, inputs, y, attrs)
 
 

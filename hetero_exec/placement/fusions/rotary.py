@@ -89,12 +89,22 @@ def _rotary(rw: Rewriter, cat: Node) -> None:
         return
     cos = other(m1, x)
     out = add.outputs[0]
-    if rw.shape(out) is None or rw.shape(out) != rw.shape(x) or not rw.float_value(x):
-        return
-    if rw.dtype(cos) != rw.dtype(x) or rw.dtype(sin) != rw.dtype(x):
+    if not rw.float_value(x) or not all(_along(rw, t, x) for t in (cos, sin)):
         return
     rw.fuse(nodes + [m2, m1, add], "FusedRotary", FUSED_DOMAIN, [x, cos, sin], out,
             {"split": helper.make_attribute("split", h)})
+
+
+def _along(rw: Rewriter, t: str, x: str) -> bool:
+    """``t`` (cos or sin) multiplies x elementwise: x's dtype, no higher rank, and a last
+    dim of x's (or 1, or unknown)."""
+    v = rw.graph.values.get(t)
+    shape = rw.graph.initializers[t].shape if t in rw.graph.initializers else (
+        v.shape if v is not None else None)
+    xs = rw.shape(x)
+    if rw.dtype(t) != rw.dtype(x) or shape is None or xs is None or len(shape) > len(xs):
+        return False
+    return not shape or shape[-1] in (1, xs[-1], None)
 
 
 def fuse_rotary(graph: Graph, region: Region | None = None) -> Graph | None:
