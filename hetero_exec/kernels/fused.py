@@ -21,7 +21,16 @@ FUSED_DOMAIN = "hetero_exec"
 
 #: what `activate` applies in place; ``activation_params`` are (min, max) for Clip and
 #: (alpha, beta) for HardSigmoid
-ACTIVATIONS = frozenset({"", "Relu", "Clip", "HardSigmoid", "HardSwish", "SiLU"})
+ACTIVATIONS = frozenset({"", "Relu", "Clip", "HardSigmoid", "HardSwish", "SiLU", "Tanh", "Sigmoid"})
+
+
+def _sigmoid_into(xp, t):
+    """1 / (1 + exp(-t)) in place: the Sigmoid kernel's steps."""
+    with np.errstate(over="ignore"):
+        xp.negative(t, out=t)
+        xp.exp(t, out=t)
+    t += 1
+    return xp.reciprocal(t, out=t)
 
 
 def activate(xp, Y, activation: str, params: Sequence[float] | None = None, op: str = "fused op"):
@@ -42,6 +51,10 @@ def activate(xp, Y, activation: str, params: Sequence[float] | None = None, op: 
         _hard_sigmoid(xp, Y, alpha, beta, out=Y)
     elif activation == "HardSwish":
         Y *= _hard_sigmoid(xp, Y, 1.0 / 6.0, 0.5)
+    elif activation == "Tanh":
+        xp.tanh(Y, out=Y)
+    elif activation == "Sigmoid":
+        _sigmoid_into(xp, Y)
     elif activation == "SiLU":
         t = xp.empty_like(Y)
         with np.errstate(over="ignore"):  # exp(-y) -> inf gives y / inf = 0, as wanted

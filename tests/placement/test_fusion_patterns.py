@@ -565,3 +565,17 @@ def test_arch_models_get_their_fusions(arch, spelling):
     assert ARCH_FUSED[arch] <= ops, sorted(ops)
     if spelling == "ts" and arch != "mobilenetv2":  # no norm left written out
         assert "Sqrt" not in ops and "Erf" not in ops
+
+
+# --- control-flow bodies ------------------------------------------------------------------------
+
+
+def test_loop_body_is_fused_with_its_captured_weights():
+    """The body's MatMul + Add(b) + Tanh read W and b from the outer graph: still constants."""
+    from bench.models import loop_if
+
+    m = loop_if(trips=5, width=16)
+    sess = check(m, {"h0": rand(3, 16, seed=4)}, {"Loop": 1}, total=1)
+    body = sess.placement.segments[0].nodes[0].subgraphs["body"]
+    assert [n.op_type for n in body.nodes][:1] == ["FusedMatMul"]
+    assert body.nodes[0].attrs["activation"].s == b"Tanh"

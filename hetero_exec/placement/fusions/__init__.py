@@ -19,7 +19,8 @@ initializers the caller cannot override (or Constants). The fused node keeps the
 node's id and name and takes the last node's place in the order (so the order stays
 topological). Results change by float rounding only.
 
-`fuse` runs on a whole graph (the cpu provider's pass, SEMANTICS.md 1.4) or on one
+`fuse` runs on a whole graph and its control-flow bodies (the cpu provider's pass,
+SEMANTICS.md 1.4) or on one
 segment of a placed plan (`Region`): then only the segment's nodes change, values read
 by other segments are kept, and each fused node must be one the segment's provider runs.
 """
@@ -68,6 +69,10 @@ def fuse(graph: Graph, region: Region | None = None) -> Graph | None:
             _restore(graph, region, saved)
             log.warning("fusion %s failed and was skipped; the other fusions still apply",
                         fn.__name__, exc_info=True)
+    if region is None:  # control-flow bodies too (a segment's bodies are placed on their own)
+        for node in graph.nodes:
+            for body in node.subgraphs.values():
+                changed = fuse(body) is not None or changed
     return graph if changed else None
 
 

@@ -4,7 +4,7 @@ in the spellings the exporters write after them:
 * ``Relu``; ``Relu -> Min(6)`` (the dynamo exporter's relu6) and ``Clip(0, 6)`` (the
   TorchScript exporter's) become ``Clip``;
 * ``HardSigmoid``, ``HardSwish``, and ``x * HardSigmoid(x)`` with torch's 1/6, 0.5;
-* SiLU: ``x * Sigmoid(x)`` (both exporters).
+* SiLU: ``x * Sigmoid(x)`` (both exporters); Tanh and Sigmoid.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ def match_activation(rw: Rewriter, y: str) -> Activation | None:
     if op == "HardSigmoid":
         return Activation([node], out, "HardSigmoid",
                           (float(attr(node, "alpha", 0.2)), float(attr(node, "beta", 0.5))))
-    if op == "HardSwish":
-        return Activation([node], out, "HardSwish")
+    if op in ("HardSwish", "Tanh", "Sigmoid"):
+        return Activation([node], out, op)
     return None
 
 

@@ -126,27 +126,39 @@ class Rewriter:
             return None
         return [int(v) for v in c.reshape(-1)]
 
+    def defining(self, name: str) -> Graph:
+        """The graph whose value ``name`` is: this one, or the enclosing graph a body
+        captures it from."""
+        g = self.graph
+        while g.parent is not None and name not in g.initializers and name not in g.producer \
+                and name not in g.inputs:
+            g = g.parent
+        return g
+
     def dtype(self, name: str) -> np.dtype | None:
-        c = self.graph.initializers.get(name)
+        g = self.defining(name)
+        c = g.initializers.get(name)
         if c is not None:
             return c.dtype
-        v = self.graph.values.get(name)
+        v = g.values.get(name) or self.graph.values.get(name)
         return v.dtype if v is not None and v.kind == "tensor" else None
 
     def shape(self, name: str):
         """The declared shape (static or symbolic dims), None when any dim is unknown."""
-        c = self.graph.initializers.get(name)
+        g = self.defining(name)
+        c = g.initializers.get(name)
         if c is not None:
             return tuple(c.shape)
-        v = self.graph.values.get(name)
+        v = g.values.get(name) or self.graph.values.get(name)
         if v is None or v.kind != "tensor" or v.shape is None or any(d is None for d in v.shape):
             return None
         return tuple(v.shape)
 
     def rank(self, name: str) -> int | None:
-        v = self.graph.values.get(name)
-        if name in self.graph.initializers:
-            return self.graph.initializers[name].ndim
+        g = self.defining(name)
+        if name in g.initializers:
+            return g.initializers[name].ndim
+        v = g.values.get(name) or self.graph.values.get(name)
         return None if v is None or v.shape is None else len(v.shape)
 
     def float_value(self, name: str) -> bool:
@@ -156,6 +168,9 @@ class Rewriter:
 
     def _evaluate(self, name: str) -> np.ndarray | None:
         g = self.graph
+        outer = self.defining(name)
+        if outer is not g:  # a body's capture: a constant when the enclosing graph's is
+            return outer.initializers.get(name) if name not in outer.inputs else None
         if name in g.initializers:
             return None if name in self.inputs else g.initializers[name]
         node = g.producer.get(name)
