@@ -56,6 +56,13 @@ class PlacedSubgraph:
     def output_dtype(self, i: int):
         return declared_dtype(self.output_dtypes, i)
 
+    def reads_input(self, i: int) -> bool:
+        return True
+
+    def start(self, scope: list[Any] | None):
+        """The runs of one Loop/Scan call (Subgraph.start's interface)."""
+        return lambda inputs: self.run(scope, inputs)
+
     def run(self, scope: list[Any] | None, inputs: Sequence[Any]) -> list[Any]:
         env: dict[str, Any] = dict(zip(self.body.inputs, inputs))
         where: dict[str, Any] = {}

@@ -93,11 +93,21 @@ def declared_dtype(dtypes: Sequence[Any], i: int) -> Any:
 
 
 class Subgraph:
-    """A compiled body (If branch, Loop/Scan body, function body): what kernels call."""
+    """A compiled body (If branch, Loop/Scan body, function body): what kernels call.
+
+    ``run(scope, inputs)`` runs it once; ``start(scope)`` returns a callable for the many
+    runs of one Loop or Scan (`exec.executor.BodyRuns`: one slot list for all of them).
+    """
 
     def __init__(self, plan: RunPlan, output_dtypes: list | None = None):
+        from hetero_exec.exec.executor import BodyRuns, execute  # the run loop imports this module
+
         self.plan = plan
         self.output_dtypes = output_dtypes or []
+        self._execute = execute
+        self._runs = BodyRuns
+        read = {s for st in plan.steps for s in st.inputs} | set(plan.output_slots)
+        self._reads = [s in read for _, s in plan.input_slots]
 
     @property
     def input_count(self) -> int:
@@ -110,10 +120,16 @@ class Subgraph:
     def output_dtype(self, i: int):
         return declared_dtype(self.output_dtypes, i)
 
-    def run(self, scope: list[Any] | None, inputs: Sequence[Any]) -> list[Any]:
-        from hetero_exec.exec.executor import execute
+    def reads_input(self, i: int) -> bool:
+        """Whether any step (or output) reads input ``i``: a Loop need not make the
+        iteration number for a body that ignores it."""
+        return i >= len(self._reads) or self._reads[i]
 
-        return execute(self.plan, inputs, scope)
+    def run(self, scope: list[Any] | None, inputs: Sequence[Any]) -> list[Any]:
+        return self._execute(self.plan, inputs, scope)
+
+    def start(self, scope: list[Any] | None):
+        return self._runs(self.plan, scope)
 
     __call__ = run
 
@@ -223,7 +239,10 @@ class Compiler:
             raw_steps.append((node, fn, in_slots, cap_slots, out_slots, kwargs, wants_scope, step_xp))
 
         output_slots = [slot(o) for o in outputs]
-        keep = set(constants) | {s for _, s in input_slots} | set(output_slots) | {NONE_SLOT, TRASH_SLOT}
+        # outer captures are held by the enclosing run: releasing them here frees nothing
+        # (and a Loop's later iterations read them again from the same slot list)
+        keep = (set(constants) | {s for _, s in input_slots} | set(output_slots)
+                | {inner for _, inner in captures} | {NONE_SLOT, TRASH_SLOT})
         last_use: dict[int, int] = {}
         for idx, (_, _, in_slots, cap_slots, *_rest) in enumerate(raw_steps):
             for s in in_slots + cap_slots:
