@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from hetero_exec.exec.executor import execute
-from hetero_exec.exec.plan import declared_dtype
+from hetero_exec.exec.plan import declared_dtype, static_shape
 from hetero_exec.ir.graph import Graph
 
 
@@ -38,6 +38,7 @@ class PlacedSubgraph:
         self.body = body
         self.captures = [(name, outer_slots[name]) for name in body.captures if name in outer_slots]
         self.output_dtypes = [body.value(o).dtype for o in body.outputs]
+        self.output_shapes = [body.value(o).shape for o in body.outputs]
         self.segments = []
         for seg in plan.segments:
             prov = seg.provider
@@ -55,6 +56,9 @@ class PlacedSubgraph:
 
     def output_dtype(self, i: int):
         return declared_dtype(self.output_dtypes, i)
+
+    def output_shape(self, i: int) -> tuple | None:
+        return static_shape(self.output_shapes, i)
 
     def reads_input(self, i: int) -> bool:
         return True

@@ -92,6 +92,11 @@ def declared_dtype(dtypes: Sequence[Any], i: int) -> Any:
     return dt if dt is not None else np.float32
 
 
+def static_shape(shapes: Sequence[Any], i: int) -> tuple | None:
+    sh = shapes[i] if i < len(shapes) else None
+    return tuple(sh) if sh is not None and all(isinstance(d, int) for d in sh) else None
+
+
 class Subgraph:
     """A compiled body (If branch, Loop/Scan body, function body): what kernels call.
 
@@ -99,14 +104,18 @@ class Subgraph:
     runs of one Loop or Scan (`exec.executor.BodyRuns`: one slot list for all of them).
     """
 
-    def __init__(self, plan: RunPlan, output_dtypes: list | None = None):
+    def __init__(self, plan: RunPlan, output_dtypes: list | None = None,
+                 output_shapes: list | None = None):
         from hetero_exec.exec.executor import BodyRuns, execute  # the run loop imports this module
 
         self.plan = plan
         self.output_dtypes = output_dtypes or []
+        self.output_shapes = output_shapes or []
         self._execute = execute
         self._runs = BodyRuns
-        read = {s for st in plan.steps for s in st.inputs} | set(plan.output_slots)
+        # a step's reads include its bodies' captures (an If in a Loop body may read i)
+        read = {plan.slot_of[r] for st in plan.steps for r in node_reads(st.node)
+                if r in plan.slot_of} | set(plan.output_slots)
         self._reads = [s in read for _, s in plan.input_slots]
 
     @property
@@ -119,6 +128,10 @@ class Subgraph:
 
     def output_dtype(self, i: int):
         return declared_dtype(self.output_dtypes, i)
+
+    def output_shape(self, i: int) -> tuple | None:
+        """The declared shape of output ``i`` when every dim is static, else None."""
+        return static_shape(self.output_shapes, i)
 
     def reads_input(self, i: int) -> bool:
         """Whether any step (or output) reads input ``i``: a Loop need not make the
@@ -296,7 +309,8 @@ class Compiler:
                     kwargs[name] = self.body_placer(body, slot_of)
                 else:
                     kwargs[name] = Subgraph(self.compile_graph(body, outer=slot_of),
-                                            [body.value(o).dtype for o in body.outputs])
+                                            [body.value(o).dtype for o in body.outputs],
+                                            [body.value(o).shape for o in body.outputs])
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 raise UnsupportedOperatorError(node.identity, node.canonical_domain, node.op_type,
                                                opset, self.provider, "GRAPHS attributes are not supported")

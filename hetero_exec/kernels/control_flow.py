@@ -44,8 +44,9 @@ def Loop(xp, M=None, cond=None, *v_initial, body, scope):
     for k in range(n_scan):
         if scans[k]:
             stacked.append(xp.stack([xp.asarray(s) for s in scans[k]]))
-        else:  # zero-trip: an empty scan output of the body's declared dtype
-            stacked.append(xp.empty((0,), dtype=body.output_dtype(1 + n_carried + k)))
+        else:  # zero-trip: an empty scan output of the body's declared dtype (and shape)
+            i = 1 + n_carried + k
+            stacked.append(xp.empty((0,) + (body.output_shape(i) or ()), dtype=body.output_dtype(i)))
     return tuple(args[2:] + stacked)
 
 

@@ -15,6 +15,7 @@ Reshape, the kernel reads the unrepeated heads (and each query group shares them
 
 from __future__ import annotations
 
+import numpy as np
 from onnx import helper
 
 from hetero_exec.ir.graph import Graph, Node
@@ -160,7 +161,8 @@ def _dims(rw: Rewriter, name: str):
 
 
 def _attention(rw: Rewriter, sm: Node) -> None:
-    if not _softmax_last(rw, sm) or not rw.float_value(sm.inputs[0]):
+    # float32 only: the scale is a (32-bit) attribute, too coarse for float64 scores
+    if not _softmax_last(rw, sm) or rw.dtype(sm.inputs[0]) != np.float32:
         return
     out_mm = rw.sole_reader(sm.outputs[0])
     if not rw.onnx_op(out_mm, "MatMul") or out_mm.inputs[0] != sm.outputs[0]:

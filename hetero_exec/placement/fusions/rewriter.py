@@ -193,8 +193,8 @@ class Rewriter:
         shape = self.shape(node.inputs[0])
         if shape is None:
             return None
-        start = int(_attr(node, "start", 0))
-        end = _attr(node, "end", None)
+        start = int(attr(node, "start", 0))
+        end = attr(node, "end", None)
         dims = shape[start:] if end is None else shape[start:int(end)]
         if not all(isinstance(d, int) for d in dims):
             return None
@@ -350,14 +350,10 @@ def _resolve(rename: dict[str, str], name: str) -> str:
     return name
 
 
-def _attr(node: Node, name: str, default):
-    a = node.attrs.get(name)
-    return default if a is None else attr_value(a)
-
-
 def attr(node: Node, name: str, default):
     """An attribute of ``node`` as a plain value, ``default`` when unset."""
-    return _attr(node, name, default)
+    a = node.attrs.get(name)
+    return default if a is None else attr_value(a)
 
 
 def str_attr(name: str, value: str) -> onnx.AttributeProto:
