@@ -13,6 +13,7 @@ from hetero_exec.exec.feeds import FeedChecker
 from hetero_exec.exec.placed_body import move_value
 from hetero_exec.exec.plan import Compiler, RunPlan
 from hetero_exec.ir.graph import Graph
+from hetero_exec.kernels._threads import single_blas_thread
 
 
 class CompiledSegment:
@@ -67,6 +68,10 @@ class LocalExecutor:
     def run(self, names: Sequence[str], feed: Mapping[str, Any], on_device: bool = False) -> list[Any]:
         """``on_device``: feeds already live on the (single) provider's device and
         outputs stay there (IO binding)."""
+        with single_blas_thread():  # our own pool splits large products (kernels/_threads.py)
+            return self._run(names, feed, on_device)
+
+    def _run(self, names: Sequence[str], feed: Mapping[str, Any], on_device: bool) -> list[Any]:
         ordered, _symbols = self.checker.check(feed)
         if on_device or self._single is not None:
             plan = self.segments[0].plan

@@ -19,7 +19,7 @@ from hetero_exec.errors import UnsupportedOperatorError
 from hetero_exec.exec.functions import expand_function
 from hetero_exec.exec.host_steps import METADATA_OPS, host_step_nodes
 from hetero_exec.ir.graph import Graph, Node, attr_value, node_reads
-from hetero_exec.kernels.registry import lookup
+from hetero_exec.kernels.registry import KnownInput, lookup
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +320,21 @@ class Compiler:
             kwargs["num_outputs"] = len(_trim(node.outputs))
         if "opset" in kdef.wants:
             kwargs["opset"] = kdef.since
-        return kdef.fn, kwargs, "scope" in kdef.wants
+        return self._specialized(graph, node, kdef, kwargs), kwargs, "scope" in kdef.wants
+
+    def _specialized(self, graph: Graph, node: Node, kdef: Any, kwargs: dict) -> Callable:
+        """The kernel's choice of function for this node (registry ``specialize`` hook); a
+        failing hook costs only the specialisation, logged, never the node."""
+        if kdef.specialize is None:
+            return kdef.fn
+        known = [_known_input(graph, name) for name in node.inputs]
+        try:
+            fn = kdef.specialize(self.xp, kwargs, known)
+        except Exception as e:
+            log.warning("%s: %s's specialize hook failed (%s: %s); running the generic kernel",
+                        node.identity, node.op_type, type(e).__name__, e)
+            return kdef.fn
+        return fn or kdef.fn
 
     def _host_constants(self, in_slots: tuple[int, ...], constants: set[int],
                         host_copy: dict[int, int], template: list[Any]) -> tuple[int, ...]:
@@ -364,6 +378,14 @@ def _converting(fn: Callable, positions: Sequence[int], convert: Callable[[Any],
 
     moved.__name__ = getattr(fn, "__name__", "moved")
     return moved
+
+
+def _known_input(graph: Graph, name: str) -> KnownInput:
+    if not name:
+        return KnownInput()
+    v = graph.value(name)
+    shape = tuple(v.shape) if v.shape is not None else None
+    return KnownInput(shape, v.dtype, graph.initializers.get(name))
 
 
 def _static_inputs(graph: Graph, node: Node) -> bool:

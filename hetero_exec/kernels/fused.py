@@ -67,6 +67,22 @@ def activate(xp, Y, activation: str, params: Sequence[float] | None = None, op: 
     return Y
 
 
+def epilogue_activation(activation: str, params: Sequence[float] | None = None):
+    """``activation`` in the form conv.py's epilogue takes: "" (none), "Relu", or a
+    callable ``(xp, Y)`` applying it in place."""
+    if not activation or activation == "Relu":
+        return activation
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"FusedConv: unsupported activation {activation!r}")
+    params = tuple(params) if params else None
+
+    def apply(xp, Y):
+        activate(xp, Y, activation, params, "FusedConv")
+
+    apply.__name__ = activation
+    return apply
+
+
 def _hard_sigmoid(xp, Y, alpha, beta, out=None):
     t = xp.multiply(Y, Y.dtype.type(alpha), out=out)
     t += Y.dtype.type(beta)
