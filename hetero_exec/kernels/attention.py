@@ -15,16 +15,18 @@ import math
 import numpy as np
 
 from hetero_exec.kernels._common import np_dtype
+from hetero_exec.kernels._threads import matmul
 from hetero_exec.kernels.fused import FUSED_DOMAIN
 from hetero_exec.kernels.registry import kernel
 
 _BLAS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _mm(xp, a, b):
-    """matmul; 16-bit floats accumulate in float32 and round once to the input type."""
+def _mm(xp, a, b, out=None):
+    """matmul (large products split over our threads, kernels/_threads.py); 16-bit floats
+    accumulate in float32 and round once to the input type."""
     if a.dtype in _BLAS and b.dtype in _BLAS:
-        return xp.matmul(a, b)
+        return matmul(xp, a, b, out=out)
     return xp.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
 
 
@@ -389,7 +391,7 @@ def _attention_block(xp, Q, K, V, mask, condition, fill, scale, k_transposed, kv
     if kv_groups > 1:
         s = _grouped_matmul(xp, Q, KT, KT.shape[1])
     else:
-        s = xp.matmul(Q, KT)
+        s = _mm(xp, Q, KT)
     if scale != 1.0:
         s *= s.dtype.type(scale)
     if condition is not None:
@@ -402,7 +404,7 @@ def _attention_block(xp, Q, K, V, mask, condition, fill, scale, k_transposed, kv
     _softmax_last_inplace(xp, s)
     if kv_groups > 1:
         return _grouped_matmul(xp, s, V, V.shape[1])
-    return xp.matmul(s, V, out=out) if out is not None else xp.matmul(s, V)
+    return _mm(xp, s, V, out=out)
 
 
 @kernel("FusedAttention", since=1, domain=FUSED_DOMAIN)
@@ -439,13 +441,19 @@ def FusedAttention(xp, Q, K, V, mask=None, condition=None, fill=None, scale=1.0,
 @kernel("FusedRotary", since=1, domain=FUSED_DOMAIN)
 def FusedRotary(xp, X, cos, sin, split=0):
     """``X * cos + rotate_half(X) * sin``, rotate_half(X) = Concat(-X[..., split:],
-    X[..., :split]) on the last axis (Llama's rotary embedding as exported)."""
+    X[..., :split]) on the last axis (Llama's rotary embedding as exported): the rotated
+    copy is built once, in place (no negated half, no concatenation of new arrays)."""
     h = int(split)
     w = X.shape[-1] - h
-    shape = np.broadcast_shapes(X.shape, cos.shape, sin.shape)
-    Y = xp.empty(shape, dtype=np.result_type(X.dtype, cos.dtype, sin.dtype))
-    xp.multiply(X, cos, out=Y)
-    s_lo, s_hi = (sin, sin) if sin.shape[-1] == 1 else (sin[..., :w], sin[..., w:])
-    Y[..., :w] -= X[..., h:] * s_lo
-    Y[..., w:] += X[..., :h] * s_hi
-    return (Y,)
+    rh = xp.empty_like(X)
+    xp.negative(X[..., h:], out=rh[..., :w])
+    rh[..., w:] = X[..., :h]
+    rh = _inplace(xp.multiply, rh, sin)
+    return (_inplace(xp.add, xp.multiply(X, cos), rh),)
+
+
+def _inplace(op, a, b):
+    """op(a, b), written into ``a`` (a fresh array) when b broadcasts into it."""
+    if np.broadcast_shapes(a.shape, b.shape) == a.shape:
+        return op(a, b, out=a)
+    return op(a, b)

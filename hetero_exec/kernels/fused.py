@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
+from hetero_exec.kernels._threads import matmul
 from hetero_exec.kernels.elementwise import Gelu
 from hetero_exec.kernels.linalg import _float_operands
 from hetero_exec.kernels.registry import kernel
@@ -96,7 +97,7 @@ def FusedMatMul(xp, A, B, bias=None, activation="", activation_params=None):
     """``activation(MatMul(A, B) + bias)``, bias (N,) along the last axis; from MatMul+Add
     and from Gemm (alpha = beta = 1, transA = 0; transB folded into B by the pass)."""
     (Ac, Bc), back = _float_operands(xp, A, B)
-    Y = xp.asarray(xp.matmul(Ac, Bc))
+    Y = xp.asarray(matmul(xp, Ac, Bc))  # large products split over our threads (_threads.py)
     if Y.ndim == 0:  # 1-D @ 1-D: a 0-d result, which in-place steps would turn into a scalar
         Y = Y.reshape(1)
         shape = ()
