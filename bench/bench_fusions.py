@@ -9,8 +9,9 @@ process (so a noisy neighbour slows all four alike).
 * ``unfused``: ``optimize=False``, no provider passes;
 * ``ort``: onnxruntime's CPU provider, spin-waiting off.
 
-Each figure is the median over ``--repeat`` rounds of the median of ``--runs`` calls;
-the ratios' range over the rounds says how noisy the machine was.
+The calls rotate their order every cycle; each figure is the median over ``--repeat``
+rounds of the median of ``4 * --runs`` calls; the ratios' range over the rounds says
+how noisy the machine was.
 
     python bench/bench_fusions.py                         # arch models, batch 1 and 8
     python bench/bench_fusions.py --models llama_ts,vit_dynamo --batches 8 --runs 5
@@ -24,6 +25,7 @@ import json
 import math
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +35,31 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.bench_cpu import CATALOG, GROUPS, environment, feed_for, interleaved, print_environment  # noqa: E402
+from bench.bench_cpu import CATALOG, GROUPS, environment, feed_for, print_environment  # noqa: E402
 
 VARIANTS = ("fused", "old", "unfused", "ort")
+
+
+#: the clock: wall time, or the process's CPU time (all its threads), which a loaded
+#: machine disturbs far less (it does not count the time others' processes hold a core)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = time.perf_counter
+
+
+def rotated(fns: list, runs: int, warmup: int) -> list[list[float]]:
+    """Seconds per call of each fn, called in turn, the order rotated every cycle (so no
+    variant always runs right after onnxruntime, or first after a pause)."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
+    n = len(fns)
+    for r in range(runs * n):  # every variant in every position, ``runs`` times
+        for k in [(r + i) % n for i in range(n)]:
+            t = clock()
+            fns[k]()
+            times[k].append(clock() - t)
+    return times
 
 
 def sessions(name: str) -> dict[str, Any]:
@@ -75,7 +99,7 @@ def measure(name: str, batch: int, runs: int, warmup: int, repeat: int) -> dict[
     fns = [lambda s=sess[k]: s.run(None, feed) for k in VARIANTS]
     rounds = []
     for _ in range(repeat):
-        t = interleaved(fns, runs, warmup)
+        t = rotated(fns, runs, warmup)
         rounds.append({k: statistics.median(ts) for k, ts in zip(VARIANTS, t)})
     med = {k: statistics.median(r[k] for r in rounds) for k in VARIANTS}
     ratio = {k: [r[k] / r["ort"] for r in rounds] for k in VARIANTS[:3]}
@@ -93,8 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args(argv)
+    global clock
+    clock = CLOCKS[args.clock]
     names = GROUPS.get(args.models) or args.models.split(",")
     batches = [int(b) for b in args.batches.split(",")]
     env = environment()

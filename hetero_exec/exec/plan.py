@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from hetero_exec.errors import UnsupportedOperatorError
+from hetero_exec.exec.elementwise_runs import merge_runs
 from hetero_exec.exec.functions import expand_function
 from hetero_exec.exec.host_steps import METADATA_OPS, host_step_nodes
 from hetero_exec.ir.graph import Graph, Node, attr_value, node_reads
@@ -163,6 +164,9 @@ class Compiler:
         self.to_device = to_device or (lambda a: a)
         #: compiles control-flow bodies with their own placement (heterogeneous sessions)
         self.body_placer = body_placer
+        #: runs of element-wise float steps become one step (exec/elementwise_runs.py); on
+        #: cpu, where a step's dispatch is most of a small tensor's cost
+        self.merge_elementwise = not self.device and provider == "cpu"
 
     @classmethod
     def for_provider(cls, provider: Any, fold_constants: bool = True,
@@ -256,6 +260,9 @@ class Compiler:
         # (and a Loop's later iterations read them again from the same slot list)
         keep = (set(constants) | {s for _, s in input_slots} | set(output_slots)
                 | {inner for _, inner in captures} | {NONE_SLOT, TRASH_SLOT})
+        if self.merge_elementwise:
+            raw_steps = merge_runs(graph, raw_steps, keep, self.xp,
+                                   {s: n for n, s in slot_of.items()})
         last_use: dict[int, int] = {}
         for idx, (_, _, in_slots, cap_slots, *_rest) in enumerate(raw_steps):
             for s in in_slots + cap_slots:
