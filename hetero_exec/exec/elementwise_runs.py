@@ -15,7 +15,7 @@ broadcasts into that shape.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
@@ -34,24 +34,20 @@ def _sigmoid_into(xp, t, out):
     return xp.reciprocal(out, out=out)
 
 
-def _unary(name: str, *extra):
-    def apply(xp, t, out):
-        return getattr(xp, name)(t, *extra, out=out)
-
-    return apply
-
-
-#: op -> fn(xp, value, out): out is None for the run's first step (a fresh array)
-UNARY: dict[str, Callable] = {
-    "Relu": _unary("maximum", 0), "Neg": _unary("negative"), "Abs": _unary("absolute"),
-    "Exp": _unary("exp"), "Log": _unary("log"), "Sqrt": _unary("sqrt"),
-    "Reciprocal": _unary("reciprocal"), "Tanh": _unary("tanh"), "Sin": _unary("sin"),
-    "Cos": _unary("cos"), "Ceil": _unary("ceil"), "Floor": _unary("floor"),
-    "Sigmoid": lambda xp, t, out: _sigmoid_into(xp, t, xp.empty_like(t) if out is None else out),
+#: op -> (ufunc name, constant second operand or None); Sigmoid has its own steps
+UNARY: dict[str, tuple[str, Any]] = {
+    "Relu": ("maximum", 0), "Neg": ("negative", None), "Abs": ("absolute", None),
+    "Exp": ("exp", None), "Log": ("log", None), "Sqrt": ("sqrt", None),
+    "Reciprocal": ("reciprocal", None), "Tanh": ("tanh", None), "Sin": ("sin", None),
+    "Cos": ("cos", None), "Ceil": ("ceil", None), "Floor": ("floor", None),
+    "Sigmoid": ("sigmoid", None),
 }
 #: op -> ufunc name (float Div is true division, as the Div kernel computes it)
 BINARY: dict[str, str] = {"Add": "add", "Sub": "subtract", "Mul": "multiply", "Div": "divide",
                           "Max": "maximum", "Min": "minimum"}
+#: how a step of a run applies: unary, unary with a constant, binary with the running
+#: value first or second, Sigmoid
+_UNARY, _UNARY_ARG, _VALUE_FIRST, _VALUE_SECOND, _SIGMOID = range(5)
 _MIN_RUN = 2
 
 
@@ -72,7 +68,7 @@ def merge_runs(graph: Graph, raw: list[tuple], keep: set[int], plan_xp: Any,
             continue
         for j in run[:-1]:
             merged[j] = None
-        merged[run[-1]] = _merged_step(graph, raw, run, slot_name)
+        merged[run[-1]] = _merged_step(graph, raw, run, slot_name, plan_xp)
     if not merged:
         return raw
     return [merged.get(i, st) for i, st in enumerate(raw) if merged.get(i, st) is not None]
@@ -131,58 +127,75 @@ def _run_from(graph, raw, i, readers, keep, plan_xp, slot_name, merged) -> list[
     return run
 
 
-def _merged_step(graph: Graph, raw: list[tuple], run: list[int], slot_name: dict[int, str]) -> tuple:
+def _merged_step(graph: Graph, raw: list[tuple], run: list[int], slot_name: dict[int, str],
+                 xp: Any) -> tuple:
     first = raw[run[0]]
     last = raw[run[-1]]
     ins = list(first[2])
-    plan: list[tuple] = [(first[0], first[0].op_type, -1 if len(first[2]) == 1 else 0)]
     prev = first[4][0]
+    steps = []
     for j in run[1:]:
         node, _fn, s_in, *_rest = raw[j]
-        if len(s_in) == 1:
-            plan.append((node, node.op_type, -1))
+        op = node.op_type
+        if op in UNARY:
+            name, arg = UNARY[op]
+            kind = _SIGMOID if op == "Sigmoid" else _UNARY if arg is None else _UNARY_ARG
+            steps.append((kind, None if kind == _SIGMOID else getattr(xp, name), arg))
         else:
             side = s_in.index(prev)
             ins.append(s_in[1 - side])
-            plan.append((node, node.op_type, side))
+            steps.append((_VALUE_FIRST if side == 0 else _VALUE_SECOND, getattr(xp, BINARY[op]), None))
         prev = raw[j][4][0]
-    fn = _run_fn(tuple(plan), binary_first=len(first[2]) == 2)
+    nodes = tuple(raw[j][0] for j in run)
+    fn = _run_fn(first[0], len(first[2]) == 2, tuple(steps), nodes, xp)
     return (first[0], fn, tuple(ins), (), last[4], {}, False, first[7])
 
 
-def _run_fn(plan: Sequence[tuple], binary_first: bool) -> Callable:
-    (node0, op0, _), rest = plan[0], plan[1:]
-    steps = tuple((node, UNARY.get(op), BINARY.get(op), side) for node, op, side in rest)
-    first_unary = UNARY.get(op0)
-    first_binary = BINARY.get(op0)
+def _run_fn(node0: Node, binary_first: bool, steps: tuple, nodes: tuple, xp: Any) -> Callable:
+    """The merged step. Its ufuncs are bound here (a cpu plan's array module is numpy);
+    the operands' shapes were checked against the run's at compile time, so every step
+    after the first writes into the first one's fresh array."""
+    op0 = node0.op_type
+    if binary_first:
+        first = getattr(xp, BINARY[op0])
+    elif op0 == "Sigmoid":
+        first = None
+    else:
+        name, arg0 = UNARY[op0]
+        first = getattr(xp, name)
 
-    def elementwise_run(xp, *args):
+    def elementwise_run(xp_, *args):
+        i = 0
         try:
             if binary_first:
-                t = xp.asarray(getattr(xp, first_binary)(args[0], args[1]))
+                t = xp.asarray(first(args[0], args[1]))
                 k = 2
-            else:
-                t = xp.asarray(first_unary(xp, args[0], None))
+            elif first is None:
+                t = _sigmoid_into(xp, args[0], xp.empty_like(args[0]))
                 k = 1
+            else:
+                t = xp.asarray(first(args[0]) if arg0 is None else first(args[0], arg0))
+                k = 1
+            for i, (kind, f, arg) in enumerate(steps, 1):
+                if kind == _UNARY:
+                    f(t, out=t)
+                elif kind == _UNARY_ARG:
+                    f(t, arg, out=t)
+                elif kind == _VALUE_FIRST:
+                    f(t, args[k], out=t)
+                    k += 1
+                elif kind == _VALUE_SECOND:
+                    f(args[k], t, out=t)
+                    k += 1
+                else:
+                    _sigmoid_into(xp, t, t)
         except HeteroExecError:
             raise
         except Exception as e:
-            raise _error(node0, e, args[:k]) from e
-        for node, unary, binary, side in steps:
-            try:
-                if unary is not None:
-                    t = unary(xp, t, t)
-                else:
-                    other = args[k]
-                    k += 1
-                    f = getattr(xp, binary)
-                    out = t if np.broadcast_shapes(t.shape, other.shape) == t.shape else None
-                    t = f(t, other, out=out) if side == 0 else f(other, t, out=out)
-            except Exception as e:
-                raise _error(node, e, (t,)) from e
+            raise _error(nodes[i], e, args) from e
         return (t,)
 
-    elementwise_run.__name__ = "+".join(op for _, op, _ in plan)
+    elementwise_run.__name__ = "+".join(n.op_type for n in nodes)
     return elementwise_run
 
 

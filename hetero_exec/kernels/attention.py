@@ -15,8 +15,7 @@ import math
 import numpy as np
 
 from hetero_exec.kernels._common import np_dtype
-from hetero_exec.kernels._threads import matmul
-from hetero_exec.kernels.fused import FUSED_DOMAIN
+from hetero_exec.kernels.fused import FUSED_DOMAIN, product
 from hetero_exec.kernels.registry import kernel
 
 _BLAS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -26,7 +25,7 @@ def _mm(xp, a, b, out=None):
     """matmul (large products split over our threads, kernels/_threads.py); 16-bit floats
     accumulate in float32 and round once to the input type."""
     if a.dtype in _BLAS and b.dtype in _BLAS:
-        return matmul(xp, a, b, out=out)
+        return product(xp, a, b, out=out)
     return xp.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
 
 

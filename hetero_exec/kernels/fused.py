@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hetero_exec.kernels._threads import matmul
+from hetero_exec.kernels._threads import PARALLEL_FLOPS, matmul
 from hetero_exec.kernels.elementwise import Gelu
 from hetero_exec.kernels.linalg import _float_operands
 from hetero_exec.kernels.registry import kernel
@@ -68,6 +68,14 @@ def activate(xp, Y, activation: str, params: Sequence[float] | None = None, op: 
     return Y
 
 
+def product(xp, a, b, out=None):
+    """a @ b: a large product split over our threads (kernels/_threads.matmul), a small one
+    straight to the BLAS (the split's bookkeeping costs microseconds)."""
+    if a.ndim >= 2 and b.ndim >= 2 and 2.0 * a.size * b.shape[-1] >= PARALLEL_FLOPS:
+        return matmul(xp, a, b, out=out)
+    return xp.matmul(a, b, out=out) if out is not None else xp.matmul(a, b)
+
+
 def epilogue_activation(activation: str, params: Sequence[float] | None = None):
     """``activation`` in the form conv.py's epilogue takes: "" (none), "Relu", or a
     callable ``(xp, Y)`` applying it in place."""
@@ -97,7 +105,7 @@ def FusedMatMul(xp, A, B, bias=None, activation="", activation_params=None):
     """``activation(MatMul(A, B) + bias)``, bias (N,) along the last axis; from MatMul+Add
     and from Gemm (alpha = beta = 1, transA = 0; transB folded into B by the pass)."""
     (Ac, Bc), back = _float_operands(xp, A, B)
-    Y = xp.asarray(matmul(xp, Ac, Bc))  # large products split over our threads (_threads.py)
+    Y = xp.asarray(product(xp, Ac, Bc))
     if Y.ndim == 0:  # 1-D @ 1-D: a 0-d result, which in-place steps would turn into a scalar
         Y = Y.reshape(1)
         shape = ()
