@@ -71,10 +71,42 @@ def node_flops(node: onnx.NodeProto, shapes: Mapping[str, list[int]]) -> int:
     return 0
 
 
-def model_flops(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]]) -> int:
-    """Sum of node_flops over the top-level graph (bodies of Loop/If/Scan are not counted)."""
-    shapes = _static_shapes(model, input_shapes)
-    return sum(node_flops(n, shapes) for n in model.graph.node)
+_COUNTED = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+
+
+def _run_shapes(model: onnx.ModelProto, feed: Mapping[str, np.ndarray],
+                names: list[str]) -> dict[str, list[int]]:
+    """Shapes of ``names`` from one onnxruntime run with them as extra outputs (for values
+    shape inference leaves unknown, such as whatever follows a Where on a sliced mask)."""
+    import onnxruntime as ort
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    for name in names:
+        if name not in have:
+            m.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT,
+                                                                     None))
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    outs = sess.run(names, dict(feed))
+    return {n: list(np.shape(v)) for n, v in zip(names, outs)}
+
+
+def model_flops(model: onnx.ModelProto, feed: Mapping[str, np.ndarray | Sequence[int]]) -> int:
+    """Sum of node_flops over the top-level graph (bodies of Loop/If/Scan are not counted).
+
+    ``feed`` gives each graph input's array or shape. Shapes come from onnx shape
+    inference; when it leaves some unknown and ``feed`` holds arrays, one onnxruntime
+    run with those values as outputs finds them."""
+    shapes_in = {k: list(np.shape(v)) if isinstance(v, np.ndarray) else list(v)
+                 for k, v in feed.items()}
+    shapes = _static_shapes(model, shapes_in)
+    nodes = [n for n in model.graph.node if n.op_type in _COUNTED]
+    missing = sorted({v for n in nodes for v in list(n.input[:2]) + [n.output[0]]
+                      if v and v not in shapes})
+    if missing and all(isinstance(v, np.ndarray) for v in feed.values()):
+        shapes.update(_run_shapes(model, feed, missing))
+    return sum(node_flops(n, shapes) for n in nodes)
 
 
 def blas_gflops(n: int = 1024, runs: int = 10) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from bench.floor import blas_gflops, model_flops
@@ -39,3 +40,19 @@ def test_gemm_with_transposes():
 
 def test_blas_rate_is_positive():
     assert blas_gflops(n=64, runs=2) > 0
+
+
+def test_shapes_inference_misses_come_from_a_run():
+    """A MatMul after Where on a sliced mask: onnx shape inference loses the shape, one
+    onnxruntime run finds it (gpt2's attention)."""
+    pytest.importorskip("onnxruntime")
+    from bench.models import gpt2, inputs
+
+    feed = inputs("gpt2", 1, seq=16)
+    model = gpt2(layers=1)
+    total = model_flops(model, feed)
+    # embeddings aside, every MatMul counts: qkv, scores, context, out, 2 MLP, LM head
+    hidden, s, vocab = 256, 16, 8192
+    want = 2 * s * (hidden * 3 * hidden + 2 * s * hidden + hidden * hidden
+                    + 2 * hidden * 4 * hidden + hidden * vocab)
+    assert total == want

@@ -8,10 +8,12 @@ own single-threaded element-wise kernels, onnxruntime's next run in a benchmark,
 processes). bench/README.md ("Threads") has the measurements.
 
 So a run holds the BLAS at one thread (`single_blas_thread`, entered by the executor
-around a run), and the kernels split their large products over a small pool of our own
-(`matmul`), whose idle threads block instead of spinning. Small products, most of a
-CNN's or a small transformer's, run on one thread either way: a hand-off costs more
-than they do.
+around a run), and the kernels split their large products and independent blocks over a
+small pool of our own (`matmul`, `parallel_for`), whose idle threads block instead of
+spinning: one thread per usable core, like onnxruntime's intra-op pool, or at most
+``HETERO_EXEC_INTRA_OP_THREADS`` (1: nothing is split). Small products, most of a CNN's
+or a small transformer's, run on one thread either way: a hand-off costs more than they
+do.
 
 >>> import numpy as np
 >>> a, b = np.ones((64, 32), np.float32), np.ones((32, 16), np.float32)
@@ -50,12 +52,37 @@ _pool: ThreadPoolExecutor | None = None
 _pool_free: threading.Semaphore | None = None
 
 
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's threads: a fresh lock and pool (the old
+    pool's threads do not exist there, so a split would wait for ever), no run inside,
+    and the BLAS count a run of the parent was holding given back."""
+    global _LOCK, _depth, _pool, _pool_free
+    _LOCK = threading.Lock()
+    _pool, _pool_free = None, None
+    if _depth and _libs:
+        for lib, n in zip(_libs, _saved):
+            lib.set_num_threads(n)
+    _depth = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def cores() -> int:
-    """Cores this process may use."""
+    """Threads a product or a kernel's blocks are split over: the cores this process may
+    use, at most HETERO_EXEC_INTRA_OP_THREADS when set (1: never split)."""
     try:
-        return len(os.sched_getaffinity(0))
+        n = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        n = os.cpu_count() or 1
+    cap = os.environ.get("HETERO_EXEC_INTRA_OP_THREADS", "")
+    if cap.strip():
+        try:
+            n = min(n, max(1, int(cap)))
+        except ValueError:
+            log.warning("HETERO_EXEC_INTRA_OP_THREADS=%r is not a number: ignored", cap)
+    return n
 
 
 class _Blas:
@@ -177,6 +204,42 @@ def matmul(xp, a, b, out=None):
     for f in futures:
         f.result()
     return out
+
+
+def parallel_for(xp, n: int, work: Callable[[int, int], None], flops: float,
+                 least: int = 1) -> None:
+    """``work(i0, i1)`` over [0, n): on numpy inside `single_blas_thread` and for at least
+    PARALLEL_FLOPS of work, the range is cut in parts of at least ``least`` items over
+    the calling thread and the idle helpers (a kernel's independent blocks: images,
+    channels), each part doing its own copies and products; else one call here. Parts
+    must write disjoint outputs."""
+    helpers = None
+    if xp is np and _depth > 0 and flops >= PARALLEL_FLOPS and n >= 2 * least:
+        helpers = _helpers()
+    if helpers is None:
+        work(0, n)
+        return
+    pool, free = helpers
+    parts = min(cores(), n // least)
+    bounds = [n * i // parts for i in range(parts + 1)]
+    pieces = list(zip(bounds[:-1], bounds[1:]))
+    mine, futures = [pieces[0]], []
+    for piece in pieces[1:]:
+        if free.acquire(blocking=False):
+            futures.append(pool.submit(_run_part, free, work, *piece))
+        else:
+            mine.append(piece)
+    for i0, i1 in mine:
+        work(i0, i1)
+    for f in futures:
+        f.result()
+
+
+def _run_part(free: threading.Semaphore, work: Callable[[int, int], None], i0: int, i1: int):
+    try:
+        work(i0, i1)
+    finally:
+        free.release()
 
 
 def _product(a, b, out, by_rows: bool, p0: int, p1: int) -> None:

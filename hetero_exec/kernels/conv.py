@@ -4,8 +4,8 @@ CausalConvWithState.
 Conv runs one of four paths, chosen per node at compile time (the ``specialize`` hook
 of the kernel table) from its attributes and weight shape, see `choose_path`:
 
-* ``pointwise`` (1x1 kernel, no padding): a plain GEMM over the channels, no im2col; a
-  stride is one strided copy first;
+* ``pointwise`` (1x1 kernel, no padding): a plain GEMM per image over the channels, no
+  im2col; a stride is one strided copy first;
 * ``depthwise`` (one input channel per group, numpy): "column band" GEMMs. For each
   tile of T output columns, the K kernel rows of input it reads are copied side by side
   (K*U values, U = (T-1)*stride + (K-1)*dilation + 1), and one GEMM per channel against a
@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from hetero_exec.kernels import _threads
 from hetero_exec.kernels._common import host_ints
 from hetero_exec.kernels._nn_common import (
     SCRATCH_KEEP,
@@ -126,17 +127,8 @@ def _pointwise(xp, X, W, B, strides, group, out_sp):
         X = scratch(xp, Xs.shape, X.dtype, slot=1)
         X[...] = Xs
     Wr = W.reshape(group, M // group, C // group)
-    if group == 1 and N > 1 and L < _GEMM_COLS:
-        # small planes: one wide GEMM over (C, N*L) rather than N thin ones
-        Xt = scratch(xp, (C, N, L), X.dtype)
-        Xt[...] = X.reshape(N, C, L).transpose(1, 0, 2)
-        Y = matmul(xp, Wr[0], Xt.reshape(C, N * L)).reshape(M, N, L)
-        out = xp.empty((N, M, L), dtype=X.dtype)
-        if B is not None:
-            xp.add(Y.transpose(1, 0, 2), B.reshape(M, 1), out=out)
-        else:
-            out[...] = Y.transpose(1, 0, 2)
-        return out.reshape((N, M) + tuple(out_sp))
+    # one GEMM per image even for small planes: transposing the batch into one wide GEMM
+    # and back costs more than the thin GEMMs save (bench/README.md, "bench_conv.py")
     out = xp.empty((N, M, L), dtype=X.dtype)
     if group == 1:
         matmul(xp, Wr[0], X.reshape(N, C, L), out=out)
@@ -228,17 +220,21 @@ def _depthwise_band(xp, X, W, B, strides, dilations, pb, pe, out_sp, path: ConvP
     view = xp.lib.stride_tricks.as_strided(
         Xp, (C, N, OH, nT, KH, U), (st[1], st[0], sh * st[2], T * sw * st[3], dh * st[2], st[3]))
     R = N * OH * nT
-    cols = scratch(xp, (C, R, band.shape[1]), X.dtype)
-    cols[:, :, :KU].reshape(C, N, OH, nT, KH, U)[...] = view
-    if B is not None:
-        cols[:, :, KU] = 1
-    if N == 1 and nT * T == OW:  # the GEMM writes the (1, C, OH, OW) output itself
-        out = xp.empty((1, C, OH, OW), dtype=X.dtype)
-        matmul(xp, cols, band, out=out.reshape(C, R, T))
-        return out
-    Y = matmul(xp, cols, band).reshape(C, N, OH, nT * T)
+    rows = band.shape[1]
+    cols = scratch(xp, (C, R, rows), X.dtype)
     out = xp.empty((N, C, OH, OW), dtype=X.dtype)
-    out[...] = Y[..., :OW].transpose(1, 0, 2, 3)
+    direct = N == 1 and nT * T == OW  # the GEMM writes the (1, C, OH, OW) output itself
+    Y = out.reshape(C, R, T) if direct else scratch(xp, (C, R, T), X.dtype, slot=2)
+
+    def channels(c0: int, c1: int) -> None:  # a block of channels: copy, GEMM, transpose
+        cols[c0:c1, :, :KU].reshape(c1 - c0, N, OH, nT, KH, U)[...] = view[c0:c1]
+        if B is not None:
+            cols[c0:c1, :, KU] = 1
+        xp.matmul(cols[c0:c1], band[c0:c1], out=Y[c0:c1])
+        if not direct:
+            out[:, c0:c1] = Y[c0:c1].reshape(c1 - c0, N, OH, nT * T)[..., :OW].transpose(1, 0, 2, 3)
+
+    _threads.parallel_for(xp, C, channels, 2.0 * C * R * rows * T, least=8)
     return out
 
 
@@ -257,9 +253,9 @@ def _im2col(xp, X, W, B, strides, dilations, pb, pe, group, out_sp):
     """The general case: im2col into a per-thread reusable buffer, then one (batched over
     groups) GEMM per block of images, the bias added on each block while it is in cache.
 
-    The whole batch is one block unless its columns outgrow the scratch buffer: few
-    switches between single-threaded numpy copies and the multi-threaded BLAS, whose
-    spinning workers otherwise compete with the copies on a loaded machine."""
+    Inside a run the images are split over our threads (kernels/_threads.py), each part
+    copying its own columns into its own thread's buffer; a part is one block unless its
+    columns outgrow that buffer."""
     N, C = X.shape[:2]
     M = W.shape[0]
     K = tuple(W.shape[2:])
@@ -274,43 +270,51 @@ def _im2col(xp, X, W, B, strides, dilations, pb, pe, group, out_sp):
     Wr = W.reshape(group, Mg, CK)
     out = xp.empty((N, M, L), dtype=X.dtype)
     nb = _chunk(xp, N, C * kprod * L * X.dtype.itemsize)
-    if L >= _GEMM_COLS or N == 1:
-        # columns (n, C*K, L) per image: the batched matmul writes NCHW directly
-        for n0 in range(0, N, nb):
-            n1 = min(N, n0 + nb)
-            v = view[n0:n1]
-            if v.flags.c_contiguous:  # unpadded 1x1: the images are the column matrices
-                cols = v.reshape(n1 - n0, group, CK, L)
+    wide = L < _GEMM_COLS and N > 1
+    perm = (1,) + tuple(range(2, 2 + nd)) + (0,) + tuple(range(2 + nd, 2 + 2 * nd))
+
+    def images(i0: int, i1: int) -> None:  # a block of images, in chunks that fit scratch
+        for n0 in range(i0, i1, nb):
+            n1 = min(i1, n0 + nb)
+            if wide:
+                _im2col_wide(xp, view[n0:n1].transpose(perm), Wr, B, out[n0:n1], group, CK)
             else:
-                cols = scratch(xp, v.shape, X.dtype)
-                cols[...] = v
-                cols = cols.reshape(n1 - n0, group, CK, L)
-            if group == 1:
-                matmul(xp, Wr[0], cols[:, 0], out=out[n0:n1])
-            else:
-                matmul(xp, Wr, cols, out=out[n0:n1].reshape(n1 - n0, group, Mg, L))
-            if B is not None:
-                out[n0:n1] += B.reshape(M, 1)
-    else:
-        # small planes: columns (C*K, n*L) for one wide GEMM, transposed back to NCHW
-        perm = (1,) + tuple(range(2, 2 + nd)) + (0,) + tuple(range(2 + nd, 2 + 2 * nd))
-        Bc = None if B is None else B.reshape(M, 1)
-        for n0 in range(0, N, nb):
-            n1 = min(N, n0 + nb)
-            v = view[n0:n1].transpose(perm)  # (C, *K, n, *O)
-            cols = scratch(xp, v.shape, X.dtype)
-            cols[...] = v
-            cols = cols.reshape(group, CK, (n1 - n0) * L)
-            if group == 1:
-                Y = matmul(xp, Wr[0], cols[0])
-            else:
-                Y = matmul(xp, Wr, cols)
-            Y = Y.reshape(M, n1 - n0, L).transpose(1, 0, 2)
-            if Bc is not None:
-                xp.add(Y, Bc, out=out[n0:n1])
-            else:
-                out[n0:n1] = Y
+                _im2col_per_image(xp, view[n0:n1], Wr, B, out[n0:n1], group, CK)
+
+    _threads.parallel_for(xp, N, images, 2.0 * N * M * L * CK)
     return out.reshape((N, M) + tuple(out_sp))
+
+
+def _im2col_per_image(xp, v, Wr, B, out, group, CK):
+    """Columns (n, C*K, L) per image: the batched matmul writes NCHW directly."""
+    n, L = v.shape[0], out.shape[-1]
+    if v.flags.c_contiguous:  # unpadded 1x1: the images are the column matrices
+        cols = v.reshape(n, group, CK, L)
+    else:
+        cols = scratch(xp, v.shape, v.dtype)
+        cols[...] = v
+        cols = cols.reshape(n, group, CK, L)
+    if group == 1:
+        matmul(xp, Wr[0], cols[:, 0], out=out)
+    else:
+        matmul(xp, Wr, cols, out=out.reshape(n, group, Wr.shape[1], L))
+    if B is not None:
+        out += B.reshape(-1, 1)
+
+
+def _im2col_wide(xp, v, Wr, B, out, group, CK):
+    """Small planes: columns (C*K, n*L) for one wide GEMM, transposed back to NCHW.
+    ``v`` is the window view already permuted to (C, *K, n, *O)."""
+    n, M, L = out.shape
+    cols = scratch(xp, v.shape, v.dtype)
+    cols[...] = v
+    cols = cols.reshape(group, CK, n * L)
+    Y = matmul(xp, Wr[0], cols[0]) if group == 1 else matmul(xp, Wr, cols)
+    Y = Y.reshape(M, n, L).transpose(1, 0, 2)
+    if B is not None:
+        xp.add(Y, B.reshape(M, 1), out=out)
+    else:
+        out[...] = Y
 
 
 # --------------------------------------------------------------------------- core

@@ -85,6 +85,71 @@ def test_busy_helpers_leave_the_work_to_the_caller(monkeypatch):
             free.release()
 
 
+@pytest.mark.parametrize("busy", [False, True])
+def test_parallel_for_covers_every_item_once(monkeypatch, busy):
+    monkeypatch.setattr(_threads, "PARALLEL_FLOPS", 0)
+    seen = np.zeros(37, np.int64)
+    lock = threading.Lock()
+
+    def work(i0, i1):
+        with lock:
+            seen[i0:i1] += 1
+
+    helpers = _threads._helpers()
+    taken = 0
+    if busy and helpers is not None:
+        while helpers[1].acquire(blocking=False):
+            taken += 1
+    try:
+        with single_blas_thread():
+            _threads.parallel_for(np, 37, work, flops=1.0, least=4)
+    finally:
+        for _ in range(taken):
+            helpers[1].release()
+    np.testing.assert_array_equal(seen, 1)
+
+
+def test_parallel_for_errors_reach_the_caller(monkeypatch):
+    monkeypatch.setattr(_threads, "PARALLEL_FLOPS", 0)
+
+    def work(i0, i1):
+        if i0 > 0:
+            raise ValueError("part failed")
+
+    with single_blas_thread(), pytest.raises(ValueError, match="part failed"):
+        _threads.parallel_for(np, 40, work, flops=1.0)
+
+
+def test_intra_op_threads_cap(monkeypatch, caplog):
+    monkeypatch.setenv("HETERO_EXEC_INTRA_OP_THREADS", "1")
+    assert _threads.cores() == 1
+    monkeypatch.setenv("HETERO_EXEC_INTRA_OP_THREADS", "lots")
+    assert _threads.cores() >= 1
+    assert "not a number" in caplog.text
+
+
 def test_outside_a_run_it_is_plain_matmul():
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     np.testing.assert_array_equal(matmul(np, a, a.T), a @ a.T)
+
+
+@pytest.mark.timeout(30)  # a stale pool would hang the child, and waitpid with it
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork here")
+def test_a_forked_child_gets_its_own_pool(monkeypatch):
+    """After a split has started the pool, a forked child splits too (on a new pool)."""
+    import os
+
+    monkeypatch.setattr(_threads, "PARALLEL_FLOPS", 0)
+    a, b = np.ones((64, 8), np.float32), np.ones((8, 64), np.float32)
+    with single_blas_thread():
+        matmul(np, a, b)  # the pool exists now
+        pid = os.fork()
+        if pid == 0:  # the child: a split must finish, whatever happens exit
+            code = 1
+            try:
+                with single_blas_thread():
+                    code = 0 if matmul(np, a, b)[0, 0] == 8 else 2
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
