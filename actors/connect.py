@@ -1,10 +1,21 @@
-"""Joining a Ray cluster, or starting a local one when none is running."""
+"""Joining a Ray cluster, or starting a local one when none is running.
+
+In order: a driver already connected stays as it is; an address (``ray_address``, or
+``RAY_ADDRESS``) is joined; a cluster that a bare ``ray.init()`` would discover (the
+one ``ray start --head`` recorded on this host) is joined, with no ``num_cpus`` or
+``num_gpus`` (Ray refuses those when connecting); otherwise a local Ray starts, sized
+to the machine rather than to the first plan, so later sessions of the same driver
+place too. A plan whose devices are all emulated (sim-gpu) gets logical GPUs on a
+local start.
+"""
 
 from __future__ import annotations
 
 import logging
 import math
 import os
+import socket
+from typing import Any
 
 import ray
 
@@ -13,38 +24,83 @@ from hetero_exec.errors import ActorError
 
 log = logging.getLogger(__name__)
 
+#: logical GPUs a local Ray declares for emulated devices (sim-gpu:0..7), at least
+LOGICAL_GPUS = 8
+
 
 def ensure_ray(
     opts: RayOptions, demand: dict[str, float] | None = None, logical_gpus: bool = False
-) -> None:
-    """Connect this driver to Ray.
-
-    Already connected: nothing to do. ``ray_address`` given (``"auto"``, ``"ray://..."``,
-    ``"host:port"``): join that cluster. Otherwise start a local Ray (the embedded
-    default; extra ``ray.init`` arguments come from the ``ray_init`` option). A local
-    start declares at least the logical CPUs the plan's bundles ``demand``, and, for a
-    plan whose devices are all emulated (``logical_gpus``), its GPUs too.
+) -> str:
+    """Connect this driver to Ray; returns how ("connected", "joined <addr>", "started").
 
     >>> ensure_ray(RayOptions(ray_init={"num_cpus": 2}))  # doctest: +SKIP
+    'started'
     """
     if ray.is_initialized():
-        return
-    kwargs = {"include_dashboard": False, "logging_level": logging.WARNING, **opts.ray_init}
-    demand = demand or {}
-    if not opts.ray_address:
-        if "num_cpus" not in kwargs and demand.get("CPU"):
-            kwargs["num_cpus"] = max(os.cpu_count() or 1, math.ceil(demand["CPU"]) + 1)
-        if "num_gpus" not in kwargs and logical_gpus and demand.get("GPU"):
-            kwargs["num_gpus"] = math.ceil(demand["GPU"])
+        return "connected"
+    kwargs: dict[str, Any] = {"logging_level": logging.WARNING, **opts.ray_init}
+    address = opts.ray_address or os.environ.get("RAY_ADDRESS") or None
+    if address is not None:
+        how, target = f"joined {address}", address
+    elif (found := discovered_cluster()) is not None:
+        # address=None, so Ray itself finds it again, and turns its token authentication
+        # on as it does only for a cluster it discovered (never for a given address)
+        how, target = f"joined {found}", None
+    else:
+        how, target = "started", "local"  # not a stale record's cluster, whatever it says
+        kwargs = {**local_start_kwargs(demand or {}, logical_gpus), **kwargs}
     try:
-        if opts.ray_address:
-            log.info("joining the Ray cluster at %s", opts.ray_address)
-            kwargs.pop("include_dashboard", None)
-            ray.init(address=opts.ray_address, **kwargs)
-        else:
-            log.info("starting a local Ray")
-            ray.init(**kwargs)
+        log.info("%s Ray", "starting a local" if how == "started" else how.replace("joined", "joining"))
+        ray.init(address=target, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
-        where = opts.ray_address or "a local Ray"
+        where = "a local Ray" if how == "started" else f"the Ray cluster at {how.split()[-1]}"
         raise ActorError(f"could not connect to {where}: {e}") from e
-    log.info("Ray resources: %s", ray.cluster_resources())
+    log.info("Ray %s; resources: %s", how, ray.cluster_resources())
+    return how
+
+
+def discovered_cluster() -> str | None:
+    """The address a bare ``ray.init()`` would join (the cluster ``ray start`` recorded on
+    this host), when its GCS answers; None when there is none, or it is gone."""
+    try:
+        from ray._private.services import find_bootstrap_address
+
+        address = find_bootstrap_address(None)
+    except Exception:  # a private API; without it, behave as if there were no record
+        return None
+    if not address:
+        return None
+    if not _listening(address):
+        log.warning("ignoring the stale Ray address %s that `ray start` recorded on this host "
+                    "(nothing listens there); starting a local Ray", address)
+        return None
+    return address
+
+
+def _listening(address: str, timeout: float = 0.5) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def local_start_kwargs(demand: dict[str, float], logical_gpus: bool) -> dict[str, Any]:
+    """``ray.init`` arguments of the embedded default: the machine's cores (Ray's own
+    default), logical GPUs for an emulated plan, and a job runtime env that lets every
+    worker import this checkout (so actors start in the workers Ray pre-starts)."""
+    from actors.reservation import checkout_root
+
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "runtime_env": {"env_vars": {"PYTHONPATH": _pythonpath(checkout_root())}},
+    }
+    if logical_gpus and demand.get("GPU"):
+        kwargs["num_gpus"] = max(LOGICAL_GPUS, math.ceil(demand["GPU"]))
+    return kwargs
+
+
+def _pythonpath(root: str) -> str:
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
+    return os.pathsep.join([root, *rest])

@@ -1,28 +1,29 @@
-"""RayExecutor: a PlacementPlan run by segment actors, pipelined and fault tolerant.
+"""RayExecutor: a PlacementPlan's pipeline stages run by Ray actors, pipelined and
+fault tolerant.
+
+A plan's segments are grouped into *stages* (`hetero_exec.placement.stages`): one
+actor per device, with the cpu segments beside it running on that actor's host
+through in-process seam moves, and a cpu-only stage only where the cost model says it
+shortens the pipeline period. With ``stages="auto"`` the stages are re-planned here
+with the hop cost measured on this cluster (`actors.hop_cost`).
 
 The coordinator holds no weights and no activations. For each request it checks the
-feeds (typed errors, before anything is dispatched), then submits every segment's
-task at once: seam values are the ObjectRefs one task returns and the next takes,
-so they go actor to actor and the driver fetches only graph outputs. Actors run
-their tasks in submission order, so while stage 2 works on request k stage 1 already
-works on k+1; at most ``max_inflight`` requests are in flight (callers block beyond).
+feeds (typed errors, before anything is dispatched), then submits every stage's task
+at once (`actors.dispatch`): stages pass seams actor to actor, the driver fetches only
+graph outputs, and while stage 2 works on request k stage 1 already works on k+1; at
+most ``max_inflight`` requests are in flight (callers block beyond). `run_many` sends
+requests in groups (one task per stage for up to ``coalesce`` requests) and Futures
+are answered from Ray's callbacks (`actors.async_results`). On a one-node cluster
+seams travel through shared memory (`actors.transport.shared_memory`).
 
-Ray's fixed cost per task and per object (a few ms of CPU on a small host) is what
-limits a pipeline, so two things cut how often it is paid: `run_many` sends requests
-in groups (one task per segment and one object per output for up to ``coalesce``
-requests, each request still run on its own), and on a one-node cluster seams travel
-through shared memory (`actors.transport.shared_memory`), with only a small
-descriptor going through Ray.
-
-When an actor dies, the requests that were in flight through it are replayed from
-the first segment it hosts, with the seam refs and feeds the request kept: Ray
-restarts the actor (or the coordinator re-creates it), it reloads its weights, and
-each request still gets exactly one answer. Bounded replays end in ActorError.
+When an actor dies, the requests in flight through it are replayed from the first
+segment of its stage, with the seam refs and feeds the request kept
+(`actors.replay`): Ray restarts the actor (or it is re-created), it reloads its
+weights, and each request still gets exactly one answer.
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import itertools
 import logging
@@ -31,36 +32,32 @@ import time
 import uuid
 from typing import Any, Mapping, Sequence
 
-import numpy as np
 import ray
 
+from actors.async_results import AsyncResults
 from actors.connect import ensure_ray
+from actors.dispatch import Dispatcher
 from actors.options import RayOptions
 from actors.profile import SpanRecorder, write_trace
-from actors.recovery import Recovery
-from actors.remote_errors import FailedValue, SegmentRunError, is_fault, root_cause, user_error
+from actors.replay import Replay
 from actors.request import InflightLimit, Request
-from actors.reservation import ActorSlot, Reservation, plan_slots
-from actors.segment_model import SegmentSpec, segment_spec
+from actors.reservation import ActorSlot, Reservation, bundles_for, plan_slots
+from actors.stage_model import StageSpec, stage_spec
 from actors.transport import make_transport
-from actors.transport.base import SeamKey, Transport
+from actors.transport.base import Transport
 from actors.transport.compiled import CompiledGraphFailure
-from actors.transport.shared_memory import SeamUnreachable
 from hetero_exec.errors import ActorError, BuildError
 from hetero_exec.exec.feeds import FeedChecker
 from hetero_exec.ir.graph import Graph
 
 log = logging.getLogger(__name__)
 
-#: feeds at least this large are put in the object store once per group of requests
-PUT_FEED_BYTES = 64 * 1024
-
 
 class RayExecutor:
-    """Runs a session's placement plan on Ray segment actors. Thread-safe.
+    """Runs a session's placement plan on Ray stage actors. Thread-safe.
 
     Built by ``InferenceSession(model, providers, executor="ray", **options)``; the
-    options are those of `actors.options.RayOptions`.
+    options are those of `actors.options.RayOptions`, and the session's ``stages``.
 
     >>> providers = ["sim-gpu", "cpu"]
     >>> sess = InferenceSession(model, providers, hetero=True, executor="ray")  # doctest: +SKIP
@@ -69,41 +66,39 @@ class RayExecutor:
     """
 
     def __init__(self, graph: Graph, build: Any, options: Any):
+        started = time.perf_counter()
         self.graph = graph
         self.opts = RayOptions.parse(getattr(options, "executor_options", {}) or {})
         self.checker = FeedChecker(graph)
         self.profiling = bool(getattr(options, "enable_profiling", False))
         self.profile_prefix = getattr(options, "profile_file_prefix", "hetero_exec_profile")
         plan = build.placement
-        source = plan.graph if getattr(plan, "graph", None) is not None else graph
-        fold = bool(getattr(options, "fold_constants", True))
-        self.specs: list[SegmentSpec] = [segment_spec(source, s, fold) for s in plan.segments]
-        self.slots, bundles = plan_slots(self.specs, graph.outputs, self.opts)
-        demand: dict[str, float] = {}
-        for b in bundles:
-            for k, v in b.items():
-                demand[k] = demand.get(k, 0.0) + v
-        emulated = all(s.provider_kind != "gpu" for s in self.specs)
-        ensure_ray(self.opts, demand, logical_gpus=emulated)
-        self.shm_prefix = f"hetero_exec-{uuid.uuid4().hex[:12]}"
+        devices = {s.provider_name for s in plan.segments if s.provider.is_device}
+        emulated = all(s.provider.kind != "gpu" for s in plan.segments)
+        self.connected = ensure_ray(self.opts, {"GPU": float(len(devices))}, logical_gpus=emulated)
         if self.opts.seam_transport == "auto":
             self.opts.seam_transport = auto_transport()
-        self.slot_of: list[ActorSlot] = [
-            next(sl for sl in self.slots if any(spec is x for x in sl.specs)) for spec in self.specs
+        replan_stages(plan, self.opts, options)
+        source = plan.graph if getattr(plan, "graph", None) is not None else graph
+        fold = bool(getattr(options, "fold_constants", True))
+        by_id = {s.id: s for s in plan.segments}
+        ranked = build.all_providers if len(plan.segments) > 1 else None
+        self.stages = plan.stages
+        self.specs: list[StageSpec] = [
+            stage_spec(source, st, [by_id[i] for i in st.segments], fold, ranked or ())
+            for st in plan.stages
         ]
+        self.slots, bundles = plan_slots(self.specs, self.opts)
+        self.shm_prefix = f"hetero_exec-{uuid.uuid4().hex[:12]}"
         self.seam = self._driver_transport()
-        self._open: set[int] = set()  # dispatched, not yet answered (the floor in _dispatch)
-        self._waiting: dict[int, tuple[Request, concurrent.futures.Future]] = {}  # run_async
-        self._queue: collections.deque = collections.deque()  # run_async, not yet dispatched
-        self._drain_lock = threading.Lock()  # held by the thread dispatching the queue
-        self._closed = False
+        self.dispatcher = Dispatcher(graph, self.slots, self.seam, self.profiling)
+        self.results = AsyncResults(self)
+        self.closed = False
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._ids = itertools.count(1)
-        self._inflight = InflightLimit(int(self.opts.max_inflight))
-        self._dispatch_lock = threading.Lock()
+        self.inflight = InflightLimit(int(self.opts.max_inflight))
         self._lock = threading.Lock()
         self._driver_spans = SpanRecorder()
-        self.replays = 0  # requests replayed after faults, over the session's life
         self.reservation = Reservation(
             self.slots, bundles, self.opts, self.profiling, shm_prefix=self.shm_prefix
         )
@@ -112,9 +107,7 @@ class RayExecutor:
         except BaseException:
             self.seam.close()  # the driver's buffers (the actors' go with their processes)
             raise
-        self.recovery = Recovery(
-            self.slots, self.slot_of, self.reservation, self.opts, is_closed=lambda: self._closed
-        )
+        self.replay = Replay(self.slots, self.reservation, self.opts, is_closed=lambda: self.closed)
         self.compiled = None
         if self.opts.ray_compiled:
             try:
@@ -126,63 +119,75 @@ class RayExecutor:
                 except Exception as release_error:
                     raise BuildError(build_error, release_error) from build_error
                 raise
-        log.info("ray placement: %s", self.placement_report())
+        self.build_s = time.perf_counter() - started
+        log.info("ray placement (built in %.2fs): %s", self.build_s, self.placement_report())
 
     # -- what the session reads --------------------------------------------------------
 
     @property
     def actors(self) -> list[Any]:
-        """The segment actors' handles, one per slot (``session.segment_actors``).
+        """The stage actors' handles, in stage order (``session.stage_actors``).
 
-        >>> ray.get(executor.actors[0].ready.remote())["segments"][0]["provider"]  # doctest: +SKIP
-        'sim-gpu:0'
+        >>> ray.get(executor.actors[0].ready.remote())["stage"]  # doctest: +SKIP
+        'stage#0 (sim-gpu:0)'
         """
         return [slot.handle for slot in self.slots]
 
     def placement_report(self) -> str:
-        """Which actor runs which segment, with what it reserved.
+        """Which actor runs which stage, with what it reserved.
 
         >>> executor.placement_report()  # doctest: +SKIP
-        'segment#0 (sim-gpu:0) -> actor 0 [0.5 GPU, 14 nodes]; segment#1 (cpu) -> actor 1 ...'
+        'stage#0 (sim-gpu:0) -> actor 0 [0.25 CPU, 1 GPU, 2 threads]: segment#0..segment#18 ...'
         """
         parts = []
-        for k, spec in enumerate(self.specs):
-            slot = self.slot_of[k]
-            res = f"{slot.num_gpus:g} GPU" if slot.num_gpus else f"{slot.num_cpus:g} CPU"
-            parts.append(f"{spec.label} -> actor {slot.index} [{res}, {len(spec.node_ids)} nodes]")
+        for slot in self.slots:
+            res = f"{slot.num_cpus:g} CPU" + (f", {slot.num_gpus:g} GPU" if slot.num_gpus else "")
+            nodes = sum(p.nodes[1] - p.nodes[0] for p in slot.spec.segments)
+            parts.append(f"{slot.spec.label} -> actor {slot.index} [{res}, {slot.threads} "
+                         f"thread(s)]: {slot.spec.segment_labels}, {nodes} nodes")
         return "; ".join(parts)
 
-    def segment_stats(self) -> dict[str, dict[str, float]]:
-        """Per segment: requests run, Ray tasks that ran them, mean run milliseconds per
-        request (measured inside its actor), compile seconds.
+    def stage_stats(self) -> dict[str, dict[str, Any]]:
+        """Per stage: tasks, requests run, mean milliseconds per request (measured inside
+        its actor, its segments summed), compile seconds, and the same per segment.
 
-        >>> sess._executor.segment_stats()  # doctest: +SKIP
-        {'segment#0 (sim-gpu:0)': {'runs': 3, 'tasks': 3, 'mean_ms': 0.41, 'compile_s': 0.02}}
+        >>> sess._executor.stage_stats()["stage#0 (sim-gpu:0)"]["mean_ms"]  # doctest: +SKIP
+        3.1
         """
         stats = ray.get([slot.handle.stats.remote() for slot in self.slots])
-        out: dict[str, dict[str, float]] = {}
-        for k, spec in enumerate(self.specs):
-            s = stats[self.slot_of[k].index][spec.segment_id]
-            out[spec.label] = {
-                "runs": s["runs"],
+        out: dict[str, dict[str, Any]] = {}
+        for slot, s in zip(self.slots, stats):
+            segs = {}
+            for part in slot.spec.segments:
+                seg = s["segments"][part.segment_id]
+                segs[part.label] = {
+                    "runs": seg["runs"], "compile_s": seg["compile_s"],
+                    "mean_ms": 1e3 * seg["run_s"] / seg["runs"] if seg["runs"] else 0.0,
+                }
+            runs = max((v["runs"] for v in segs.values()), default=0)
+            out[slot.spec.label] = {
                 "tasks": s["tasks"],
+                "runs": runs,
                 "compile_s": s["compile_s"],
-                "mean_ms": 1e3 * s["run_s"] / s["runs"] if s["runs"] else 0.0,
+                "mean_ms": sum(v["mean_ms"] for v in segs.values()),
+                "segments": segs,
             }
         return out
 
     def segment_timings(self) -> list[str]:
-        """`segment_stats` as printable lines (what ``hetero-exec demo`` shows).
+        """`stage_stats` as printable lines (what ``hetero-exec demo`` shows).
 
         >>> sess._executor.segment_timings()  # doctest: +SKIP
-        ['segment#0 (sim-gpu:0) on actor 0: 3 runs, 0.41 ms per run, compiled in 0.02 s']
+        ['stage#0 (sim-gpu:0) on actor 0: 3 runs in 3 tasks, 0.41 ms per run, compiled in 0.02 s', ...]
         """
         lines = []
-        for k, (label, s) in enumerate(self.segment_stats().items()):
+        for k, (label, s) in enumerate(self.stage_stats().items()):
             lines.append(
-                f"{label} on actor {self.slot_of[k].index}: {s['runs']:.0f} runs, "
+                f"{label} on actor {k}: {s['runs']:.0f} runs in {s['tasks']} tasks, "
                 f"{s['mean_ms']:.2f} ms per run, compiled in {s['compile_s']:.2f} s"
             )
+            for seg_label, seg in s["segments"].items():
+                lines.append(f"  {seg_label}: {seg['mean_ms']:.3f} ms per run")
         return lines
 
     # -- running -----------------------------------------------------------------------
@@ -194,11 +199,11 @@ class RayExecutor:
         (2, 32)
         """
         req = self._new_request(names, feed)
-        self._inflight.acquire(1)
+        self.inflight.acquire(1)
         try:
             return self._serve(req)
         finally:
-            self._inflight.release(1)
+            self.inflight.release(1)
 
     def run_async(self, names: Sequence[str], feed: Mapping[str, Any]) -> concurrent.futures.Future:
         """A Future of `run`'s result; blocks only while ``max_inflight`` requests are in flight.
@@ -213,33 +218,8 @@ class RayExecutor:
         req = self._new_request(names, feed)  # typed input errors raise here, not in the future
         if self.compiled is not None:
             return self._submit([req])[0]
-        self._inflight.acquire(1)
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._queue.append((req, fut))
-        self._drain()
-        return fut
-
-    def _drain(self) -> None:
-        """Dispatch what run_async queued, up to ``coalesce`` requests per task.
-
-        Whoever finds the dispatcher free dispatches everything queued, its own request
-        first if it is alone (so a lone request waits for nothing); requests that other
-        threads queue meanwhile go out together in the next group. A caller that finds
-        the dispatcher busy leaves its request to it: the dispatcher looks at the queue
-        again after letting go, so nothing is stranded.
-        """
-        limit = self._group_limit()
-        while self._queue:
-            if not self._drain_lock.acquire(blocking=False):
-                return
-            try:
-                while self._queue:
-                    group = []
-                    while self._queue and len(group) < limit:
-                        group.append(self._queue.popleft())
-                    self._start(group)
-            finally:
-                self._drain_lock.release()
+        self.inflight.acquire(1)
+        return self.results.enqueue(req)
 
     def run_many(
         self,
@@ -276,15 +256,16 @@ class RayExecutor:
         >>> executor.group_size(8), executor.group_size(32), executor.group_size(256)  # doctest: +SKIP
         (1, 2, 4)
         """
-        return max(1, min(self._group_limit(), requests // 16))
+        return max(1, min(self.group_limit(), requests // 16))
 
-    def _group_limit(self) -> int:
+    def group_limit(self) -> int:
         """The most requests one task may carry: ``coalesce``, within ``max_inflight``."""
         return max(1, min(int(self.opts.coalesce), int(self.opts.max_inflight)))
 
-    def _executor_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+    def pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The threads that answer landed groups and replay after faults."""
         with self._lock:
-            if self._closed:
+            if self.closed:
                 raise ActorError("the session is closed")
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -295,158 +276,28 @@ class RayExecutor:
     def _submit(self, reqs: list[Request]) -> list[concurrent.futures.Future]:
         """Take ``len(reqs)`` in-flight places (blocking), dispatch as one group, return
         the Futures."""
-        self._inflight.acquire(len(reqs))
+        self.inflight.acquire(len(reqs))
         if self.compiled is not None:
             try:
-                pool = self._executor_pool()
+                pool = self.pool()
                 return [pool.submit(self._serve_then_release, r) for r in reqs]
             except BaseException:
-                self._inflight.release(len(reqs))
+                self.inflight.release(len(reqs))
                 raise
-        group = [(r, concurrent.futures.Future()) for r in reqs]
-        self._start(group)
-        return [fut for _, fut in group]
-
-    def _start(self, group: list[tuple[Request, concurrent.futures.Future]]) -> None:
-        """Dispatch a group whose places are taken; its Futures answer, no thread waits.
-
-        Ray calls back when each output lands; the last one hands the group to the
-        pool, which answers it (or, after a failure, recovers and replays each request
-        there). A thread per waiting request costs the driver a core's worth of
-        wake-ups on a small host; this costs one pool task per group. A dispatch that
-        fails answers the group's Futures with the error.
-        """
-        reqs = [req for req, _ in group]
-        futures = [fut for _, fut in group]
-        with self._lock:
-            for req, fut in group:
-                fut.set_running_or_notify_cancel()
-                self._waiting[req.id] = (req, fut)
-        started = time.time_ns()
-        for req in reqs:
-            req.started_ns = started
-        try:
-            if self._closed:
-                raise ActorError("the session is closed")
-            self._dispatch(reqs, 0)
-        except BaseException as e:
-            for req, fut in group:
-                self._settle_future(req, fut, error=e)
-            return
-        needed = list(dict.fromkeys(r.refs[n][0] for r in reqs for n in r.names if n in r.refs))
-        landed = {ref: ref.future() for ref in needed}
-        remaining = [len(landed)]
-        count_lock = threading.Lock()
-
-        def on_landed(_: concurrent.futures.Future | None) -> None:
-            with count_lock:
-                remaining[0] -= 1
-                if remaining[0] > 0:
-                    return
-            try:
-                self._executor_pool().submit(self._finish, reqs, futures, landed)
-            except Exception as e:  # the session closed under these requests
-                for req, fut in zip(reqs, futures):
-                    self._settle_future(req, fut, error=e)
-
-        if not landed:
-            remaining[0] = 1
-            on_landed(None)
-        for f in landed.values():
-            f.add_done_callback(on_landed)
-
-    def _finish(
-        self,
-        reqs: list[Request],
-        futures: list[concurrent.futures.Future],
-        landed: dict[Any, concurrent.futures.Future],
-    ) -> None:
-        """Answer a group whose outputs all landed; after a fault, recover each request."""
-        failure = next((f.exception() for f in landed.values() if f.exception()), None)
-        if failure is not None:
-            log.debug("a group of %d request(s) failed: %s", len(reqs), type(failure).__name__)
-            for req, fut in zip(reqs, futures):
-                self._recover_later(req, fut, failure)
-            return
-        values = {ref: f.result() for ref, f in landed.items()}
-        for req, fut in zip(reqs, futures):
-            try:
-                out = self._assemble(req, values)
-            except SegmentRunError as e:  # this request's own run failed; not the others'
-                self._settle_future(req, fut, error=user_error(e) or e)
-            except SeamUnreachable as e:  # its writer died after answering: a fault
-                self._recover_later(req, fut, e)
-            except BaseException as e:
-                self._settle_future(req, fut, error=e)
-            else:
-                self._settle_future(req, fut, result=out)
-
-    def _recover_later(
-        self, req: Request, fut: concurrent.futures.Future, failure: BaseException
-    ) -> None:
-        """Recover and replay ``req`` on the pool (it blocks on Ray), each request apart."""
-        try:
-            self._executor_pool().submit(self._recover, req, fut, failure)
-        except Exception as e:  # the session closed: nothing left to replay on
-            self._settle_future(req, fut, error=e)
-
-    def _recover(self, req: Request, fut: concurrent.futures.Future, failure: Exception) -> None:
-        try:
-            self._dispatch([req], self._after_failure(req, failure))
-            out = self._serve_collect(req)
-        except BaseException as e:
-            self._settle_future(req, fut, error=e)
-        else:
-            self._settle_future(req, fut, result=out)
-
-    def _settle_future(
-        self,
-        req: Request,
-        fut: concurrent.futures.Future,
-        result: list[Any] | None = None,
-        error: BaseException | None = None,
-    ) -> None:
-        with self._lock:
-            if self._waiting.pop(req.id, None) is None:
-                return  # close() already answered it
-        try:
-            self._forget(req)
-        finally:
-            self._inflight.release(1)  # before the answer: a caller woken by it may submit again
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(result)
+        return self.results.submit_group(reqs)
 
     def _serve_then_release(self, req: Request) -> list[Any]:
         try:
             return self._serve(req)
         finally:
-            self._inflight.release(1)
+            self.inflight.release(1)
 
     def _new_request(self, names: Sequence[str], feed: Mapping[str, Any]) -> Request:
-        if self._closed:
+        if self.closed:
             raise ActorError("the session is closed")
         ordered, _symbols = self.checker.check(feed)
         feeds = {name: v for name, v in zip(self.graph.inputs, ordered) if v is not None}
         return Request(next(self._ids), list(names), feeds)
-
-    def _put_feeds(self, reqs: list[Request]) -> None:
-        """Large feeds go to shared memory (one node), else to the object store once per
-        input per group, however many segments and replays read them; the requests then
-        carry them like seam values."""
-        def large(v: Any) -> bool:
-            return isinstance(v, np.ndarray) and v.nbytes >= PUT_FEED_BYTES
-
-        for name in list(reqs[0].feeds):
-            for r in reqs:
-                if large(r.feeds.get(name)):
-                    r.feeds[name] = self.seam.write(SeamKey(r.id, name), r.feeds[name])
-            if not all(large(r.feeds.get(name)) for r in reqs):
-                continue
-            ref = ray.put([r.feeds.pop(name) for r in reqs])
-            for j, req in enumerate(reqs):
-                req.refs[name] = (ref, j)
 
     def _serve(self, req: Request) -> list[Any]:
         req.started_ns = time.time_ns()
@@ -457,140 +308,31 @@ class RayExecutor:
                     return compiled.run(req, self)
                 except CompiledGraphFailure as e:
                     self._drop_compiled(compiled, e)  # then serve it on the task path
-            self._dispatch([req], 0)
-            return self._serve_collect(req)
+            self.dispatcher.dispatch([req], 0)
+            return self.serve_collect(req)
         finally:
-            self._forget(req)
+            self.forget(req)
 
-    def _serve_collect(self, req: Request) -> list[Any]:
+    def serve_collect(self, req: Request) -> list[Any]:
         """The outputs of a dispatched request, recovering and replaying after faults."""
         while True:
             try:
-                return self._collect(req)
+                return self.dispatcher.collect(req)
             except Exception as e:
-                self._dispatch([req], self._after_failure(req, e))
+                self.dispatcher.dispatch([req], self.replay.after_failure(req, e))
 
-    def _dispatch(self, reqs: list[Request], start: int) -> None:
-        """Submit segments ``start..`` for a group of requests, one task per segment
-        (atomically, so actors see requests in order)."""
-        attempt: list[Any] = []
-        ids = [r.id for r in reqs]
-        if start == 0:
-            self._put_feeds(reqs)
-        with self._dispatch_lock:
-            # under the lock, so no task can carry a floor above a request in flight
-            self._open.update(ids)
-            floor = min(self._open)
-            for k in range(start, len(self.specs)):
-                spec, slot = self.specs[k], self.slot_of[k]
-                layout, flat = self._layout(reqs, spec.inputs)
-                n_out = len(spec.outputs)
-                method = slot.method(n_out, self.profiling)
-                meta = (ids, spec.segment_id, layout, floor)
-                refs = method.remote(meta, flat) if self.profiling else method.remote(meta, *flat)
-                refs = [refs] if n_out == 1 else list(refs)
-                for j, req in enumerate(reqs):
-                    req.refs.update((name, (ref, j)) for name, ref in zip(spec.outputs, refs))
-                    req.incarnations[slot.index] = slot.incarnation
-                attempt.extend(refs)
-        for req in reqs:
-            req.attempt = attempt
-
-    @staticmethod
-    def _layout(reqs: list[Request], inputs: Sequence[str]) -> tuple[tuple, list[Any]]:
-        """The flat task arguments for a group and where each request's inputs are in
-        them: a group output ref (top level, so Ray resolves it) is passed once."""
-        flat: list[Any] = []
-        position: dict[Any, int] = {}
-        layout = []
-        for name in inputs:
-            entries = []
-            for req in reqs:
-                carried = req.refs.get(name)
-                if carried is not None:
-                    ref, index = carried
-                    pos = position.get(ref)
-                    if pos is None:
-                        pos = position[ref] = len(flat)
-                        flat.append(ref)
-                    entries.append((pos, index))
-                else:  # a feed (array, its ObjectRef, or None when optional and absent)
-                    entries.append((len(flat), None))
-                    flat.append(req.feeds.get(name))
-            layout.append(tuple(entries))
-        return tuple(layout), flat
-
-    def _collect(self, req: Request) -> list[Any]:
-        """Fetch the graph outputs (and only those) of ``req``."""
-        refs = list(dict.fromkeys(req.refs[n][0] for n in req.names if n in req.refs))
-        return self._assemble(req, dict(zip(refs, ray.get(refs))))
-
-    def _assemble(self, req: Request, values: Mapping[Any, Any]) -> list[Any]:
-        """The requested outputs in order, from the fetched group values (by ref).
-
-        Raises the request's `SegmentRunError` when its own run failed."""
-        out: list[Any] = []
-        for name in req.names:
-            if name in req.refs:
-                ref, index = req.refs[name]
-                v = values[ref][index]
-                if isinstance(v, FailedValue):
-                    raise v.error
-                out.append(self.seam.take(SeamKey(req.id, name), v))
-            elif name in req.feeds:  # a graph input that is also an output
-                out.append(self.seam.take(SeamKey(req.id, name), req.feeds[name]))
-            else:  # an initializer that is also an output
-                out.append(self.graph.initializers.get(name))
-        return out
-
-    # -- faults ----------------------------------------------------------------------
-
-    def _after_failure(self, req: Request, error: Exception) -> int:
-        """Raise the error a caller should see, or recover and return where to replay from."""
-        log.debug("request %d failed: %s", req.id, type(root_cause(error)).__name__)
-        self.recovery.settle(req)
-        log.debug("request %d settled", req.id)
-        typed = user_error(error)
-        if typed is not None:
-            raise typed from None
-        if self._closed:  # the actors were released under this request: nothing to recover
-            raise ActorError(f"request {req.id} was in flight when the session closed") from error
-        if not is_fault(error):
-            raise ActorError(f"request {req.id} failed: {root_cause(error)!r}") from error
-        start = self.recovery.replay_start(
-            req
-        )  # even if this request gives up: the next ones need the actors
-        req.replays += 1
-        if req.replays > self.opts.max_replays:
-            raise ActorError(
-                f"request {req.id} failed after {self.opts.max_replays} replay(s): "
-                f"{type(root_cause(error)).__name__}: {root_cause(error)}"
-            ) from error
-        with self._lock:
-            self.replays += 1
-        log.warning(
-            "request %d hit %s; replaying from %s (replay %d of %d)",
-            req.id,
-            type(root_cause(error)).__name__,
-            self.specs[start].label,
-            req.replays,
-            self.opts.max_replays,
-        )
-        return start
-
-    def _forget(self, req: Request) -> None:
-        for slot in self.slots:
-            if slot.local_values and slot.handle is not None:
-                slot.handle.drop.remote(req.id)  # device-local values of this request
-        with self._dispatch_lock:
-            self._open.discard(req.id)
-        self.seam.drop(req.id)  # the driver's shared-memory feeds of this request
-        req.refs.clear()
-        req.attempt = []
+    def forget(self, req: Request) -> None:
+        """``req`` is answered: release what it held, record its span."""
+        self.dispatcher.forget(req)
         if self.profiling:
             self._driver_spans.record(
                 f"request {req.id}", req.started_ns, "request", {"replays": req.replays}
             )
+
+    @property
+    def replays(self) -> int:
+        """Requests replayed after faults, over the session's life."""
+        return self.replay.replays
 
     # -- compiled graphs -----------------------------------------------------------------
 
@@ -611,7 +353,8 @@ class RayExecutor:
     # -- profiling and teardown ----------------------------------------------------------
 
     def end_profiling(self) -> str | None:
-        """Write the Chrome trace (driver lane, then one lane per actor); returns its path.
+        """Write the Chrome trace (driver lane, then one lane per stage actor, a span per
+        segment run); returns its path.
 
         >>> sess = InferenceSession(m, p, executor="ray", enable_profiling=True)  # doctest: +SKIP
         >>> sess.end_profiling()  # doctest: +SKIP
@@ -633,25 +376,13 @@ class RayExecutor:
         >>> executor.close(); executor.close()  # doctest: +SKIP
         """
         with self._lock:
-            if self._closed:
+            if self.closed:
                 return
-            self._closed = True
+            self.closed = True
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-        with self._lock:  # requests whose answer the pool will now never give
-            waiting, self._waiting = list(self._waiting.values()), {}
-        while True:  # and those queued but not dispatched
-            try:
-                waiting.append(self._queue.popleft())
-            except IndexError:
-                break
-        for req, fut in waiting:
-            self._inflight.release(1)
-            if not fut.done():
-                fut.set_exception(
-                    ActorError(f"request {req.id} was in flight when the session closed")
-                )
+        self.results.close()  # requests the pool will now never answer
         if self.compiled is not None:
             self.compiled.close()
         try:
@@ -683,3 +414,61 @@ def auto_transport() -> str:
     """
     alive = [n for n in ray.nodes() if n.get("Alive")]
     return "shared_memory" if len(alive) == 1 else "object_store"
+
+
+def replan_stages(plan: Any, opts: RayOptions, options: Any) -> None:
+    """The plan's stages for Ray. ``stages="auto"``: cut where it pays on this cluster
+    (its hop cost, its cores); a saved plan's cuts, or the session's own K or cuts,
+    stand as planned. Needs Ray connected and ``opts.seam_transport`` resolved."""
+    from hetero_exec.placement.stages import plan_stages
+
+    spec = getattr(options, "stages", "auto")
+    bounds = dict(getattr(options, "dim_bounds", None) or {})
+    if spec == "auto" and plan.saved_cuts is not None:
+        spec = plan.saved_cuts
+    if spec != "auto":
+        if not plan.stages:  # a plan made without the session's planner (by hand)
+            plan.stages = plan_stages(plan, spec, bounds=bounds)
+        return
+    from actors.hop_cost import hop_model
+    from actors.reservation import default_runtime_env
+
+    one_node = opts.seam_transport == "shared_memory"
+    hop = opts.hop_model or hop_model(one_node, opts.runtime_env or default_runtime_env())
+    cores = float(ray.cluster_resources().get("CPU", 1.0))
+    plan.stages = plan_stages(plan, "auto", hop, cores=cores, bounds=bounds)
+
+
+def stage_bundles(model: Any, providers: Sequence[Any] | None = None,
+                  **session_options: Any) -> list[dict[str, float]]:
+    """The Ray resource bundles a Ray session of ``model`` reserves, one per stage.
+
+    For a Serve replica that drives its own stage actors: deploy it with
+    ``placement_group_bundles=[replica_bundle, *stage_bundles(...)]`` and build the
+    session inside with ``executor="ray", placement_group="current"``. Plans the
+    session without starting actors (connects to Ray for ``stages="auto"``, whose cuts
+    depend on the cluster's hop cost).
+
+    >>> stage_bundles(model, ["sim-gpu", "cpu"], hetero=True)  # doctest: +SKIP
+    [{'CPU': 0.25, 'GPU': 1.0}]
+    """
+    from hetero_exec.ir import load
+    from hetero_exec.placement.decide import build_session_plan
+    from hetero_exec.session import SessionOptions
+
+    opts = SessionOptions.from_kwargs({**session_options, "executor": "ray"})
+    ray_opts = RayOptions.parse(opts.executor_options)
+    _, graph = load(model, opts.base_dir)
+    build = build_session_plan(graph, providers, opts)
+    plan = build.placement
+    if opts.stages == "auto" and plan.saved_cuts is None:
+        devices = {s.provider_name for s in plan.segments if s.provider.is_device}
+        ensure_ray(ray_opts, {"GPU": float(len(devices))},
+                   logical_gpus=all(s.provider.kind != "gpu" for s in plan.segments))
+        if ray_opts.seam_transport == "auto":
+            ray_opts.seam_transport = auto_transport()
+        replan_stages(plan, ray_opts, opts)
+    return bundles_for([st.provider for st in plan.stages], ray_opts)
+
+
+__all__ = ["RayExecutor", "ActorSlot", "stage_bundles", "replan_stages", "auto_transport"]

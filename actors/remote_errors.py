@@ -13,7 +13,6 @@ from typing import Any
 
 import ray.exceptions
 
-from actors.transport.device_local import MissingLocalSeam
 from actors.transport.shared_memory import SeamUnreachable
 
 
@@ -92,7 +91,6 @@ FAULTS: tuple[type[BaseException], ...] = (
     ray.exceptions.NodeDiedError,
     ray.exceptions.LocalRayletDiedError,
     ray.exceptions.ObjectFetchTimedOutError,
-    MissingLocalSeam,  # the actor restarted and lost the device-local values it held
     SeamUnreachable,  # a shared-memory seam's writer restarted (its files went with it)
 )
 

@@ -1,9 +1,10 @@
-"""Reserving a plan's actors together: bundles, a placement group, actor start-up.
+"""Reserving a plan's stage actors together: bundles, a placement group, start-up.
 
-`plan_slots` decides which actor hosts which segments (one per segment, or one per
-device when colocated) and what each reserves; `Reservation` turns that into a
-placement group and started actors, or releases everything it made and raises
-(SEMANTICS.md section 6: a failed build leaks nothing).
+`plan_slots` gives each pipeline stage an actor slot and decides what it reserves: a
+fraction of a CPU (``stage_num_cpus``), and for a device stage its device's GPUs;
+`Reservation` turns that into a placement group (its own, or the caller's with
+``placement_group="current"``) and started actors, or releases everything it made and
+raises (SEMANTICS.md section 6: a failed build leaks nothing).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.options import RayOptions
 from actors.remote_errors import user_error
-from actors.segment import remote_class
-from actors.segment_model import SegmentSpec
+from actors.stage import remote_class
+from actors.stage_model import StageSpec
 from hetero_exec.errors import ActorError, BuildError
 
 log = logging.getLogger(__name__)
@@ -31,28 +32,33 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ActorSlot:
-    """One segment actor: the segments it hosts, what it reserves, its live handle."""
+    """One stage actor: the stage it runs, what it reserves, its live handle."""
 
     index: int
-    specs: list[SegmentSpec]
-    device: str  # "cpu" or a device provider's name ("sim-gpu:0")
+    spec: StageSpec
     bundle: int
     num_cpus: float
     num_gpus: float
-    local_values: frozenset[str] = frozenset()
+    threads: int | None = None  # BLAS threads in the actor (None: its host's cores / share)
+    share: int = 1  # this plan's stages on the same node (they split its cores)
     handle: Any = None
-    #: the actor's constructor arguments, put once and held: Ray re-reads them at each
-    #: restart, so they must outlive the creation task (ray-project/ray#53727)
+    #: the actor's constructor argument, put once and held: Ray re-reads it at each
+    #: restart, so it must outlive the creation task (ray-project/ray#53727)
     init_args: Any = None
     incarnation: str = ""
     generation: int = 0  # bumped when the actor is re-created
+    node: str = ""  # the Ray node it runs on (from ready())
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     _methods: dict[tuple[int, int, bool], Any] = field(default_factory=dict, repr=False)
 
     @property
     def labels(self) -> str:
-        return ", ".join(s.label for s in self.specs)
+        return f"{self.spec.label}: {self.spec.segment_labels}"
+
+    @property
+    def device(self) -> str:
+        return self.spec.device
 
     def method(self, num_returns: int, fetching: bool) -> Any:
         """The live handle's ``run`` (or ``run_fetching``) with ``num_returns`` set, made
@@ -67,64 +73,57 @@ class ActorSlot:
         return m
 
 
-def plan_slots(
-    specs: Sequence[SegmentSpec], graph_outputs: Sequence[str], opts: RayOptions
-) -> tuple[list[ActorSlot], list[dict[str, float]]]:
-    """The actor slots for ``specs`` and the placement group's bundles.
+def plan_slots(specs: Sequence[StageSpec], opts: RayOptions
+               ) -> tuple[list[ActorSlot], list[dict[str, float]]]:
+    """An actor slot per stage, and the placement group's bundles (one per stage).
 
-    A device provider gets one bundle of ``device_num_gpus`` GPUs, shared by the actors
-    on it in equal fractions; each cpu actor gets a bundle of ``segment_num_cpus`` CPUs.
-
-    >>> from actors.segment_model import SegmentSpec
-    >>> mk = lambda i, kind: SegmentSpec(i, kind, {} if kind == "cpu" else {"device_id": 0},
-    ...                                  b"", (), "graph", ("x",), (f"y{i}",))
-    >>> specs = [mk(0, "sim-gpu"), mk(1, "cpu"), mk(2, "sim-gpu")]
-    >>> slots, bundles = plan_slots(specs, ["y2"], RayOptions())
-    >>> [(s.device, s.num_gpus) for s in slots], bundles
-    ([('sim-gpu:0', 0.5), ('cpu', 0), ('sim-gpu:0', 0.5)], [{'GPU': 1.0}, {'CPU': 1.0}])
+    >>> from actors.stage_model import StageSpec
+    >>> mk = lambda i, dev: StageSpec(i, dev, b"", (), "graph", (), ("x",), (f"y{i}",))
+    >>> slots, bundles = plan_slots([mk(0, "sim-gpu:0"), mk(1, "cpu")], RayOptions())
+    >>> [(s.num_cpus, s.num_gpus) for s in slots], bundles
+    ([(0.25, 1.0), (0.25, 0.0)], [{'CPU': 0.25, 'GPU': 1.0}, {'CPU': 0.25}])
     """
-    groups: list[tuple[str, list[SegmentSpec]]] = []
-    for spec in specs:
-        device = spec.provider_name
-        if opts.colocate and groups and any(d == device for d, _ in groups):
-            next(g for d, g in groups if d == device).append(spec)
-        else:
-            groups.append((device, [spec]))
-    per_device: dict[str, int] = {}
-    for device, _ in groups:
-        per_device[device] = per_device.get(device, 0) + 1
-    bundles: list[dict[str, float]] = []
-    bundle_of_device: dict[str, int] = {}
-    slots: list[ActorSlot] = []
-    for i, (device, group) in enumerate(groups):
-        if device == "cpu":
-            bundles.append({"CPU": float(opts.segment_num_cpus)})
-            slots.append(ActorSlot(i, group, device, len(bundles) - 1, opts.segment_num_cpus, 0))
-            continue
-        if device not in bundle_of_device:
-            bundles.append({"GPU": float(opts.device_num_gpus)})
-            bundle_of_device[device] = len(bundles) - 1
-        share = math.floor(opts.device_num_gpus / per_device[device] * 1e4) / 1e4
-        slots.append(ActorSlot(i, group, device, bundle_of_device[device], 0, share))
-    for slot, local in zip(slots, local_values(slots, graph_outputs)):
-        slot.local_values = local
+    bundles = bundles_for([spec.device for spec in specs], opts)
+    slots = [ActorSlot(i, spec, i, b["CPU"], b.get("GPU", 0.0), threads=opts.stage_threads)
+             for i, (spec, b) in enumerate(zip(specs, bundles))]
     return slots, bundles
 
 
-def local_values(slots: Sequence[ActorSlot], graph_outputs: Sequence[str]) -> list[frozenset[str]]:
-    """Per slot: values produced and read only there (they stay in the actor's memory)."""
-    producer = {o: slot.index for slot in slots for s in slot.specs for o in s.outputs}
-    readers: dict[str, set[int]] = {}
+def bundles_for(devices: Sequence[str], opts: RayOptions) -> list[dict[str, float]]:
+    """A bundle per stage (``devices``: each stage's provider): ``stage_num_cpus`` CPUs,
+    and for a device stage ``device_num_gpus`` GPUs, split in equal fractions when a
+    device spans several stages (a plan that interleaves two devices).
+
+    >>> bundles_for(["sim-gpu:0", "cpu", "sim-gpu:0"], RayOptions())
+    [{'CPU': 0.25, 'GPU': 0.5}, {'CPU': 0.25}, {'CPU': 0.25, 'GPU': 0.5}]
+    """
+    per_device: dict[str, int] = {}
+    for d in devices:
+        if d != "cpu":
+            per_device[d] = per_device.get(d, 0) + 1
+    bundles = []
+    for d in devices:
+        bundle = {"CPU": float(opts.stage_num_cpus)}
+        if d != "cpu":
+            bundle["GPU"] = math.floor(opts.device_num_gpus / per_device[d] * 1e4) / 1e4
+        bundles.append(bundle)
+    return bundles
+
+
+def stage_shares(slots: Sequence[ActorSlot]) -> None:
+    """How many of the plan's stages share each slot's node: an actor without a thread
+    count takes its host's cores over that share (one stage alone on a 2-core laptop
+    uses both cores, two stages one each)."""
+    on_node: dict[str, int] = {}
     for slot in slots:
-        for s in slot.specs:
-            for name in s.inputs:
-                readers.setdefault(name, set()).add(slot.index)
-    outs = set(graph_outputs)
-    local: list[set[str]] = [set() for _ in slots]
-    for name, p in producer.items():
-        if name not in outs and readers.get(name) == {p}:
-            local[p].add(name)
-    return [frozenset(v) for v in local]
+        on_node[slot.node] = on_node.get(slot.node, 0) + 1
+    for slot in slots:
+        slot.share = on_node[slot.node]
+
+
+def checkout_root() -> str:
+    """The folder holding the ``hetero_exec`` and ``actors`` packages."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def default_runtime_env() -> dict[str, Any] | None:
@@ -134,7 +133,7 @@ def default_runtime_env() -> dict[str, Any] | None:
     the checkout): actors then reuse the job's pre-started workers. Otherwise
     PYTHONPATH with the checkout.
     """
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = checkout_root()
     try:
         job_env = dict(ray.get_runtime_context().runtime_env or {})
     except Exception:  # not connected yet, or an older Ray
@@ -170,6 +169,8 @@ class Reservation:
         self.profile = profile
         self.shm_prefix = shm_prefix  # shared-memory seam files: <prefix>-s<slot>-...
         self.pg: Any = None
+        self.owns_pg = opts.placement_group is None
+        self.first_bundle = 0 if self.owns_pg else 1  # bundle 0 is the caller's own
         self.runtime_env = (
             opts.runtime_env if opts.runtime_env is not None else default_runtime_env()
         )
@@ -179,8 +180,12 @@ class Reservation:
     def start(self) -> None:
         """Reserve and start everything; on any failure release it all, then raise."""
         try:
-            self._check_fits()
-            self._reserve()
+            if self.owns_pg:
+                self._check_fits()
+                self._reserve()
+            else:
+                self._join_current()
+            self._locate()
             self._start_actors()
         except BaseException as build_error:
             try:
@@ -192,10 +197,7 @@ class Reservation:
     def _check_fits(self) -> None:
         """Refuse at once what this cluster can never hold (no need to wait for it)."""
         total = ray.cluster_resources()
-        need: dict[str, float] = {}
-        for b in self.bundles:
-            for k, v in b.items():
-                need[k] = need.get(k, 0.0) + v
+        need = _sum(self.bundles)
         short = {k: (v, total.get(k, 0.0)) for k, v in need.items() if v > total.get(k, 0.0) + 1e-9}
         if short:
             detail = ", ".join(
@@ -203,7 +205,7 @@ class Reservation:
             )
             raise ActorError(
                 f"the plan cannot be placed on this Ray cluster ({detail}); "
-                f"bundles {self.bundles} for {len(self.slots)} segment actor(s)"
+                f"bundles {self.bundles} for {len(self.slots)} stage actor(s)"
             )
         alive = [n for n in ray.nodes() if n.get("Alive")]
         if self.opts.placement_strategy == "STRICT_SPREAD" and len(self.bundles) > len(alive):
@@ -225,12 +227,41 @@ class Reservation:
             ray.get(self.pg.ready(), timeout=self.opts.placement_timeout_s)
         except ray.exceptions.GetTimeoutError:
             raise ActorError(
-                f"placement group for {len(self.slots)} segment actor(s) (bundles {self.bundles}, "
+                f"placement group for {len(self.slots)} stage actor(s) (bundles {self.bundles}, "
                 f"strategy {self.opts.placement_strategy}) was not placed within "
                 f"{self.opts.placement_timeout_s:g}s; available resources: "
                 f"{_brief(ray.available_resources())}"
             ) from None
         log.info("placement group ready in %.2fs", time.perf_counter() - started)
+
+    def _join_current(self) -> None:
+        """``placement_group="current"``: the stages take bundles 1.. of the caller's group
+        (a Serve replica started with ``placement_group_bundles=[own, *stage_bundles]``)."""
+        from ray.util import get_current_placement_group
+
+        pg = get_current_placement_group()
+        if pg is None:
+            raise ActorError("placement_group='current', but this code does not run in a "
+                             "placement group (start it with placement_group_bundles)")
+        have = list(pg.bundle_specs)[self.first_bundle:]
+        if len(have) < len(self.bundles) or any(
+                any(got.get(k, 0.0) + 1e-9 < v for k, v in want.items())
+                for want, got in zip(self.bundles, have)):
+            raise ActorError(f"the current placement group's bundles {list(pg.bundle_specs)} do "
+                             f"not hold this plan's stage bundles {self.bundles} after bundle 0 "
+                             f"(actors.stage_bundles gives them)")
+        self.pg = pg
+
+    def _locate(self) -> None:
+        """Each slot's node, from where its bundle was placed (for thread counts)."""
+        try:
+            table = ray.util.placement_group_table(self.pg)
+            nodes = table.get("bundles_to_node_id") or {}
+        except Exception:  # older Rays: every slot counts as one node
+            nodes = {}
+        for slot in self.slots:
+            slot.node = str(nodes.get(slot.bundle + self.first_bundle, ""))
+        stage_shares(self.slots)
 
     def _start_actors(self) -> None:
         started = time.perf_counter()
@@ -238,7 +269,7 @@ class Reservation:
         for slot in self.slots:
             slot.handle = self._new_actor(slot)
             pending[slot.handle.ready.remote()] = slot
-        log.info("starting %d segment actor(s)", len(pending))
+        log.info("starting %d stage actor(s)", len(pending))
         deadline = time.monotonic() + self.opts.actor_start_timeout_s
         while pending:
             done, _ = ray.wait(
@@ -247,25 +278,25 @@ class Reservation:
             if not done:
                 waiting = "; ".join(s.labels for s in pending.values())
                 raise ActorError(
-                    f"segment actor(s) not ready within "
+                    f"stage actor(s) not ready within "
                     f"{self.opts.actor_start_timeout_s:g}s: {waiting}"
                 )
             slot = pending.pop(done[0])
             info = self._ready(slot, done[0])
             log.info(
-                "actor %d/%d ready: %s on node %s (pid %s, %s)",
+                "actor %d/%d ready: %s on node %s (pid %s, %s threads, compiled in %.2fs, "
+                "%d weight bytes)",
                 len(self.slots) - len(pending),
                 len(self.slots),
                 slot.labels,
                 info["node"][:8],
                 info["pid"],
-                ", ".join(
-                    f"compile {s['compile_s']:.2f}s, {s['weight_bytes']} weight bytes"
-                    for s in info["segments"]
-                ),
+                info["threads"],
+                info["compile_s"],
+                info["weight_bytes"],
             )
         log.info(
-            "all %d segment actor(s) ready in %.2fs", len(self.slots), time.perf_counter() - started
+            "all %d stage actor(s) ready in %.2fs", len(self.slots), time.perf_counter() - started
         )
 
     def _ready(self, slot: ActorSlot, ref: Any) -> dict[str, Any]:
@@ -274,17 +305,19 @@ class Reservation:
         except ray.exceptions.RayError as e:
             typed = user_error(e)
             if typed is not None:
-                raise typed from None  # the segment could not be built (its own typed error)
-            raise ActorError(f"segment actor for {slot.labels} failed to start: {e}") from e
+                raise typed from None  # the stage could not be built (its own typed error)
+            raise ActorError(f"stage actor for {slot.labels} failed to start: {e}") from e
         slot.incarnation = info["incarnation"]
+        slot.node = info["node"] or slot.node
         return info
 
     def _new_actor(self, slot: ActorSlot) -> Any:
         strategy = PlacementGroupSchedulingStrategy(
-            placement_group=self.pg, placement_group_bundle_index=slot.bundle
+            placement_group=self.pg,
+            placement_group_bundle_index=slot.bundle + self.first_bundle,
         )
         if slot.init_args is None:
-            slot.init_args = ray.put(slot.specs)
+            slot.init_args = ray.put(slot.spec)
         return (
             remote_class()
             .options(
@@ -297,38 +330,36 @@ class Reservation:
             )
             .remote(
                 (slot.init_args,),
-                slot.local_values,
                 self.opts.seam_transport,
                 self.profile,
                 {"prefix": f"{self.shm_prefix}-s{slot.index}", "budget": self.opts.shm_seam_bytes},
+                slot.threads or -slot.share,  # negative: a share of the host's cores
             )
         )
 
     # -- recovery ---------------------------------------------------------------------
 
     def recreate(self, slot: ActorSlot) -> None:
-        """Replace a permanently dead actor in its bundle (its weights load again)."""
+        """Replace a permanently dead actor in its bundle (its weights load again); the
+        caller waits for it to answer (`actors.replay`), and re-creates it again if it
+        dies before it does."""
         if self.pg is None:
             raise ActorError(
                 f"cannot re-create the actor of {slot.labels}: the reservation was released"
             )
-        log.warning("re-creating the segment actor of %s", slot.labels)
+        log.warning("re-creating the stage actor of %s", slot.labels)
         try:
             ray.kill(slot.handle, no_restart=True)
         except Exception:  # already gone
             pass
         slot.handle = self._new_actor(slot)
         slot.generation += 1
-        try:
-            info = ray.get(slot.handle.ready.remote(), timeout=self.opts.actor_start_timeout_s)
-        except Exception as e:
-            raise ActorError(f"could not re-create the segment actor of {slot.labels}: {e}") from e
-        slot.incarnation = info["incarnation"]
 
     # -- teardown ----------------------------------------------------------------------
 
     def release(self) -> None:
-        """Kill every actor and remove the placement group; raise the first failure."""
+        """Kill every actor and remove the placement group (only one of our own); raise
+        the first failure."""
         errors: list[BaseException] = []
         for slot in self.slots:
             if slot.handle is not None:
@@ -338,14 +369,22 @@ class Reservation:
                     errors.append(e)
                 slot.handle = None
             slot.init_args = None
-        if self.pg is not None:
+        if self.pg is not None and self.owns_pg:
             try:
                 remove_placement_group(self.pg)
             except Exception as e:
                 errors.append(e)
-            self.pg = None
+        self.pg = None
         if errors:
-            raise ActorError(f"releasing segment actors failed: {errors[0]!r}") from errors[0]
+            raise ActorError(f"releasing stage actors failed: {errors[0]!r}") from errors[0]
+
+
+def _sum(bundles: Sequence[dict[str, float]]) -> dict[str, float]:
+    need: dict[str, float] = {}
+    for b in bundles:
+        for k, v in b.items():
+            need[k] = need.get(k, 0.0) + v
+    return need
 
 
 def _brief(resources: dict[str, float]) -> str:

@@ -18,8 +18,17 @@ leftover workers do not steal the other's cores):
   every configuration once and then probe the cores the host gives two processes;
   speedups are per-round medians. Goal: >= 1.7x; the GPipe bubble (K-1)/(M+K-1) over
   the tasks per stage is printed beside it.
+* ``stages``: real mixed plans (resnet18, bert, gpt2 with op types the device
+  declines: 15-19 segments) on Ray with ``stages="auto"`` against the same plan in
+  process: batch-1 latency (goal <= 1.2x) and ``run_many`` throughput of 64 requests
+  (goal >= 1.1x in process), session build time beyond ``ray.init`` (goal <= 3 s),
+  and each stage's predicted time against the time measured in its actor (goal:
+  within 25%). The anchor beside it: the hand-built Ray + onnxruntime split, the model
+  cut at the same stage boundaries into onnxruntime sessions in actors.
+  ``--devices 2`` places the same plans on two emulated devices (a stage each).
 
-    python bench/bench_ray.py                    # everything, ~2-3 minutes on 2 cores
+    python bench/bench_ray.py                    # seam, compiled, pipeline: ~3 minutes
+    python bench/bench_ray.py --part stages      # ~5 minutes on 2 cores
     python bench/bench_ray.py --part seam --repeats 10
 """
 
@@ -136,7 +145,7 @@ def part_seam(repeats: int) -> list[dict[str, Any]]:
     for mb in (1, 16, 64):
         n = mb << 20
         a, b = Producer.remote(n), Consumer.remote()
-        ex = executor_for(seam_model(n), ["cpu", "cpu/2"])
+        ex = executor_for(seam_model(n), ["cpu", "cpu/2"], stages=2)
         assert ex.run(["s"], {})[0].tolist() == [n // 4] and len(ex.slots) == 2
 
         def raw_handoff(a=a, b=b):
@@ -182,7 +191,7 @@ def part_compiled(variant: str, repeats: int) -> list[dict[str, Any]]:
                 return np.maximum(a, 0) if a.min() >= -1e9 else a
 
         p1, p2 = Plain.remote(), Plain.remote()
-        ex = executor_for(small_chain_model(), ["cpu", "cpu/2"])
+        ex = executor_for(small_chain_model(), ["cpu", "cpu/2"], stages=2)
         np.testing.assert_array_equal(ex.run(["y"], {"x": x})[0], -x)
         raw, ours = interleaved_medians(
             [lambda: ray.get(p2.f.remote(p1.f.remote(x))), lambda: ex.run(["y"], {"x": x})],
@@ -214,7 +223,8 @@ def part_compiled(variant: str, repeats: int) -> list[dict[str, Any]]:
         sec = median_seconds(fn, repeats, warmup=20)
     else:
         ex = executor_for(
-            small_chain_model(), ["cpu", "cpu/2"], ray_compiled=variant == "ours-compiled"
+            small_chain_model(), ["cpu", "cpu/2"], stages=2,
+            ray_compiled=variant == "ours-compiled",
         )
         np.testing.assert_array_equal(ex.run(["y"], {"x": x})[0], -x)
         sec = median_seconds(lambda: ex.run(["y"], {"x": x}), repeats, warmup=20)
@@ -306,11 +316,13 @@ def part_pipeline(requests: int, width: int, layers: int, batch: int,
         {"x": np.random.default_rng(i).standard_normal((batch, width)).astype(np.float32)}
         for i in range(requests)
     ]
-    opts = {"max_inflight": requests, "ray_compiled": compiled, **(extra or {})}
+    # single-threaded stage actors (the baseline's onnxruntime sessions have one thread)
+    opts = {"max_inflight": requests, "ray_compiled": compiled, "stage_threads": 1,
+            **(extra or {})}
     ours = {
-        "ours whole (1 actor)": executor_for(model, ["cpu"] * nodes, **opts),
+        "ours whole (1 actor)": executor_for(model, ["cpu"] * nodes, stages=1, **opts),
         "ours split (2 stages)": executor_for(
-            model, ["cpu"] * (nodes // 2) + ["cpu/2"] * (nodes // 2), **opts
+            model, ["cpu"] * (nodes // 2) + ["cpu/2"] * (nodes // 2), stages=2, **opts
         ),
     }
     stage = ort_stage_class()
@@ -335,7 +347,7 @@ def part_pipeline(requests: int, width: int, layers: int, batch: int,
     results: dict[str, Any] = {}
     for name, fn in runs.items():
         fn()  # warm-up (compiles, first transfers)
-    warm = {name: ex.segment_stats() for name, ex in ours.items()}
+    warm = {name: ex.stage_stats() for name, ex in ours.items()}
     ray.get([a.reset.remote() for a in (ort_whole, *ort_stages)])
     for _ in range(repeats):  # rounds: every configuration once, then the host probe
         for name, fn in runs.items():
@@ -357,7 +369,7 @@ def part_pipeline(requests: int, width: int, layers: int, batch: int,
                 / (v["runs"] - warm[name][k]["runs"]),
                 2,
             )
-            for k, v in ex.segment_stats().items()
+            for k, v in ex.stage_stats().items()
         }
         group[name] = 1 if compiled else ex.group_size(requests)
         ex.close()
@@ -380,12 +392,158 @@ def part_pipeline(requests: int, width: int, layers: int, batch: int,
     return rows
 
 
+# -- part 4: pipeline stages on real mixed plans ------------------------------------------------
+
+#: op types the device declines in the stages part (as in tests/ray/test_stages.py)
+DECLINES = {"resnet18": ["MaxPool", "Add"], "bert": ["Softmax", "Erf"], "gpt2": ["Softmax", "Tanh"]}
+
+
+def ort_stage_actor(threads: int):
+    """An actor holding one onnxruntime session (a stage of the hand-built split)."""
+    import ray
+
+    @ray.remote(num_cpus=0.25)
+    class OrtPart:
+        def __init__(self, model_bytes: bytes, threads: int):
+            import onnxruntime as ort
+
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = threads
+            so.inter_op_num_threads = 1
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            self.sess = ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
+            self.inputs = [i.name for i in self.sess.get_inputs()]
+            self.outputs = [o.name for o in self.sess.get_outputs()]
+
+        def run(self, *values):
+            env = {}
+            for v in values:
+                env.update(v)
+            outs = self.sess.run(None, {n: env[n] for n in self.inputs})
+            return dict(zip(self.outputs, outs))
+
+    return OrtPart
+
+
+def ort_parts(model, stages, threads: int) -> list[Any]:
+    """The model cut at the stage boundaries (onnx.utils.Extractor), an actor each."""
+    import onnx.shape_inference
+    import onnx.utils
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    ex = onnx.utils.Extractor(inferred)
+    cls = ort_stage_actor(threads)
+    if len(stages) == 1:
+        return [cls.remote(model.SerializeToString(), threads)]
+    return [cls.remote(ex.extract_model(list(st.inputs), list(st.outputs)).SerializeToString(),
+                       threads) for st in stages]
+
+
+def run_ort_chain(parts: list[Any], feeds: list[dict[str, Any]]) -> list[Any]:
+    """The driver chains every request through the parts, all submitted at once."""
+    import ray
+
+    refs = []
+    for f in feeds:
+        ref = None
+        for p in parts:
+            ref = p.run.remote(f) if ref is None else p.run.remote(f, ref)
+        refs.append(ref)
+    return ray.get(refs)
+
+
+def part_stages(models: list[str], devices: int, repeats: int, requests: int) -> list[dict[str, Any]]:
+    import ray
+
+    from actors.connect import ensure_ray
+    from actors.options import RayOptions
+    from bench.models import MODELS, inputs
+    from hetero_exec import InferenceSession
+
+    t = time.perf_counter()
+    ensure_ray(RayOptions(), {"GPU": float(devices)}, logical_gpus=True)  # the embedded default
+    ray_init_s = time.perf_counter() - t
+    cores = int(ray.cluster_resources().get("CPU", 1))
+    rows: list[dict[str, Any]] = [{"part": "ray", "ray_init_s": ray_init_s, "cores": cores}]
+    names = [f"sim-gpu:{i}" for i in range(devices)]
+    for name in models:
+        model = MODELS[name]()
+        providers = [(d, {"exclude_ops": DECLINES[name]}) for d in names] + ["cpu"]
+        opts = {"hetero": True, "strategy": "balanced"}
+        local = InferenceSession(model, providers, **opts)
+        t = time.perf_counter()
+        sess = InferenceSession(model, providers, executor="ray", max_inflight=16, **opts)
+        build_s = time.perf_counter() - t
+        stages = sess.placement.stages
+        threads = max(1, cores // len(stages))
+        parts = ort_parts(model, stages, threads)
+        one = inputs(name, 1, seed=0)
+        feeds = [inputs(name, 1, seed=i) for i in range(requests)]
+        want = local.run(None, one)
+        for got in (sess.run(None, one), ):
+            assert all(np.allclose(g, w, rtol=1e-3, atol=1e-4) for g, w in zip(got, want)), name
+        ray.get([p.run.remote(one) for p in parts[:1]])  # warm the anchor
+        latency = interleaved_medians(
+            [lambda: local.run(None, one), lambda: sess.run(None, one),
+             lambda: run_ort_chain(parts, [one])],
+            repeats,
+        )
+        warm = sess._executor.stage_stats()
+        batch = interleaved_medians(
+            [lambda: local.run_many(feeds), lambda: sess.run_many(feeds),
+             lambda: run_ort_chain(parts, feeds)],
+            max(3, repeats // 5), warmup=1,
+        )
+        measured = sess._executor.stage_stats()
+        stage_rows = []
+        for st, (label, m) in zip(stages, measured.items()):
+            w = warm[label]
+            runs = m["runs"] - w["runs"]
+            ms = (m["mean_ms"] * m["runs"] - w["mean_ms"] * w["runs"]) / runs if runs else 0.0
+            stage_rows.append({"stage": label, "segments": len(st.segments),
+                               "predicted_ms": (st.compute_s or 0) * 1e3,
+                               "measured_ms": ms})
+        rows.append({
+            "part": "stages", "model": name, "devices": devices,
+            "segments": len(sess.placement.segments), "stages": len(stages),
+            "build_s": build_s, "latency_ms": [x * 1e3 for x in latency],
+            "req_per_s": [requests / x for x in batch], "stage_rows": stage_rows,
+            "report": sess._executor.placement_report(),
+        })
+        sess.close()
+        for p in parts:
+            ray.kill(p)
+    return rows
+
+
+def print_stages(rows: list[dict[str, Any]]) -> None:
+    head = rows[0]
+    print(f"\n4) pipeline stages on real mixed plans (ray.init {head['ray_init_s']:.2f} s, "
+          f"{head['cores']} cores); latency at batch 1 and run_many throughput, medians")
+    print(f"   {'model':<9} {'segs':>4} {'stages':>6} {'build s':>7} | {'in-proc ms':>10} "
+          f"{'ray ms':>7} {'ratio':>6} {'ray+ort ms':>10} | {'in-proc/s':>9} {'ray/s':>6} "
+          f"{'ratio':>6} {'ray+ort/s':>9}")
+    for r in rows[1:]:
+        lat, rate = r["latency_ms"], r["req_per_s"]
+        print(f"   {r['model']:<9} {r['segments']:>4} {r['stages']:>6} {r['build_s']:>7.2f} | "
+              f"{lat[0]:>10.1f} {lat[1]:>7.1f} {lat[1] / lat[0]:>5.2f}x {lat[2]:>10.1f} | "
+              f"{rate[0]:>9.1f} {rate[1]:>6.1f} {rate[1] / rate[0]:>5.2f}x {rate[2]:>9.1f}")
+    print("   goals: latency <= 1.2x in process, throughput >= 1.1x in process, build <= 3 s")
+    print("   predicted against measured stage times (measured inside each actor):")
+    for r in rows[1:]:
+        for s in r["stage_rows"]:
+            err = s["predicted_ms"] / s["measured_ms"] - 1 if s["measured_ms"] else float("nan")
+            print(f"   {r['model']:<9} {s['stage']:<22} {s['segments']:>3} segment(s) "
+                  f"predicted {s['predicted_ms']:7.2f} ms, measured {s['measured_ms']:7.2f} ms "
+                  f"({err:+.0%})")
+
+
 # -- driver ----------------------------------------------------------------------------------------
 
 
-def run_part(args: list[str]) -> list[dict[str, Any]]:
+def run_part(args: list[str], single_thread: bool = True) -> list[dict[str, Any]]:
     """One part in a fresh Python process (its own Ray); its JSON rows."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **SINGLE_THREAD}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(SINGLE_THREAD if single_thread else {})}
     proc = subprocess.run(
         [sys.executable, __file__, *args, "--json-only"],
         cwd=ROOT,
@@ -452,7 +610,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--part", choices=["seam", "compiled", "pipeline", "all"], default="all")
+    ap.add_argument("--part", choices=["seam", "compiled", "pipeline", "stages", "all"],
+                    default="all")
+    ap.add_argument("--models", default="resnet18,bert,gpt2", help="the stages part's models")
+    ap.add_argument("--devices", type=int, default=1, help="emulated devices in the stages part")
     ap.add_argument(
         "--variant",
         default="ours-tasks",
@@ -476,6 +637,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.json_only:
         if a.part == "seam":
             rows = part_seam(a.repeats)
+        elif a.part == "stages":
+            rows = part_stages(a.models.split(","), a.devices, a.repeats, 64)
         elif a.part == "compiled":
             rows = part_compiled(a.variant, a.repeats * 10)
         else:
@@ -491,6 +654,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.part in ("compiled", "all"):
         for v in ("tasks", "raw-compiled", "ours-compiled"):
             compiled += run_part(["--part", "compiled", "--variant", v, *common])
+    if a.part == "stages":
+        rows = run_part(["--part", "stages", "--models", a.models, "--devices", str(a.devices),
+                         "--repeats", str(a.repeats)], single_thread=False)
+        print(f"bench_ray: {os.cpu_count()} cores, numpy {np.__version__}")
+        print_stages(rows)
+        if a.json:
+            Path(a.json).write_text(json.dumps({"stages": rows}, indent=1))
+        return 0
     pipeline = []
     if a.part in ("pipeline", "all"):
         pipeline = run_part(

@@ -3,7 +3,8 @@
 Joins the cluster it runs in (``ray_address="auto"``), builds the demo detector
 (conv backbone on the GPU provider, NonMaxSuppression on cpu) with heterogeneous
 placement, runs it, checks it against a cpu session, and prints the placement
-report, per-segment timings and where the segment actors run. Submit it with
+report (its pipeline stages too), per-stage and per-segment timings and where the
+stage actors run. Submit it with
 (see cluster/README.md):
 
     ray job submit --address http://127.0.0.1:8290 --working-dir . -- python cluster/job.py
@@ -101,12 +102,13 @@ def main(argv: list[str] | None = None) -> int:
             for x, y in zip(r, expected)
         )
         ex = sess._executor
-        where = ray.get([h.ready.remote() for h in sess.segment_actors])
+        where = ray.get([h.ready.remote() for h in sess.stage_actors])
         for line in ex.segment_timings():
             print(line)
         summary = {
             "provider": provider,
             "segments": len(sess.placement.segments),
+            "stages": len(sess.placement.stages),
             "actors": len(where),
             "nodes": len({w["node"] for w in where}),
             "ms_per_run_pipelined": round(per_run * 1e3, 2),

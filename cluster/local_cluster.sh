@@ -8,8 +8,15 @@
 #
 # Nodes:   head     CPU=$HEAD_CPUS, GPU=0,              resources {"head": 1}
 #          worker k CPU=$WORKER_CPUS, GPU=$WORKER_GPUS, resources {"worker_k": 1, "sim_gpu_node": 1}
-# The GPUs are logical (Ray counts them; sim-gpu segments reserve them). On a host with
+# The GPUs are logical (Ray counts them; sim-gpu stages reserve them). On a host with
 # real GPUs set WORKER_GPUS=0 and give one worker per device CUDA_VISIBLE_DEVICES instead.
+#
+# Closed to the network: every node listens on 127.0.0.1 only (cluster/ray_node.py
+# keeps Ray's CLI from rewriting --node-ip-address=127.0.0.1 into the host's routable
+# address), and Ray's token authentication stays on: a token is made in $STATE_DIR
+# (mode 0600) and `start` prints the environment drivers and `ray job submit` need.
+# RAY_AUTH_MODE=disabled before `start` turns tokens off: then anyone with a shell on
+# this host can join the cluster and run code as you. Choose it knowingly.
 #
 # `stop` never runs `ray stop` (which kills every Ray process on the host, other
 # users' included): each node runs under `ray start --block`, whose pid is kept in
@@ -24,12 +31,17 @@ WORKER_GPUS=${WORKER_GPUS:-2}
 OBJECT_STORE_BYTES=${OBJECT_STORE_BYTES:-$((512 * 1024 * 1024))}
 STATE_DIR=${STATE_DIR:-/tmp/hetero_exec_cluster}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PYTHON=${PYTHON:-python}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-# Ray 2.60 turns token authentication on for `ray start`; drivers and `ray job submit`
-# must then present the cluster's token. This script's nodes listen on this host only
-# and default to no tokens; export RAY_AUTH_MODE=token (and RAY_AUTH_TOKEN_PATH) before
-# `start` to keep them, and use the same variables in every client.
-export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
+TOKEN_FILE=${RAY_AUTH_TOKEN_PATH:-$STATE_DIR/auth_token}
+BIND=127.0.0.1
+# what a driver on this host needs to reach the nodes (loopback resolves to itself)
+CLIENT_ENV="RAY_ADDRESS=$BIND:$PORT RAY_AUTH_MODE=$RAY_AUTH_MODE RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0"
+if [ "$RAY_AUTH_MODE" = token ]; then
+  export RAY_AUTH_TOKEN_PATH=$TOKEN_FILE
+  CLIENT_ENV="$CLIENT_ENV RAY_AUTH_TOKEN_PATH=$TOKEN_FILE"
+fi
 
 log() { echo "[local_cluster] $*" >&2; }
 
@@ -42,9 +54,17 @@ node_ports() {
 --runtime-env-agent-port=$((base + 4)) --metrics-export-port=$((base + 5))"
 }
 
+make_token() {
+  [ "$RAY_AUTH_MODE" = token ] || { log "token authentication is OFF (RAY_AUTH_MODE=$RAY_AUTH_MODE)"; return 0; }
+  [ -s "$TOKEN_FILE" ] && return 0
+  (umask 077 && "$PYTHON" -c 'import secrets; print(secrets.token_hex(32))' >"$TOKEN_FILE")
+  log "made an auth token in $TOKEN_FILE"
+}
+
 start_node() {  # name, args...
   local name=$1; shift
-  nohup ray start --block "$@" >"$STATE_DIR/$name.log" 2>&1 &
+  nohup "$PYTHON" "$ROOT/cluster/ray_node.py" --block --node-ip-address="$BIND" "$@" \
+    >"$STATE_DIR/$name.log" 2>&1 &
   echo $! >"$STATE_DIR/$name.pid"
   log "started $name (pid $(cat "$STATE_DIR/$name.pid"), log $STATE_DIR/$name.log)"
 }
@@ -52,9 +72,9 @@ start_node() {  # name, args...
 wait_for_nodes() {  # expected count
   for _ in $(seq 1 120); do
     local n
-    n=$(python - "$1" <<PY 2>/dev/null || echo 0
+    n=$(env $CLIENT_ENV "$PYTHON" - "$1" <<PY 2>/dev/null || echo 0
 import ray, sys
-ray.init(address="127.0.0.1:$PORT", logging_level="ERROR", log_to_driver=False)
+ray.init(logging_level="ERROR", log_to_driver=False)
 print(sum(1 for n in ray.nodes() if n["Alive"]))
 PY
 )
@@ -70,6 +90,7 @@ cmd_start() {
     log "a cluster from $STATE_DIR is running; stop it first"; exit 1
   fi
   mkdir -p "$STATE_DIR"
+  make_token
   # shellcheck disable=SC2046
   start_node head --head --port="$PORT" --num-cpus="$HEAD_CPUS" --num-gpus=0 \
     --resources='{"head": 1}' --include-dashboard=true --dashboard-port="$DASHBOARD_PORT" \
@@ -78,19 +99,19 @@ cmd_start() {
   wait_for_nodes 1
   for k in $(seq 1 "$workers"); do
     # shellcheck disable=SC2046
-    start_node "worker$k" --address="127.0.0.1:$PORT" --num-cpus="$WORKER_CPUS" \
+    start_node "worker$k" --address="$BIND:$PORT" --num-cpus="$WORKER_CPUS" \
       --num-gpus="$WORKER_GPUS" --resources="{\"worker_$k\": 1, \"sim_gpu_node\": 1}" \
       --object-store-memory="$OBJECT_STORE_BYTES" $(node_ports "$k")
   done
   wait_for_nodes $(( workers + 1 ))
-  echo "export RAY_ADDRESS=127.0.0.1:$PORT RAY_AUTH_MODE=$RAY_AUTH_MODE"
-  echo "dashboard / job server: http://127.0.0.1:$DASHBOARD_PORT"
+  echo "export $CLIENT_ENV"
+  echo "dashboard / job server: http://$BIND:$DASHBOARD_PORT"
 }
 
 cmd_status() {
-  python - <<PY
+  env $CLIENT_ENV "$PYTHON" - <<PY
 import ray
-ray.init(address="127.0.0.1:$PORT", logging_level="ERROR", log_to_driver=False)
+ray.init(logging_level="ERROR", log_to_driver=False)
 for n in ray.nodes():
     print(("alive " if n["Alive"] else "dead  "), n["NodeManagerAddress"], n["NodeManagerPort"],
           {k: v for k, v in n["Resources"].items() if not k.startswith("node:")})

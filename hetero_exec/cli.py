@@ -24,7 +24,7 @@ log = logging.getLogger("hetero_exec.cli")
 
 
 def _providers(text: str | None) -> list[str] | None:
-    return [p.strip() for p in text.split(",") if p.strip()] if text else None
+    return [p.strip() for p in text.split(",") if p.strip()] if text else ["cpu"]
 
 
 def _dims(items: Sequence[str]) -> dict[str, int]:

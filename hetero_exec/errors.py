@@ -55,6 +55,18 @@ class ProviderError(HeteroExecError):
     """An unknown provider name, bad provider options or an unusable provider."""
 
 
+class OptionError(ProviderError, ValueError):
+    """An unknown session option, config entry or run option, or a bad value for one."""
+
+
+class OptionTypeError(OptionError, TypeError):
+    """A session or run option set to a value of the wrong type."""
+
+
+class UnknownOptionError(OptionError, AttributeError):
+    """Setting an option that SessionOptions or RunOptions does not have."""
+
+
 class PlacementError(HeteroExecError):
     """The placement request cannot be satisfied (affinity pins, saved plans, guard)."""
 
@@ -155,14 +167,27 @@ class UnresolvedShapeError(HeteroExecError):
 
 
 class SequenceOutputError(HeteroExecError):
-    """run() returns tensors only; a sequence/map/optional output needs run_outputs()."""
+    """A run bound to device buffers returns tensors only (SEMANTICS.md section 3)."""
 
-    def __init__(self, name: str, kind: str):
-        self.name, self.kind = name, kind
+    def __init__(self, name: str, kind: str, call: str = "run_with_iobinding", use: str = "run"):
+        self.name, self.kind, self.call, self.use = name, kind, call, use
         super().__init__(
-            f"output {name!r} is a {kind}, not a tensor: run() returns tensors only; "
-            f"call session.run_outputs(...) to get sequences, maps and optionals"
+            f"output {name!r} is a {kind}, not a tensor: {call}() returns tensors only; "
+            f"call session.{use}(...) to get sequences, maps and optionals"
         )
+
+
+class RunTerminatedError(HeteroExecError):
+    """The run's RunOptions.terminate flag was set."""
+
+    def __init__(self, tag: str = ""):
+        self.tag = tag
+        super().__init__("run terminated: RunOptions.terminate is set"
+                         + (f" (run {tag!r})" if tag else ""))
+
+
+class OrtValueError(HeteroExecError, ValueError):
+    """An OrtValue used where its kind or device does not fit (named in the message)."""
 
 
 class UnknownOutputError(HeteroExecError, ValueError):

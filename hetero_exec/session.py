@@ -1,93 +1,44 @@
-"""InferenceSession: ONNX Runtime's conventions over hetero_exec's layers.
+"""InferenceSession: onnxruntime's Python API over hetero_exec's layers.
 
 Building follows SEMANTICS.md section 1 in order (signatures and cycles in `ir.load`,
 unsupported-operator rejection on cpu, provider passes, GPU coverage), then the
-fallback / require / hetero decision of `placement.decide`, then an executor.
+fallback / require / hetero decision of `placement.decide`, then an executor. A build
+is a transaction (section 6): `set_providers` swaps in a new plan only once it is
+complete. onnxruntime's surface lives beside this file: options, run_options,
+ortvalue, modelmeta, provider_names, threads, optimized_model.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
-import os
 import threading
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
-
-import numpy as np
+import time
+from typing import Any, Callable, Mapping, Sequence
 
 from hetero_exec.errors import (
+    BuildError,
     HeteroExecError,
     NotSupportedForHeterogeneous,
+    OptionTypeError,
+    OrtValueError,
     ProviderError,
-    SequenceOutputError,
     UnknownOutputError,
 )
 from hetero_exec.ir import Graph, load
-from hetero_exec.ir.load import ModelSource
+from hetero_exec.ir.load import ModelSource, read_model
+from hetero_exec.logs import apply_severity
+from hetero_exec.modelmeta import ModelMetadata
+from hetero_exec.node_arg import NodeArg, declared_types, node_arg
+from hetero_exec.options import SessionOptions, env_flag  # noqa: F401  (env_flag: public before)
+from hetero_exec.ortvalue import OrtValue, on_device, unwrap_feed
+from hetero_exec.provider_names import ProviderSpecs
+from hetero_exec.run_async import answer, terminable
+from hetero_exec.run_options import RunOptions, check_run_options, raise_if_terminated
+from hetero_exec.threads import GATE
 
 log = logging.getLogger(__name__)
-
-TRUE_VALUES = ("1", "true", "on")
-
-
-def env_flag(name: str) -> bool:
-    """Trimmed, case-insensitive 1/true/on; anything else (unset, empty, 0, off...) is off."""
-    return os.environ.get(name, "").strip().lower() in TRUE_VALUES
-
-
-@dataclass
-class SessionOptions:
-    require_gpu: bool | None = None  # None: from HETERO_EXEC_REQUIRE_GPU
-    hetero: bool | None = None  # None: from HETERO_EXEC_HETERO
-    executor: str = "local"  # local | ray
-    dim_bounds: dict[str, int] = field(default_factory=dict)
-    affinity: list[tuple[str, str]] = field(default_factory=list)
-    placement: Any = None  # a saved plan (path or dict)
-    strategy: str = "greedy"  # multi-GPU split: greedy | balanced | memory
-    base_dir: str | None = None  # for external data of a model given as bytes
-    enable_profiling: bool = False
-    profile_file_prefix: str = "hetero_exec_profile"
-    fold_constants: bool = True
-    optimize: bool = True  # run the provider's graph passes (fusions) on the single-provider path
-    cost_model: Any = None  # placement.partition.CostModel for multi-GPU splits (e.g. calibrate())
-    #: pipeline stages of a mixed plan: "auto" (the cost model's cuts), an int K, or
-    #: explicit cuts (segment indices where a new stage starts); see placement.stages
-    stages: Any = "auto"
-    executor_options: dict[str, Any] = field(default_factory=dict)
-
-    KNOWN = ("require_gpu", "hetero", "executor", "dim_bounds", "affinity", "placement",
-             "strategy", "base_dir", "enable_profiling", "profile_file_prefix",
-             "fold_constants", "optimize", "cost_model", "stages")
-
-    @classmethod
-    def from_kwargs(cls, kwargs: Mapping[str, Any]) -> "SessionOptions":
-        own = {k: v for k, v in kwargs.items() if k in cls.KNOWN}
-        rest = {k: v for k, v in kwargs.items() if k not in cls.KNOWN}
-        opts = cls(**own)
-        opts.executor_options = rest
-        if opts.executor not in ("local", "ray"):
-            raise ProviderError(f"unknown executor {opts.executor!r}; use 'local' or 'ray'")
-        if rest and opts.executor == "local":
-            raise ProviderError(f"unknown session option(s) {sorted(rest)}")
-        return opts
-
-    @property
-    def require_gpu_on(self) -> bool:
-        return self.require_gpu if self.require_gpu is not None else env_flag("HETERO_EXEC_REQUIRE_GPU")
-
-    @property
-    def hetero_on(self) -> bool:
-        return self.hetero if self.hetero is not None else env_flag("HETERO_EXEC_HETERO")
-
-
-@dataclass(frozen=True)
-class NodeArg:
-    """What get_inputs()/get_outputs() return, as in onnxruntime."""
-
-    name: str
-    shape: list[Any]
-    type: str
 
 
 class InferenceSession:
@@ -96,36 +47,85 @@ class InferenceSession:
     >>> import numpy as np, onnx.helper as h
     >>> g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
     ...     [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("y", 1, [2])])
-    >>> sess = InferenceSession(h.make_model(g))
+    >>> sess = InferenceSession(h.make_model(g).SerializeToString(), providers=["CPUExecutionProvider"])
     >>> sess.run(None, {"x": np.array([-1.0, 2.0], np.float32)})[0]
     array([0., 2.], dtype=float32)
+    >>> sess.get_providers()
+    ['CPUExecutionProvider']
     """
 
-    def __init__(self, model: ModelSource, providers: Sequence[Any] | None = None,
-                 **options: Any):
+    def __init__(self, path_or_bytes: ModelSource, sess_options: Any = None,
+                 providers: Sequence[Any] | None = None,
+                 provider_options: Sequence[dict[str, Any]] | None = None, **kwargs: Any):
+        if _is_providers(sess_options):  # InferenceSession(model, ["cpu"]): today's code
+            if providers is not None:
+                raise ProviderError("providers given twice: as the second argument and as providers=")
+            providers, sess_options = sess_options, None
+        self.options = _session_options(sess_options, kwargs)
+        apply_severity(self.options.log_severity_level, self.options.log_verbosity_level)
+        self._closed = False
+        self._lock = threading.Lock()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._model, self.graph = load(_with_overrides(path_or_bytes, self.options), self.options.base_dir)
+        self._meta = ModelMetadata.of(self._model)
+        self._types = declared_types(self._model)
+        self._out_index = {n: i for i, n in enumerate(self.graph.outputs)}
+        self._install(*self._new_plan(providers, provider_options))
+        self._profiling_start_ns = time.time_ns() if self.options.enable_profiling else 0
+
+    # -- building (a transaction: nothing is installed until it is complete) ----------
+
+    def _new_plan(self, providers: Any, provider_options: Any) -> tuple[ProviderSpecs, Any, Any]:
         from hetero_exec.placement.decide import build_session_plan
 
-        self.options = SessionOptions.from_kwargs(options)
-        self._model, self.graph = load(model, self.options.base_dir)
-        self._build = build_session_plan(self.graph, providers, self.options)
-        self.placement = self._build.placement
-        self.fallback_report = self._build.fallback_report
-        self._providers = self._build.provider_names
-        self._executor = self._make_executor()
-        self._out_index = {n: i for i, n in enumerate(self.graph.outputs)}
-        self._lock = threading.Lock()
-        self._closed = False
+        specs = ProviderSpecs.parse(providers, provider_options)
+        build = build_session_plan(self.graph, specs.specs, self.options)
+        executor = self._make_executor(build)
+        try:
+            if self.options.optimized_model_filepath:
+                from hetero_exec.optimized_model import write_optimized_model
 
-    def _make_executor(self):
+                write_optimized_model(self.options.optimized_model_filepath, self._model,
+                                      build.graph, self.options.fold_constants)
+        except BaseException as e:
+            _release(executor, e)
+            raise
+        return specs, build, executor
+
+    def _make_executor(self, build: Any) -> Any:
         if self.options.executor == "ray":
             from actors.coordinator import RayExecutor  # the one lazy import of the Ray layer
 
-            return RayExecutor(self._build.graph, self._build, self.options)
+            return RayExecutor(build.graph, build, self.options)
         from hetero_exec.exec.local import LocalExecutor
 
-        return LocalExecutor(self._build.graph, self._build, self.options)
+        return LocalExecutor(build.graph, build, self.options)
 
-    # -- metadata ----------------------------------------------------------------
+    def _install(self, specs: ProviderSpecs, build: Any, executor: Any) -> None:
+        self._specs, self._build, self._executor = specs, build, executor
+        self.placement = build.placement
+        self.fallback_report = build.fallback_report
+
+    def set_providers(self, providers: Sequence[Any] | None = None,
+                      provider_options: Sequence[dict[str, Any]] | None = None) -> None:
+        """Rebuild the plan on other providers; on failure the session is unchanged."""
+        with self._lock:
+            new = self._new_plan(providers, provider_options)
+            old = self._executor
+            self._install(*new)
+        try:
+            old.close()
+        except Exception as e:  # the new plan is in place; the old one's release is reported
+            log.warning("closing the previous plan's executor failed: %s", e)
+
+    def disable_fallback(self) -> None:
+        """Builds from now on (set_providers) require the GPU: no whole-session cpu fallback."""
+        self.options.require_gpu = True
+
+    def enable_fallback(self) -> None:
+        self.options.require_gpu = False
+
+    # -- metadata ----------------------------------------------------------------------
 
     def get_inputs(self) -> list[NodeArg]:
         return [self._arg(n) for n in self.graph.inputs if n not in self.graph.initializers]
@@ -137,56 +137,86 @@ class InferenceSession:
         return [self._arg(n) for n in self.graph.outputs]
 
     def get_providers(self) -> list[str]:
-        return list(self._providers)
+        """The providers in use, spelled as the caller spelled them."""
+        return [self._specs.spell(p) for p in self._build.providers]
 
-    def get_modelmeta(self) -> dict[str, Any]:
-        m = self._model
-        return {"producer_name": m.producer_name, "graph_name": m.graph.name,
-                "domain": m.domain, "version": m.model_version,
-                "custom_metadata_map": {p.key: p.value for p in m.metadata_props}}
+    def get_provider_options(self) -> dict[str, dict[str, str]]:
+        return {self._specs.spell(p): self._specs.options_of(p) for p in self._build.providers}
+
+    def get_session_options(self) -> SessionOptions:
+        return self.options
+
+    def get_modelmeta(self) -> ModelMetadata:
+        return self._meta
+
+    def get_profiling_start_time_ns(self) -> int:
+        return self._profiling_start_ns
 
     def _arg(self, name: str) -> NodeArg:
-        v = self.graph.value(name)
-        if v.kind == "tensor":
-            return NodeArg(name, list(v.shape) if v.shape is not None else None,
-                           f"tensor({_ort_type(v.dtype_name)})")
-        # onnxruntime spells sequences "seq(...)" and gives non-tensors an empty shape
-        kind = "seq" if v.kind == "sequence" else v.kind
-        t = f"{kind}(tensor({_ort_type(v.dtype_name)}))" if v.elem_type else kind
-        return NodeArg(name, [], t)
+        return node_arg(self.graph, self._types, name)
 
     @property
     def is_heterogeneous(self) -> bool:
         return self.placement is not None and len(self.placement.segments) > 1
 
     @property
-    def segment_actors(self) -> list[Any]:
+    def stage_actors(self) -> list[Any]:
+        """On Ray: the actor handles of the plan's pipeline stages, in order."""
         return list(getattr(self._executor, "actors", []))
 
-    # -- running -----------------------------------------------------------------
+    # -- running -------------------------------------------------------------------------
 
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
-            run_options: Any = None) -> list[np.ndarray]:
-        """Tensors only: a sequence, map or optional output names run_outputs()."""
+            run_options: RunOptions | None = None) -> list[Any]:
+        """Tensors as arrays, sequences as lists, maps as dicts, an empty optional as None."""
         names = self._output_names(output_names)
-        for n in names:
-            kind = self.graph.value(n).kind
-            if kind in ("sequence", "map"):
-                raise SequenceOutputError(n, kind)
-        outs = self._executor.run(names, input_feed)
-        for n, o in zip(names, outs):
-            if isinstance(o, (list, dict)):
-                raise SequenceOutputError(n, "sequence" if isinstance(o, list) else "map")
+        return self._run(names, unwrap_feed(input_feed), run_options)
+
+    run_outputs = run  # the name sequences and maps used to need
+
+    def _run(self, names: list[str], feed: Mapping[str, Any], run_options: Any,
+             on_device: bool = False) -> list[Any]:
+        ro = check_run_options(run_options)
+        raise_if_terminated(ro)
+        if ro is not None and ro.logid:
+            log.debug("run %s: %s", ro.logid, names)
+        executor = self._executor
+        with self._blas():
+            outs = executor.run(names, feed, on_device=True) if on_device else executor.run(names, feed)
+        raise_if_terminated(ro)
         return outs
 
-    def run_outputs(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any]) -> list[Any]:
-        """Like run(), but sequences (lists), maps (dicts) and optionals (None) come back too."""
-        return self._executor.run(self._output_names(output_names), input_feed)
+    def _blas(self) -> Any:
+        if self.options.executor != "local":
+            return contextlib.nullcontext()  # runs happen in the actors' processes
+        return GATE.limit(self.options.intra_op_num_threads or None)
 
-    def run_async(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any]):
-        """A concurrent.futures.Future of run()."""
-        names = self._output_names(output_names)
-        return self._executor.run_async(names, input_feed)
+    def run_async(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+                  callback: Callable[[list[Any], Any, str], None] | None = None,
+                  user_data: Any = None, run_options: RunOptions | None = None):
+        """A concurrent.futures.Future of run(). With ``callback``, onnxruntime's
+        contract too: ``callback(outputs, user_data, "")``, or ``([], user_data, error)``."""
+        if callback is None:
+            return self._submit(self._output_names(output_names), input_feed, run_options)
+        try:
+            fut = self._submit(self._output_names(output_names), input_feed, run_options)
+        except HeteroExecError as e:
+            fut = concurrent.futures.Future()
+            fut.set_exception(e)
+        fut.add_done_callback(lambda f: answer(callback, f, user_data))
+        return fut
+
+    def _submit(self, names: list[str], input_feed: Mapping[str, Any], run_options: Any):
+        feed = unwrap_feed(input_feed)
+        if self.options.executor == "local":
+            with self._lock:
+                if self._pool is None:
+                    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+            return self._pool.submit(self._run, names, feed, run_options)
+        ro = check_run_options(run_options)
+        raise_if_terminated(ro)
+        inner = self._executor.run_async(names, feed)
+        return inner if ro is None else terminable(inner, ro)
 
     def run_many(
         self,
@@ -204,11 +234,35 @@ class InferenceSession:
         many = getattr(self._executor, "run_many", None)
         if many is not None:
             return many(names, feeds, return_exceptions)
-        futures = [self._executor.run_async(names, f) for f in feeds]
+        futures = [self._submit(names, f, None) for f in feeds]
         concurrent.futures.wait(futures)
         if return_exceptions:
             return [f.exception() or f.result() for f in futures]
         return [f.result() for f in futures]
+
+    def run_with_ort_values(self, output_names: Sequence[str] | None,
+                            input_dict_ort_values: Mapping[str, Any],
+                            run_options: RunOptions | None = None) -> list[OrtValue]:
+        """OrtValues in, OrtValues out. Values on this session's device stay there
+        (single-provider device sessions); host values run as run() does."""
+        names = self._output_names(output_names)
+        device = [v.provider for v in input_dict_ort_values.values()
+                  if isinstance(v, OrtValue) and v.provider is not None]
+        if not device:
+            return [OrtValue(o) for o in self._run(names, unwrap_feed(input_dict_ort_values), run_options)]
+        prov = self._device_provider("run_with_ort_values with device OrtValues")
+        feed = {k: on_device(k, v, prov) for k, v in input_dict_ort_values.items()}
+        return [OrtValue(o, prov) for o in self._run(names, feed, run_options, on_device=True)]
+
+    def _device_provider(self, what: str) -> Any:
+        """The single device provider of this session, for device-resident runs."""
+        if self.is_heterogeneous:
+            raise NotSupportedForHeterogeneous(what)
+        prov = self._build.providers[0]
+        if not prov.is_device:
+            raise OrtValueError(f"{what}: the session runs on {prov.name}, which has no device "
+                                f"memory; pass host OrtValues (value.numpy())")
+        return prov
 
     def _output_names(self, output_names: Sequence[str] | None) -> list[str]:
         if not output_names:
@@ -218,7 +272,7 @@ class InferenceSession:
                 raise UnknownOutputError(n, self.graph.outputs)
         return list(output_names)
 
-    # -- device bindings -----------------------------------------------------------
+    # -- device bindings ---------------------------------------------------------------
 
     def io_binding(self):
         """ORT-style IO binding; single-provider sessions only (SEMANTICS.md section 2)."""
@@ -228,10 +282,10 @@ class InferenceSession:
 
         return IOBinding(self)
 
-    def run_with_iobinding(self, binding) -> None:
-        binding._run()
+    def run_with_iobinding(self, iobinding, run_options: RunOptions | None = None) -> None:
+        iobinding._run(run_options)
 
-    # -- profiling and lifetime ------------------------------------------------------
+    # -- profiling and lifetime ----------------------------------------------------------
 
     def end_profiling(self) -> str | None:
         return self._executor.end_profiling()
@@ -239,6 +293,8 @@ class InferenceSession:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
             self._executor.close()
 
     def __enter__(self) -> "InferenceSession":
@@ -254,8 +310,44 @@ class InferenceSession:
             pass
 
 
-def _ort_type(name: str) -> str:
-    return {"float": "float", "double": "double", "float16": "float16"}.get(name, name)
+def _is_providers(x: Any) -> bool:
+    from hetero_exec.providers import Provider
+
+    return isinstance(x, (list, tuple, str, Provider))
+
+
+def _session_options(sess_options: Any, kwargs: Mapping[str, Any]) -> SessionOptions:
+    """A copy of the caller's options (later edits do not reach the session), then keywords."""
+    if sess_options is None:
+        opts = SessionOptions()
+    elif isinstance(sess_options, SessionOptions):
+        opts = sess_options.copy()
+    else:
+        raise OptionTypeError(f"sess_options must be a hetero_exec.SessionOptions, got "
+                              f"{type(sess_options).__module__}.{type(sess_options).__name__}")
+    opts.update(kwargs)
+    opts.check_executor_options()
+    if opts.executor == "ray" and opts.intra_op_num_threads and \
+            "stage_threads" not in opts.executor_options:
+        # on Ray the runs happen in the stage actors: their BLAS threads are the session's
+        opts.executor_options = {**opts.executor_options, "stage_threads": opts.intra_op_num_threads}
+    return opts
+
+
+def _with_overrides(source: ModelSource, options: SessionOptions) -> ModelSource:
+    from hetero_exec.model_overrides import apply_overrides, has_overrides
+
+    if not has_overrides(options):
+        return source
+    return apply_overrides(read_model(source, options.base_dir), options)
+
+
+def _release(executor: Any, error: BaseException) -> None:
+    """Close a half-built plan's executor; a failing release joins the build error."""
+    try:
+        executor.close()
+    except Exception as release_error:
+        raise BuildError(error, release_error) from error
 
 
 __all__ = ["InferenceSession", "SessionOptions", "NodeArg", "HeteroExecError", "Graph"]

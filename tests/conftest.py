@@ -39,7 +39,9 @@ def ray_session():
     if not ray.is_initialized():
         # small, and with logical GPUs: sim-gpu segment actors reserve GPU resources
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        ray.init(num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False,
+        # address="local": a Ray of its own, even when a `ray start` cluster runs here
+        ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False,
+                 log_to_driver=False,
                  object_store_memory=1 << 30,
                  runtime_env={"env_vars": {"PYTHONPATH": root}})
     yield ray

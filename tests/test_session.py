@@ -27,7 +27,7 @@ from hetero_exec.errors import (
     UnknownInputError,
     UnknownOutputError,
 )
-from tests._models import I64, F, assert_outputs, init, mlp, model, ort_run, ref_run, vi
+from tests._models import I64, F, assert_outputs, init, mlp, model, ort_run, vi
 
 
 def _two_input_model() -> onnx.ModelProto:
@@ -221,7 +221,9 @@ X = np.random.default_rng(8).standard_normal((2, 4)).astype(np.float32)
 def test_cpu_provider_spellings(providers):
     m = mlp(2)  # static: a mem_limit needs every dim bounded (SEMANTICS.md section 5)
     sess = InferenceSession(m, providers=providers)
-    assert sess.get_providers() == ["cpu"]
+    # the caller's spelling: onnxruntime's name when given (or by default), else ours
+    ort_spelled = providers is None or "cpuexecutionprovider" in str(providers).lower()
+    assert sess.get_providers() == ["CPUExecutionProvider" if ort_spelled else "cpu"]
     assert_outputs(sess.run(None, {"x": X}), ort_run(m, {"x": X}))
 
 
@@ -248,22 +250,35 @@ def test_unknown_session_option():
 # --- sequence outputs -----------------------------------------------------------------------------
 
 
-def test_sequence_output_needs_run_outputs():
+def test_sequence_outputs_come_back_as_lists_from_run():
     m = _seq_model()
     sess = InferenceSession(m)
     x = np.arange(6, dtype=np.float32).reshape(3, 2) - 2
-    with pytest.raises(SequenceOutputError) as ei:
-        sess.run(None, {"x": x})
-    e = ei.value
-    assert e.name == "seq" and "'seq'" in str(e) and "run_outputs" in str(e)
-    with pytest.raises(SequenceOutputError):
-        sess.run(["seq"], {"x": x})
-    want = ref_run(m, {"x": x})
-    got = sess.run_outputs(None, {"x": x})
+    want = ort_run(m, {"x": x})
+    got = sess.run(None, {"x": x})
     assert isinstance(got[0], list) and len(got[0]) == 3
     assert_outputs(got, want)
-    # tensor outputs alone still come through run()
+    assert_outputs(sess.run(["seq"], {"x": x}), [want[0]])
+    assert_outputs(sess.run_outputs(None, {"x": x}), want)  # the alias
     assert_outputs(sess.run(["y"], {"x": x}), [want[1]])
+
+
+def test_io_binding_of_a_sequence_output_names_run():
+    m = _seq_model()
+    sess = InferenceSession(m)
+    x = np.arange(6, dtype=np.float32).reshape(3, 2) - 2
+    b = sess.io_binding()
+    b.bind_cpu_input("x", x)
+    b.bind_output("seq")
+    with pytest.raises(SequenceOutputError) as ei:
+        sess.run_with_iobinding(b)
+    e = ei.value
+    assert e.name == "seq" and e.call == "run_with_iobinding" and e.use == "run"
+    assert "'seq'" in str(e) and "session.run(" in str(e)
+    b.clear_binding_outputs()
+    b.bind_output("y")
+    sess.run_with_iobinding(b)  # tensor outputs bind fine, and the session keeps working
+    assert_outputs(b.copy_outputs_to_cpu(), ort_run(m, {"x": x}, ["y"]))
 
 
 # --- run_async, context manager ----------------------------------------------------------------------

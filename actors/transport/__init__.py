@@ -1,11 +1,13 @@
-"""Seam transports behind one interface (`Transport`: write / read / drop / close)."""
+"""Seam transports behind one interface (`Transport`: write / read / drop / close).
+
+A seam between two stages travels through one of these; a seam between two segments
+of one stage never leaves its actor (an in-process move, `hetero_exec.exec.chain`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from actors.transport.base import SeamKey, Transport
-from actors.transport.device_local import DeviceLocalTransport, LocalSeam
 from actors.transport.object_store import ObjectStoreTransport
 from actors.transport.shared_memory import SharedMemoryTransport, ShmArray
 from actors.transport.wire import WireTransport
@@ -38,8 +40,6 @@ def make_transport(name: str, **config: Any) -> Transport:
 __all__ = [
     "SeamKey",
     "Transport",
-    "DeviceLocalTransport",
-    "LocalSeam",
     "ObjectStoreTransport",
     "SharedMemoryTransport",
     "ShmArray",

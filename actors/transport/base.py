@@ -1,10 +1,11 @@
-"""The seam transport interface: how one segment's output reaches another segment.
+"""The seam transport interface: how one stage's output reaches a later stage.
 
-A transport runs inside the segment actors. The producer calls ``write`` with the
+A transport runs inside the stage actors (and the driver, for feeds and graph
+outputs). The producer calls ``write`` with the
 value and returns what it gives back (the *carried* value) from its Ray method; the
 coordinator passes that on as an ObjectRef; the consumer calls ``read`` with what
 arrived. Transports differ in what is carried: the array itself (object store), a
-msgpack frame (wire), or a small key into the actor's own memory (device-local).
+msgpack frame (wire), or a small descriptor of a shared-memory buffer.
 """
 
 from __future__ import annotations

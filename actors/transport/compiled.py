@@ -1,17 +1,17 @@
-"""Ray Compiled Graphs (``ray.dag`` ``experimental_compile``) for a static segment chain.
+"""Ray Compiled Graphs (``ray.dag`` ``experimental_compile``) for a static stage chain.
 
-The task path submits one actor task per segment per request; a compiled graph
+The task path submits one actor task per stage per request; a compiled graph
 instead sets up shared-memory channels between the actors once, and each execution
 writes the feed into the first channel. `CompiledChain` builds that graph over the
-session's segment actors: each segment node takes the feed dict and/or the output
-dicts of the segments it reads from, and the driver merges the output dicts of the
-segments that produce graph outputs.
+session's stage actors: each stage node takes the feed dict and/or the output
+dicts of the stages it reads from, and the driver merges the output dicts of the
+stages that produce graph outputs.
 
 It is opt-in (``ray_compiled=True``) and evaluated against the task path in
 ``bench/bench_ray.py``: on a 2-core machine its readers poll and compete for the
-cores. What it gives up: no device-local seams, no per-seam profile spans, and no
+cores. What it gives up: no shared-memory seams, no per-seam profile spans, and no
 replay inside the graph: when an execution fails for any reason other than a
-segment's own typed error (an actor fault, a channel timeout), the coordinator
+stage's own typed error (an actor fault, a channel timeout), the coordinator
 tears the compiled graph down and serves that request, and every later one, on the
 task path, with its replays.
 """
@@ -38,7 +38,7 @@ class CompiledGraphFailure(ActorError):
 
 
 class CompiledChain:
-    """A compiled Ray DAG over segment actors: ``run(feeds) -> {name: value}``.
+    """A compiled Ray DAG over stage actors: ``run(feeds) -> {name: value}``.
 
     >>> chain = CompiledChain(actors, specs)  # doctest: +SKIP
     >>> chain.run_feeds({"x": x})["y"]  # doctest: +SKIP
@@ -62,7 +62,7 @@ class CompiledChain:
             for k, (handle, spec) in enumerate(zip(handles, specs)):
                 sources = sorted({producer[n] for n in spec.inputs if n in producer})
                 args = [feed] + [nodes[j] for j in sources]
-                nodes.append(handle.run_dict.bind(spec.segment_id, *args))
+                nodes.append(handle.run_dict.bind(*args))
                 producer.update({o: k for o in spec.outputs})
             # the producers of graph outputs come back to the driver, and so must every
             # leaf (a compiled graph has no dangling nodes)
@@ -80,13 +80,11 @@ class CompiledChain:
         self._fetcher = threading.Thread(target=self._fetch_loop, name="hetero-exec-compiled-fetch",
                                          daemon=True)
         self._fetcher.start()
-        log.info("compiled a Ray graph over %d segment actor(s)", len(handles))
+        log.info("compiled a Ray graph over %d stage actor(s)", len(handles))
 
     @classmethod
     def for_executor(cls, executor: Any) -> "CompiledChain":
-        """The chain over a RayExecutor's slots (one segment per actor)."""
-        if any(len(slot.specs) != 1 for slot in executor.slots):
-            raise ActorError("ray_compiled=True needs one segment per actor (colocate=False)")
+        """The chain over a RayExecutor's stage actors."""
         return cls(
             [slot.handle for slot in executor.slots],
             executor.specs,

@@ -9,10 +9,12 @@ plus the slowest stage and the pipeline's throughput.
     python cluster/experiments/multi_gpu_placement.py                 # a local Ray
     python cluster/experiments/multi_gpu_placement.py --ray-address auto  # a cluster
 
-The predicted costs come from the planner's nominal-GPU cost model; sim-gpu runs
-NumPy on host cores, so compare the *shape* (which stage is slowest, the ratios
-between stages), not the absolute numbers. Needs 4 GPUs in the cluster (logical ones
-are fine: the local start declares them).
+Each device is one pipeline stage (one actor). The predicted costs come from the
+planner's cost model for the provider: for sim-gpu, which runs NumPy on host cores,
+the host's (its GEMM rate, memory bandwidth and per-node overhead, probed once), so
+the four stages, sharing the host's cores, run slower than predicted when they run at
+once; compare the shape (which stage is slowest, the ratios between stages). Needs 4
+GPUs in the cluster (logical ones are fine: the local start declares them).
 """
 
 from __future__ import annotations
@@ -95,14 +97,15 @@ def run_strategy(
         started = time.perf_counter()
         sess.run_many(feeds)
         elapsed = time.perf_counter() - started
-        measured = sess._executor.segment_stats()
+        measured = sess._executor.stage_stats()  # one stage (an actor) per device
+        by_id = {seg.id: seg for seg in sess.placement.segments}
         rows = []
-        for seg, (label, stats) in zip(sess.placement.segments, measured.items()):
+        for stage, (label, stats) in zip(sess.placement.stages, measured.items()):
             rows.append(
                 {
-                    "segment": label,
-                    "nodes": len(seg.nodes),
-                    "predicted_ms": (seg.predicted_cost or 0.0) * 1e3,
+                    "stage": label,
+                    "nodes": sum(len(by_id[i].nodes) for i in stage.segments),
+                    "predicted_ms": (stage.compute_s or 0.0) * 1e3,
                     "measured_ms": stats["mean_ms"],
                 }
             )
@@ -120,11 +123,11 @@ def print_report(results: list[dict[str, Any]]) -> None:
         for x in r["rows"]:
             pred, meas = x["predicted_ms"], x["measured_ms"]
             print(
-                f"  {x['segment']:<24} {x['nodes']:>5} {pred:>13.3f} {meas:>12.3f} "
+                f"  {x['stage']:<24} {x['nodes']:>5} {pred:>13.3f} {meas:>12.3f} "
                 f"{pred / ptot:>10.0%} {meas / mtot:>10.0%}"
             )
-        slow_p = max(r["rows"], key=lambda x: x["predicted_ms"])["segment"]
-        slow_m = max(r["rows"], key=lambda x: x["measured_ms"])["segment"]
+        slow_p = max(r["rows"], key=lambda x: x["predicted_ms"])["stage"]
+        slow_m = max(r["rows"], key=lambda x: x["measured_ms"])["stage"]
         print(f"  slowest stage: predicted {slow_p}, measured {slow_m}")
 
 
@@ -144,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.ray_address:
         ray.init(address=a.ray_address, log_to_driver=False)
-    else:  # a small local Ray with 4 logical GPUs, one BLAS thread per actor
+    else:  # a small local Ray of its own with 4 logical GPUs, one BLAS thread per actor
         ray.init(
+            address="local",
             num_cpus=4,
             num_gpus=4,
             include_dashboard=False,
@@ -160,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     model = uneven_mlp()
     results = [
-        run_strategy(model, s, a.batch, a.requests, {"ray_address": a.ray_address})
+        run_strategy(model, s, a.batch, a.requests, {"ray_address": a.ray_address,
+                                                     "stage_threads": 1})
         for s in a.strategies
     ]
     print(f"uneven MLP widths {WIDTHS}, batch {a.batch}, {a.requests} requests per strategy")

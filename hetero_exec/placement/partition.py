@@ -225,7 +225,7 @@ def split_devices(graph: Graph, order: Sequence[Node], assign: dict[Node, Provid
         from hetero_exec.errors import PlacementError
 
         raise PlacementError(f"unknown multi-GPU strategy {strategy!r}; use one of {STRATEGIES}")
-    model = cost_model or CostModel()
+    model = provider_cost_model(devices[0], cost_model)
     dev_nodes = [n for n in order if assign[n].is_device and n not in pinned]
     if not dev_nodes:
         return

@@ -121,18 +121,21 @@ def _sequence_model():
          h.make_value_info("seq", h.make_sequence_type_proto(h.make_tensor_type_proto(F, None)))])
 
 
-def test_run_on_a_sequence_output_names_the_sequence_call():
+def test_run_returns_a_sequence_output_as_a_list():
     m = _sequence_model()
     sess = InferenceSession(m)
     x = np.arange(6, dtype=np.float32).reshape(3, 2)
-    with pytest.raises(SequenceOutputError, match="run_outputs"):
-        sess.run(None, {"x": x})
-    n, seq = sess.run_outputs(None, {"x": x})
-    assert int(n) == 3 and len(seq) == 3
+    n, seq = sess.run(None, {"x": x})  # as onnxruntime: sequences come back as lists
+    assert int(n) == 3 and isinstance(seq, list) and len(seq) == 3
     for a, b in zip(seq, x):
         np.testing.assert_array_equal(a, b)
-    # the tensor output alone still works through run(), and the session keeps working
-    assert int(sess.run(["n"], {"x": x})[0]) == 3
+    # a run bound to device buffers is tensor-only: it names the call that returns sequences
+    binding = sess.io_binding()
+    binding.bind_cpu_input("x", x)
+    binding.bind_output("seq")
+    with pytest.raises(SequenceOutputError, match=r"session\.run\("):
+        sess.run_with_iobinding(binding)
+    assert int(sess.run(["n"], {"x": x})[0]) == 3  # the session keeps working
 
 
 def test_sequence_map_with_outer_tensor():

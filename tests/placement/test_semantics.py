@@ -566,7 +566,8 @@ def test_io_binding_on_single_provider_sim_gpu_session():
     outs = b.copy_outputs_to_cpu()
     assert prov.bytes_to_host - h_before == 2 * 16 * 4
     assert_outputs(outs, ort(m, {"x": x}))
-    assert_outputs(b.get_outputs(), ort(m, {"x": x}))
+    assert [v.device_name() for v in b.get_outputs()] == ["sim-gpu"]  # OrtValues, on the device
+    assert_outputs([v.numpy() for v in b.get_outputs()], ort(m, {"x": x}))
 
 
 # --- 5. memory: refuse before admission ------------------------------------------------------

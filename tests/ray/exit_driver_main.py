@@ -24,10 +24,11 @@ def main() -> None:
         hetero=True,
         executor="ray",
         ray_address=address,
+        stages=[3],
     )
     sess.run(None, {"x": np.ones((128, 32), np.float32)})  # 16 KiB seams
     report = {
-        "actors": [h._actor_id.hex() for h in sess.segment_actors],
+        "actors": [h._actor_id.hex() for h in sess.stage_actors],
         "placement_group": sess._executor.reservation.pg.id.hex(),
     }
     print(json.dumps(report), flush=True)

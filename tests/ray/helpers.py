@@ -1,4 +1,4 @@
-"""What the Ray tests check the cluster with: live segment actors and placement groups."""
+"""What the Ray tests check the cluster with: live stage actors and placement groups."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from typing import Callable
 import ray
 
 
-def live_segment_actors() -> set[str]:
-    """Ids of SegmentActors not DEAD (from the GCS; no dashboard needed)."""
+def live_stage_actors() -> set[str]:
+    """Ids of StageActors not DEAD (from the GCS; no dashboard needed)."""
     from ray._private import state
 
     return {
         aid
         for aid, a in state.actors().items()
-        if a["ActorClassName"].endswith("SegmentActor") and a["State"] != "DEAD"
+        if a["ActorClassName"].endswith("StageActor") and a["State"] != "DEAD"
     }
 
 

@@ -121,7 +121,7 @@ def hand_build(model: onnx.ModelProto, providers: Sequence[str]) -> tuple[Graph,
     """A plan placing node i on ``providers[i]`` (build_plan, bypassing the planner).
 
     ``"cpu/2"`` is a second cpu provider instance: consecutive nodes on ``cpu`` and
-    ``cpu/2`` make two segments (two actors) on cpu.
+    ``cpu/2`` make two segments on cpu (two stages with ``stages=[cut]``).
     """
     _, graph = load(model)
     provs = {name: parse_provider(name.split("/")[0]) for name in dict.fromkeys(providers)}
@@ -130,8 +130,9 @@ def hand_build(model: onnx.ModelProto, providers: Sequence[str]) -> tuple[Graph,
     return graph, SessionBuild(placement=plan, providers=list(provs.values()), graph=graph)
 
 
-def options(**executor_options) -> SessionOptions:
+def options(stages="auto", **executor_options) -> SessionOptions:
     profiling = executor_options.pop("enable_profiling", False)
     return SessionOptions(
-        executor="ray", enable_profiling=profiling, executor_options=executor_options
+        executor="ray", enable_profiling=profiling, stages=stages,
+        executor_options=executor_options
     )

@@ -62,7 +62,7 @@ def main() -> int:
             placement_strategy="SPREAD",
         ) as sess:
             ex = sess._executor
-            info = ray.get([h.ready.remote() for h in sess.segment_actors])
+            info = ray.get([h.ready.remote() for h in sess.stage_actors])
             report["segments"] = [s.provider_name for s in sess.placement.segments]
             report["actor_nodes"] = len({i["node"] for i in info})
             got = sess.run_many([{"x": x}] * 8)
@@ -76,10 +76,10 @@ def main() -> int:
             report["strict_spread"] = "placed"
         except ActorError as e:
             report["strict_spread"] = str(e)[:80]
-        from tests.ray.helpers import eventually, live_segment_actors
+        from tests.ray.helpers import eventually, live_stage_actors
 
         report["leftover_actors"] = (
-            0 if eventually(lambda: not live_segment_actors()) else len(live_segment_actors())
+            0 if eventually(lambda: not live_stage_actors()) else len(live_stage_actors())
         )
     finally:
         ray.shutdown()

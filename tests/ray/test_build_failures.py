@@ -14,7 +14,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from actors.coordinator import RayExecutor
 from hetero_exec import InferenceSession
 from hetero_exec.errors import ActorError, UnsupportedOperatorError
-from tests.ray.helpers import eventually, live_placement_groups, live_segment_actors
+from tests.ray.helpers import eventually, live_placement_groups, live_stage_actors
 from tests.ray.models import hand_build, mlp, options
 
 pytestmark = pytest.mark.ray
@@ -22,9 +22,9 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture
 def nothing_leaks(ray_session):
-    actors, groups = live_segment_actors(), live_placement_groups()
+    actors, groups = live_stage_actors(), live_placement_groups()
     yield
-    assert eventually(lambda: live_segment_actors() <= actors), "segment actors leaked"
+    assert eventually(lambda: live_stage_actors() <= actors), "stage actors leaked"
     assert eventually(lambda: live_placement_groups() <= groups), "placement groups leaked"
 
 
@@ -67,6 +67,7 @@ def test_strict_spread_on_one_node_is_refused(nothing_leaks):
             hetero=True,
             executor="ray",
             placement_strategy="STRICT_SPREAD",
+            stages=2,
         )
 
 
@@ -100,13 +101,14 @@ def test_session_still_builds_after_failures(ray_session):
         )
 
 
-def test_compiled_graph_over_colocated_actors_is_refused_and_released(nothing_leaks):
-    with pytest.raises(ActorError, match="one segment per actor"):
+def test_a_plan_the_stage_option_cannot_split_is_refused_before_any_actor(nothing_leaks):
+    from hetero_exec.errors import PlacementError
+
+    with pytest.raises(PlacementError, match="must run on one actor"):
         InferenceSession(
             mlp(layers=2),
             [("sim-gpu", {"exclude_ops": ["Relu"]}), "cpu"],
             hetero=True,
             executor="ray",
-            ray_compiled=True,
-            colocate=True,
+            stages=[1],  # a cut inside the device's segments
         )

@@ -1,5 +1,6 @@
-"""Fault recovery: segment actors killed while many requests are in flight; every
-request gets its one right answer, and the session keeps serving."""
+"""Fault recovery: stage actors killed while many requests are in flight; every
+request gets its one right answer (replayed from the first segment of the dead
+stage, seams kept), and the session keeps serving."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import ray
 
 from hetero_exec import InferenceSession
 from hetero_exec.errors import ActorError
-from tests.ray.helpers import actor_ids, eventually, live_segment_actors
+from tests.ray.helpers import actor_ids, eventually, live_stage_actors
 from tests.ray.models import mlp
 
 pytestmark = pytest.mark.ray
@@ -35,14 +36,15 @@ def test_kills_during_concurrent_requests_lose_nothing(ray_session):
     # max_restarts=1: the second kill of an actor exhausts Ray's restarts, so the
     # coordinator re-creates it (weights reloaded) as well
     with InferenceSession(
-        model, MIXED, hetero=True, executor="ray", max_inflight=8, max_restarts=1, max_replays=8
+        model, MIXED, hetero=True, executor="ray", max_inflight=8, max_restarts=1, max_replays=8,
+        stages=[3],  # [dev, cpu, dev] then [cpu]: two stage actors
     ) as sess:
         ex = sess._executor
         # 128 KiB seams: on this one-node cluster they go through shared memory, so the
         # replays read seams that a killed actor's successor must not have reused
         assert ex.opts.seam_transport == "shared_memory"
         sess.run(None, feed(0, batch=512))
-        first_actors = actor_ids(sess.segment_actors)
+        first_actors = actor_ids(sess.stage_actors)
         kills = []
         stop = threading.Event()
 
@@ -50,8 +52,8 @@ def test_kills_during_concurrent_requests_lose_nothing(ray_session):
             rng = random.Random(7)
             while not stop.is_set() and len(kills) < 6:
                 time.sleep(0.25)
-                victim = rng.randrange(len(sess.segment_actors))
-                ray.kill(sess.segment_actors[victim], no_restart=False)
+                victim = rng.randrange(len(sess.stage_actors))
+                ray.kill(sess.stage_actors[victim], no_restart=False)
                 kills.append(victim)
 
         results: dict[int, np.ndarray] = {}
@@ -68,7 +70,7 @@ def test_kills_during_concurrent_requests_lose_nothing(ray_session):
         grouped_rounds: list[list[np.ndarray]] = []
 
         def submit_grouped(ids):
-            # run_many sends the requests in groups (one task per group per segment): a
+            # run_many sends the requests in groups (one task per group per stage): a
             # kill takes a whole group down, and each of its requests is replayed alone
             try:
                 while True:
@@ -103,21 +105,21 @@ def test_kills_during_concurrent_requests_lose_nothing(ray_session):
         for i in range(4):
             got = sess.run(None, feed(i, batch=512))[0]
             np.testing.assert_allclose(got, want[i], rtol=1e-4, atol=1e-5)
-        assert actor_ids(sess.segment_actors) != first_actors or ex.replays > 0
-        final = actor_ids(sess.segment_actors)
-    assert eventually(lambda: not (final & live_segment_actors()))
+        assert actor_ids(sess.stage_actors) != first_actors or ex.replays > 0
+        final = actor_ids(sess.stage_actors)
+    assert eventually(lambda: not (final & live_stage_actors()))
 
 
 def test_replays_are_bounded(ray_session):
     model = mlp(width=512, layers=2)
     big = {"x": np.random.default_rng(0).standard_normal((4096, 512)).astype(np.float32)}
     with InferenceSession(
-        model, MIXED, hetero=True, executor="ray", max_replays=0, max_inflight=16
+        model, MIXED, hetero=True, executor="ray", max_replays=0, max_inflight=16, stages=[3]
     ) as sess:
         sess.run(None, feed(0, batch=1, width=512))
         futures = [sess.run_async(None, big) for _ in range(12)]
         time.sleep(0.3)
-        ray.kill(sess.segment_actors[2], no_restart=False)
+        ray.kill(sess.stage_actors[0], no_restart=False)
         outcomes = []
         for f in futures:
             try:

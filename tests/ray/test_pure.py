@@ -1,5 +1,5 @@
-"""The Ray layer's pieces that need no Ray cluster: wire format, segment cutting,
-actor slots, options, error carriers. Fast; no ray.init."""
+"""The Ray layer's pieces that need no Ray cluster: wire format, stage cutting and
+compiling, actor slots, options, error carriers. Fast; no ray.init."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ from onnx import helper
 
 from actors.options import RayOptions
 from actors.remote_errors import SegmentRunError, user_error
-from actors.reservation import plan_slots
-from actors.segment_model import load_segment_graph, segment_spec
-from actors.transport.base import SeamKey
-from actors.transport.device_local import DeviceLocalTransport, LocalSeam, MissingLocalSeam
+from actors.reservation import plan_slots, stage_shares
+from actors.stage import compile_stage
+from actors.stage_model import load_stage_graph, stage_spec
 from actors.transport.wire import (
     WireFormatError,
     decode_tensor,
@@ -27,7 +26,14 @@ from actors.transport.wire import (
 from hetero_exec.errors import KernelError, ProviderError, UnsupportedOperatorError
 from hetero_exec.exec.executor import execute
 from hetero_exec.exec.plan import Compiler
+from hetero_exec.placement.stages import plan_stages
 from tests.ray.models import SKIP_PLACEMENT, hand_build, mlp, skip_model
+
+
+def specs_of(graph, plan, cuts):
+    plan.stages = plan_stages(plan, cuts)
+    by_id = {s.id: s for s in plan.segments}
+    return [stage_spec(graph, st, [by_id[i] for i in st.segments]) for st in plan.stages]
 
 
 @pytest.mark.parametrize(
@@ -73,32 +79,43 @@ def test_wire_is_plain_msgpack_not_pickle():
         decode_tensor(msgpack.packb({"v": 99, "dtype": "float32", "shape": [], "data": b""}))
 
 
-def test_device_local_transport_keeps_values_until_dropped():
-    t = DeviceLocalTransport()
-    marker = t.write(SeamKey(1, "h"), np.ones(3))
-    assert isinstance(marker, LocalSeam)
-    assert t.read(SeamKey(1, "h"), marker) is t.read(
-        SeamKey(1, "h"), marker
-    )  # no copy, re-readable
-    t.drop(1)
-    with pytest.raises(MissingLocalSeam):
-        t.read(SeamKey(1, "h"), marker)
-
-
-def test_segment_spec_holds_only_its_weights_and_compiles_alike():
-    graph, build = hand_build(mlp(layers=2), ["sim-gpu:0", "cpu", "sim-gpu:0", "cpu"])
-    specs = [segment_spec(graph, s) for s in build.placement.segments]
+def test_stage_spec_holds_only_its_weights_once_and_compiles_alike():
+    graph, build = hand_build(mlp(layers=2), ["sim-gpu:0", "cpu", "sim-gpu:1", "cpu"])
+    plan = build.placement
+    specs = specs_of(graph, plan, [1, 2])  # stages: [0] [1] [2, 3]
     weights = [{i.name for i in onnx.load_from_string(s.model).graph.initializer} for s in specs]
-    assert weights == [{"w0", "b0"}, set(), {"w1", "b1"}, set()]
+    assert weights == [{"w0", "b0"}, set(), {"w1", "b1"}]
+    assert [s.device for s in specs] == ["sim-gpu:0", "cpu", "sim-gpu:1"]
+    assert [p.label for p in specs[2].segments] == ["segment#2 (sim-gpu:1)", "segment#3 (cpu)"]
     x = np.random.default_rng(0).standard_normal((3, 32)).astype(np.float32)
     env = {"x": x}
-    for spec, seg in zip(specs, build.placement.segments):
-        sub = load_segment_graph(spec)
-        assert [n.identity for n in sub.nodes] == [n.identity for n in seg.nodes]
-        plan = Compiler().compile(sub, sub.nodes, spec.inputs, spec.outputs)
-        env.update(zip(spec.outputs, execute(plan, [env.get(n) for n in spec.inputs])))
+    for spec, stage in zip(specs, plan.stages):
+        sub = load_stage_graph(spec)
+        want = [n.identity for i in stage.segments for n in plan.segments[i].nodes]
+        assert [n.identity for n in sub.nodes] == want
+        chain, stats = compile_stage(spec)
+        assert len(stats) == len(stage.segments)
+        env.update(zip(spec.outputs, chain.run({n: env.get(n) for n in spec.inputs}, spec.outputs)))
     full = Compiler().compile_graph(graph)
     np.testing.assert_allclose(env["y"], execute(full, [x])[0], rtol=1e-6)
+
+
+def test_a_stage_shares_a_weight_its_segments_both_read():
+    from onnx import numpy_helper
+
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("Relu", ["a"], ["b"]),
+             helper.make_node("MatMul", ["b", "w"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [2, 4])],
+                          [helper.make_tensor_value_info("y", 1, [2, 4])], [w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    graph, build = hand_build(model, ["sim-gpu:0", "cpu", "sim-gpu:0"])
+    (spec,) = specs_of(graph, build.placement, [])
+    assert [i.name for i in onnx.load_from_string(spec.model).graph.initializer] == ["w"]
+    assert spec.weight_bytes == 64
+    chain, _ = compile_stage(spec)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) - 4
+    np.testing.assert_array_equal(chain.run({"x": x}, ["y"])[0], np.maximum(x, 0))
 
 
 def test_segment_identity_survives_in_subgraph_scopes():
@@ -127,22 +144,25 @@ def test_segment_identity_survives_in_subgraph_scopes():
     )
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     graph, build = hand_build(model, ["sim-gpu:0", "cpu"])
-    sub = load_segment_graph(segment_spec(graph, build.placement.segments[1]))
+    sub = load_stage_graph(specs_of(graph, build.placement, [1])[1])
     assert sub.nodes[0].identity == 'graph/node#1 "branch"'
     inner = sub.nodes[0].subgraphs["then_branch"].nodes[0]
     assert inner.identity == graph.nodes[1].subgraphs["then_branch"].nodes[0].identity
 
 
-def test_plan_slots_colocates_by_device_and_keeps_local_values():
+def test_plan_slots_reserve_a_fraction_of_a_cpu_and_the_device_per_stage():
     graph, build = hand_build(skip_model(), SKIP_PLACEMENT)
-    specs = [segment_spec(graph, s) for s in build.placement.segments]
-    slots, bundles = plan_slots(specs, graph.outputs, RayOptions(colocate=True))
-    assert [s.device for s in slots] == ["sim-gpu:0", "cpu"]
-    assert [sp.segment_id for sp in slots[0].specs] == [0, 2]
-    assert slots[0].local_values == {"h"} and slots[0].num_gpus == 1.0
-    assert bundles == [{"GPU": 1.0}, {"CPU": 1.0}]
-    slots, bundles = plan_slots(specs, graph.outputs, RayOptions())
-    assert [s.num_gpus for s in slots] == [0.5, 0, 0.5] and not any(s.local_values for s in slots)
+    specs = specs_of(graph, build.placement, [])  # dev, dev, cpu, dev: one stage
+    slots, bundles = plan_slots(specs, RayOptions())
+    assert bundles == [{"CPU": 0.25, "GPU": 1.0}] and slots[0].num_gpus == 1.0
+    graph, build = hand_build(mlp(layers=2), ["cpu", "sim-gpu:0", "cpu", "cpu/2"])
+    specs = specs_of(graph, build.placement, [1, 3])
+    slots, bundles = plan_slots(specs, RayOptions(stage_num_cpus=0.5))
+    assert bundles == [{"CPU": 0.5}, {"CPU": 0.5, "GPU": 1.0}, {"CPU": 0.5}]
+    for slot, node in zip(slots, ["a", "a", "b"]):
+        slot.node = node
+    stage_shares(slots)
+    assert [s.share for s in slots] == [2, 2, 1] and all(s.threads is None for s in slots)
 
 
 def test_options_are_checked():
@@ -153,6 +173,12 @@ def test_options_are_checked():
         RayOptions.parse({"placement_strategy": "SCATTER"})
     with pytest.raises(ProviderError, match="seam_transport"):
         RayOptions.parse({"seam_transport": "pigeon"})
+    with pytest.raises(ProviderError, match="'colocate' is gone: an actor runs a pipeline stage"):
+        RayOptions.parse({"colocate": True})
+    with pytest.raises(ProviderError, match="stage_num_cpus"):
+        RayOptions.parse({"stage_num_cpus": 0})
+    with pytest.raises(ProviderError, match="placement_group"):
+        RayOptions.parse({"placement_group": "mine"})
 
 
 def test_typed_errors_cross_pickling():

@@ -1,21 +1,23 @@
-"""Bringing segment actors back after a fault, and deciding where a replay starts.
+"""Bringing stage actors back after a fault, and deciding where a replay starts.
 
 Each actor reports an *incarnation* (a fresh id per start). A request records the
 incarnation of every actor it dispatched to; after a fault, the actors whose
 incarnation changed since (Ray restarted them, or they were re-created here) lost
-whatever they were doing, so the request is replayed from the first segment they
-host, with the seam refs it kept for the segments before.
+whatever they were doing, so the request is replayed from the earliest such stage
+(its first segment), with the seam refs it kept for the stages before.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, Callable, Sequence
 
 import ray
 
 from actors.options import RayOptions
+from actors.remote_errors import is_fault, root_cause, user_error
 from actors.request import Request
 from actors.reservation import ActorSlot, Reservation
 from hetero_exec.errors import ActorError
@@ -23,27 +25,52 @@ from hetero_exec.errors import ActorError
 log = logging.getLogger(__name__)
 
 
-class Recovery:
-    """Fault handling for one RayExecutor's slots.
+class Replay:
+    """Fault handling for one RayExecutor's stage actors.
 
-    >>> start = recovery.replay_start(request)  # doctest: +SKIP
+    >>> start = replay.after_failure(request, error)  # doctest: +SKIP
     """
 
     def __init__(
         self,
         slots: Sequence[ActorSlot],
-        slot_of: Sequence[ActorSlot],
         reservation: Reservation,
         opts: RayOptions,
         is_closed: Callable[[], bool],
     ):
-        self.slots = slots
+        self.slots = slots  # one per stage, in stage order
         self.reservation = reservation
         self.opts = opts
         self.is_closed = is_closed
-        self.first_segment = {
-            sl.index: min(k for k, s in enumerate(slot_of) if s is sl) for sl in slots
-        }
+        self.replays = 0  # requests replayed after faults, over the session's life
+        self._lock = threading.Lock()
+
+    def after_failure(self, req: Request, error: BaseException) -> int:
+        """Raise the error a caller should see, or recover and return the stage to
+        replay ``req`` from."""
+        log.debug("request %d failed: %s", req.id, type(root_cause(error)).__name__)
+        self.settle(req)
+        typed = user_error(error)
+        if typed is not None:
+            raise typed from None
+        if self.is_closed():  # the actors were released under this request
+            raise ActorError(f"request {req.id} was in flight when the session closed") from error
+        if not is_fault(error):
+            raise ActorError(f"request {req.id} failed: {root_cause(error)!r}") from error
+        start = self.replay_start(req)  # even if this request gives up: the next ones need them
+        req.replays += 1
+        cause = root_cause(error)
+        if req.replays > self.opts.max_replays:
+            raise ActorError(
+                f"request {req.id} failed after {self.opts.max_replays} replay(s): "
+                f"{type(cause).__name__}: {cause}"
+            ) from error
+        with self._lock:
+            self.replays += 1
+        log.warning("request %d hit %s; replaying from %s (replay %d of %d)", req.id,
+                    type(cause).__name__, self.slots[start].spec.label, req.replays,
+                    self.opts.max_replays)
+        return start
 
     def settle(self, req: Request) -> None:
         """Wait until every task of the latest dispatch has finished or failed, so no
@@ -57,15 +84,15 @@ class Recovery:
             )
 
     def replay_start(self, req: Request) -> int:
-        """Bring every actor back; the segment index the replay of ``req`` starts at."""
+        """Bring every actor back; the stage index the replay of ``req`` starts at."""
         restarted = [
-            slot
+            slot.index
             for slot in self.slots
             if self.await_alive(slot) != req.incarnations.get(slot.index, slot.incarnation)
         ]
         if not restarted:
             return 0  # an object was lost without an actor restart: replay it all
-        return min(self.first_segment[slot.index] for slot in restarted)
+        return min(restarted)
 
     def await_alive(self, slot: ActorSlot) -> str:
         """The slot's incarnation once its actor answers; a permanently dead actor is re-created."""
@@ -77,7 +104,7 @@ class Recovery:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise ActorError(
-                        f"the segment actor of {slot.labels} did not come back within "
+                        f"the stage actor of {slot.labels} did not come back within "
                         f"{self.opts.recovery_timeout_s:g}s"
                     )
                 try:
@@ -86,12 +113,12 @@ class Recovery:
                 except ray.exceptions.GetTimeoutError:
                     continue
                 except ray.exceptions.ActorDiedError:
-                    if actor_state(slot.handle) in (
-                        "DEAD",
-                        None,
-                    ):  # restarts used up, or killed for good
+                    if actor_state(slot.handle) in ("DEAD", None):
+                        # restarts used up, or killed for good: a new actor, which the
+                        # next ping waits for (and which is re-created again if it dies
+                        # before it answers)
                         self.reservation.recreate(slot)
-                        return slot.incarnation
+                        continue
                     time.sleep(0.05)
                 except ray.exceptions.RayActorError:  # unavailable: restarting or unreachable
                     time.sleep(0.05)

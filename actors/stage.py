@@ -1,0 +1,305 @@
+"""StageActor: one pipeline stage, its segments compiled where they run.
+
+A stage is a contiguous run of the plan's segments holding at most one device
+(`hetero_exec.placement.stages`). Its actor builds the stage's graph from its ONNX
+bytes once and compiles each segment in ``__init__`` (so a restarted actor reloads
+its weights by itself), then runs every request through its segments in order, with
+in-process seam moves between providers (`hetero_exec.exec.chain`). One Ray task
+carries a group of requests through the whole stage: values that stay inside a stage
+never touch Ray. Inputs arrive as Ray resolved them (or through the seam transport);
+each output goes back through the transport. Errors a segment raises on purpose
+travel back as `SegmentRunError`, naming the segment.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from typing import Any, Sequence
+
+import ray
+
+from actors.remote_errors import FailedValue, SegmentRunError
+from actors.request import Layout, pick
+from actors.stage_model import SegmentPart, StageSpec, load_stage_graph
+from actors.transport import make_transport
+from actors.transport.base import SeamKey
+from actors.transport.shared_memory import ShmArray
+from hetero_exec.errors import HeteroExecError, KernelError
+from hetero_exec.exec.chain import SegmentChain
+from hetero_exec.exec.plan import Compiler
+from hetero_exec.providers import Provider, parse_provider
+
+log = logging.getLogger(__name__)
+
+
+class SegmentStats:
+    """What a stage actor counts per segment."""
+
+    __slots__ = ("part", "provider", "compile_s", "runs", "run_s")
+
+    def __init__(self, part: SegmentPart, provider: Provider, compile_s: float):
+        self.part, self.provider, self.compile_s = part, provider, compile_s
+        self.runs = 0
+        self.run_s = 0.0
+
+
+def compile_stage(spec: StageSpec, device_id: int | None = None
+                  ) -> tuple[SegmentChain, list[SegmentStats]]:
+    """The stage's segments compiled in order (weights loaded once for all of them)."""
+    graph = load_stage_graph(spec)
+    placer = None
+    if len(spec.body_providers) > 1:  # a heterogeneous session places bodies too
+        from hetero_exec.exec.placed_body import make_body_placer
+
+        placer = make_body_placer([parse_provider(p) for p in spec.body_providers],
+                                  spec.fold_constants)
+    parts, stats = [], []
+    for part in spec.segments:
+        started = time.perf_counter()
+        provider = part.make_provider(device_id)
+        compiler = Compiler.for_provider(provider, spec.fold_constants, placer)
+        lo, hi = part.nodes
+        try:
+            plan = compiler.compile(graph, graph.nodes[lo:hi], part.inputs, part.outputs)
+        except Exception as e:
+            raise SegmentRunError(part.label, e) from None
+        parts.append((provider, plan))
+        stats.append(SegmentStats(part, provider, time.perf_counter() - started))
+    return SegmentChain(parts), stats
+
+
+class StageActor:
+    """The actor class (made remote by `remote_class`); one per stage.
+
+    >>> import ray  # doctest: +SKIP
+    >>> actor = remote_class().options(num_cpus=0.25).remote(ray.put(spec))  # doctest: +SKIP
+    >>> ray.get(actor.ready.remote())["stage"]  # doctest: +SKIP
+    'stage#0 (cpu)'
+    """
+
+    def __init__(
+        self,
+        spec: StageSpec | ray.ObjectRef | tuple[ray.ObjectRef],
+        seam_transport: str = "object_store",
+        profile: bool = False,
+        seam_config: dict[str, Any] | None = None,
+        threads: int | None = None,  # BLAS threads; negative: a share of the host's cores
+    ):
+        if isinstance(spec, tuple):
+            # the spec, put once by the coordinator, which holds the ref: a restart reads
+            # it again (a ref inside a tuple is not resolved by Ray, so it is fetched here)
+            spec = ray.get(spec[0])
+        self.spec: StageSpec = spec
+        self.incarnation = uuid.uuid4().hex
+        self.threads = _limit_threads(threads)
+        self.seam = self._make_seam(seam_transport, seam_config or {})
+        self.profile = profile
+        self.spans: list[dict[str, Any]] = []
+        self.tasks = 0
+        self.init_error: BaseException | None = None
+        self.chain: SegmentChain | None = None
+        self.segments: list[SegmentStats] = []
+        self.compile_s = 0.0
+        device_id = 0 if ray.is_initialized() and ray.get_gpu_ids() else None
+        started = time.perf_counter()
+        try:
+            self.chain, self.segments = compile_stage(spec, device_id)
+        except SegmentRunError as e:  # reported by ready(), so the build names the failure
+            self.init_error = e
+        except Exception as e:
+            self.init_error = SegmentRunError(spec.label, e)
+        self.compile_s = time.perf_counter() - started
+        log.info("%s compiled in %.3fs", spec.label, self.compile_s)
+
+    def _make_seam(self, name: str, config: dict[str, Any]) -> Any:
+        if name != "shared_memory":
+            return make_transport(name)
+        prefix = f"{config['prefix']}-{self.incarnation[:8]}"  # names, briefly, while created
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        return make_transport(name, prefix=prefix, node=node, budget=int(config["budget"]))
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def ready(self) -> dict[str, Any]:
+        """Start-up report: incarnation, pid, node, threads and each segment's compile time."""
+        if self.init_error is not None:
+            raise self.init_error
+        return {
+            "incarnation": self.incarnation,
+            "pid": os.getpid(),
+            "node": ray.get_runtime_context().get_node_id() if ray.is_initialized() else "",
+            "stage": self.spec.label,
+            "threads": self.threads,
+            "compile_s": self.compile_s,
+            "weight_bytes": self.spec.weight_bytes,
+            "segments": [{"segment": s.part.segment_id, "provider": s.provider.name,
+                          "compile_s": s.compile_s} for s in self.segments],
+        }
+
+    def ping(self) -> str:
+        """This actor's incarnation (a new one after each restart)."""
+        if self.init_error is not None:
+            raise self.init_error
+        return self.incarnation
+
+    # -- running --------------------------------------------------------------------
+
+    def run(self, meta: tuple[list[int], Layout, int], *flat: Any) -> Any:
+        """Run the stage for each request of a group: ``meta`` is (request ids, `Layout`,
+        floor), one argument so Ray serializes it once; ``flat`` the values.
+
+        One return per stage output, each a list with one value per request, so a group
+        of requests costs Ray one task and one object per output. A request whose run
+        fails on purpose (a kernel error, an input refused) gets a `FailedValue` in its
+        place and the others still run; a later stage passes it on. Every request before
+        ``floor`` has finished, so the seam transport may reuse what they held.
+        """
+        requests, layout, floor = meta
+        self.seam.release_below(floor)
+        return self._run_group(requests, layout, flat)
+
+    def run_fetching(self, meta: tuple[list[int], Layout, int], flat: list[Any]) -> Any:
+        """Like `run`, with seam ObjectRefs fetched here (profiling times each fetch)."""
+        requests, layout, floor = meta
+        self.seam.release_below(floor)
+        fetched = []
+        for item in flat:
+            if isinstance(item, ray.ObjectRef):
+                t0 = time.time_ns()
+                item = ray.get(item)
+                self._span(f"seam -> {self.spec.name}", t0, time.time_ns(), "seam",
+                           {"requests": list(requests), "bytes": _nbytes(item)})
+            fetched.append(item)
+        return self._run_group(requests, layout, fetched)
+
+    def _run_group(self, requests: list[int], layout: Layout, flat: Sequence[Any]) -> Any:
+        self.tasks += 1
+        n_out = len(self.spec.outputs)
+        columns: list[list[Any]] = [[] for _ in range(n_out)]
+        for j, request in enumerate(requests):
+            carried = [pick(flat, entries[j]) for entries in layout]
+            failed = next((c for c in carried if isinstance(c, FailedValue)), None)
+            if failed is not None:
+                outs: list[Any] = [failed] * n_out  # an upstream failure, passed on
+            else:
+                try:
+                    outs = self._run(request, carried)
+                except SegmentRunError as e:
+                    outs = [FailedValue(e)] * n_out
+            for column, value in zip(columns, outs):
+                column.append(value)
+        return columns[0] if n_out == 1 else tuple(columns)
+
+    def _run(self, request: int, carried: list[Any]) -> list[Any]:
+        spec = self.spec
+        t0 = time.time_ns()
+        feeds = {name: self._read(request, name, item) for name, item in zip(spec.inputs, carried)}
+        outs = self._execute(feeds, request)
+        results = [self._write(request, name, v) for name, v in zip(spec.outputs, outs)]
+        if self.profile:
+            self._span(f"{spec.name} run", t0, time.time_ns(), "stage", {"request": request})
+        return results
+
+    def _execute(self, feeds: dict[str, Any], request: int | None = None) -> list[Any]:
+        """The chain over ``feeds``; a segment's typed error names that segment."""
+        running = [0]
+
+        def on_run(k: int, start: int, end: int) -> None:
+            seg = self.segments[k]
+            seg.runs += 1
+            seg.run_s += (end - start) / 1e9
+            running[0] = k + 1
+            if self.profile:
+                self._span(f"{seg.part.name} run", start, end, "segment",
+                           {"request": request, "provider": seg.provider.name})
+
+        try:
+            return self.chain.run(feeds, self.spec.outputs, on_run)
+        except KernelError as e:
+            label = self.segments[running[0]].part.label
+            raise SegmentRunError(label, KernelError(e.node, e.op, e.detail, label)) from None
+        except HeteroExecError as e:
+            raise SegmentRunError(self.segments[running[0]].part.label, e) from None
+
+    def run_dict(self, *sources: dict[str, Any]) -> dict[str, Any]:
+        """The compiled-graph form: named values in (feeds, upstream outputs), named out."""
+        merged: dict[str, Any] = {}
+        for src in sources:
+            merged.update(src)
+        self.tasks += 1
+        outs = self._execute({n: merged.get(n) for n in self.spec.inputs})
+        return dict(zip(self.spec.outputs, outs))
+
+    def _read(self, request: int, name: str, item: Any) -> Any:
+        t0 = time.time_ns()
+        value = self.seam.read(SeamKey(request, name), item)
+        if self.profile and isinstance(item, ShmArray):
+            self._span(f"seam {name} read (shared memory)", t0, time.time_ns(), "seam",
+                       {"request": request, "bytes": _nbytes(value)})
+        return value
+
+    def _write(self, request: int, name: str, value: Any) -> Any:
+        t0 = time.time_ns()
+        carried = self.seam.write(SeamKey(request, name), value)
+        if self.profile and isinstance(carried, ShmArray):
+            self._span(f"seam {name} written (shared memory)", t0, time.time_ns(), "seam",
+                       {"request": request, "bytes": _nbytes(value)})
+        return carried
+
+    # -- observability ------------------------------------------------------------------
+
+    def _span(self, name: str, start_ns: int, end_ns: int, cat: str, args: dict[str, Any]) -> None:
+        self.spans.append({"name": name, "cat": cat, "ts": start_ns / 1e3,
+                           "dur": (end_ns - start_ns) / 1e3, "args": args})
+
+    def take_spans(self) -> list[dict[str, Any]]:
+        """The profile spans recorded since the last call (wall-clock microseconds)."""
+        spans, self.spans = self.spans, []
+        return spans
+
+    def stats(self) -> dict[str, Any]:
+        """Tasks run, and per segment: requests run, seconds spent running, compile time."""
+        return {
+            "tasks": self.tasks,
+            "compile_s": self.compile_s,
+            "segments": {s.part.segment_id: {"runs": s.runs, "run_s": s.run_s,
+                                             "compile_s": s.compile_s} for s in self.segments},
+        }
+
+
+def _limit_threads(threads: int | None) -> int | None:
+    """Give this process's BLAS ``threads`` threads, or, when negative, this host's cores
+    over ``-threads`` stages (Ray sets OMP_NUM_THREADS=1 for an actor with a fraction of
+    a CPU; a lone stage on a node may use all its cores)."""
+    if not threads:
+        return None
+    if threads < 0:
+        threads = max(1, (os.cpu_count() or 1) // -threads)
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=int(threads), user_api="blas")
+    except Exception as e:  # no threadpoolctl, or a BLAS it cannot drive: leave it be
+        log.debug("cannot set BLAS threads to %s: %s", threads, e)
+        return None
+    return int(threads)
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, list):
+        return sum(_nbytes(v) for v in value)
+    return int(getattr(value, "nbytes", 0) or 0)
+
+
+_REMOTE: Any = None
+
+
+def remote_class() -> Any:
+    """`StageActor` as a Ray actor class (made once, on first use)."""
+    global _REMOTE
+    if _REMOTE is None:
+        _REMOTE = ray.remote(StageActor)
+    return _REMOTE

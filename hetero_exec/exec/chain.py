@@ -1,0 +1,61 @@
+"""A run of compiled segments in one process: each on its provider's arrays, values
+moved between providers at their seams (a host/device copy, never a Ray hop).
+
+This is what a pipeline stage runs inside its actor: the segments of one device and
+the cpu segments beside them, one request at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from hetero_exec.exec.executor import execute
+from hetero_exec.exec.placed_body import move_value
+from hetero_exec.exec.plan import RunPlan
+from hetero_exec.providers.base import Provider
+
+#: called after each segment run: (segment index in the chain, start and end in ns)
+OnRun = Callable[[int, int, int], None]
+
+
+class SegmentChain:
+    """``(provider, RunPlan)`` pairs, run in order.
+
+    >>> import numpy as np, onnx.helper as h
+    >>> from hetero_exec.ir import load
+    >>> from hetero_exec.exec.plan import Compiler
+    >>> from hetero_exec.providers import parse_provider
+    >>> g = h.make_graph([h.make_node("Relu", ["x"], ["a"]), h.make_node("Neg", ["a"], ["y"])],
+    ...     "g", [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("y", 1, [2])])
+    >>> _, graph = load(h.make_model(g))
+    >>> dev, cpu = parse_provider("sim-gpu"), parse_provider("cpu")
+    >>> parts = [(dev, Compiler.for_provider(dev).compile(graph, graph.nodes[:1], ["x"], ["a"])),
+    ...          (cpu, Compiler.for_provider(cpu).compile(graph, graph.nodes[1:], ["a"], ["y"]))]
+    >>> SegmentChain(parts).run({"x": np.array([-1.0, 2.0], np.float32)}, ["y"])
+    [array([-0., -2.], dtype=float32)]
+    """
+
+    def __init__(self, parts: Sequence[tuple[Provider, RunPlan]]):
+        self.parts = list(parts)
+
+    def run(self, feeds: Mapping[str, Any], outputs: Sequence[str],
+            on_run: OnRun | None = None) -> list[Any]:
+        """``outputs`` as host values, from ``feeds`` (host values, by name)."""
+        env = {k: v for k, v in feeds.items() if v is not None}
+        where: dict[str, Provider] = {}  # provider holding each value (absent: the host)
+        for k, (prov, plan) in enumerate(self.parts):
+            args = []
+            for name, _slot in plan.input_slots:
+                v = env.get(name)
+                if v is not None and where.get(name) is not prov:
+                    v = move_value(v, where.get(name), prov)
+                args.append(v)
+            t0 = time.time_ns()
+            outs = execute(plan, args)
+            if on_run is not None:
+                on_run(k, t0, time.time_ns())
+            for name, v in zip(plan.output_names, outs):
+                env[name] = v
+                where[name] = prov
+        return [move_value(env.get(n), where.get(n), None) for n in outputs]
