@@ -36,7 +36,8 @@ def Loop(xp, M=None, cond=None, *v_initial, body, scope):
             args[0] = xp.asarray(it, dtype=iter_dtype)
         outs = run(args)
         keep_going = bool(host_scalar(outs[0]))
-        args[2:] = outs[1:1 + n_carried]
+        for j in range(n_carried):
+            args[2 + j] = outs[1 + j]
         for k in range(n_scan):
             scans[k].append(outs[1 + n_carried + k])
         it += 1
@@ -63,7 +64,8 @@ def _scan_once(xp, states, scans, body, scope, num_scan_inputs, in_axes, in_dirs
         for j, (x, d) in enumerate(zip(scans, in_dirs)):
             args[n_state + j] = x[lead[j] + (length - 1 - t if d == 1 else t,)]  # a view
         outs = run(args)
-        args[:n_state] = outs[:n_state]
+        for j in range(n_state):
+            args[j] = outs[j]
         for k in range(n_out_scan):
             results[k].append(outs[n_state + k])
     # a state passed through unchanged would be a view of a scan input: hand out a copy
