@@ -35,7 +35,8 @@ def calls_blas(nodes) -> bool:
 
 
 class CompiledSegment:
-    def __init__(self, graph: Graph, segment, fold_constants: bool = True, providers=None):
+    def __init__(self, graph: Graph, segment, fold_constants: bool = True, providers=None,
+                 profiled: bool = False):
         prov = segment.provider
         self.segment = segment
         self.provider = prov
@@ -45,6 +46,8 @@ class CompiledSegment:
 
             placer = make_body_placer(providers, fold_constants)
         compiler = Compiler.for_provider(prov, fold_constants, placer)
+        if profiled:  # a profile times every node: no merged element-wise runs
+            compiler.merge_elementwise = False
         self.plan: RunPlan = compiler.compile(graph, segment.nodes, segment.inputs, segment.outputs)
         self.runs = 0
         self.seconds = 0.0
@@ -65,7 +68,8 @@ class LocalExecutor:
         self.checker = FeedChecker(graph)
         # a heterogeneous session places control-flow bodies with the same rules
         ranked = build.all_providers if len(build.placement.segments) > 1 else None
-        self.segments = [CompiledSegment(graph, s, options.fold_constants, ranked)
+        self.segments = [CompiledSegment(graph, s, options.fold_constants, ranked,
+                                         bool(options.enable_profiling))
                          for s in build.placement.segments]
         self.copies = 0
         self.copy_bytes = 0
