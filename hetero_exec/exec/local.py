@@ -14,10 +14,29 @@ from hetero_exec.exec.placed_body import move_value
 from hetero_exec.exec.plan import Compiler, RunPlan
 from hetero_exec.ir.graph import Graph
 from hetero_exec.kernels._threads import single_blas_thread
+from hetero_exec.kernels.registry import has_op
+
+#: ops whose kernels call the BLAS; a node of any other op with no kernel of its own (a
+#: function body, a custom domain) counts as one too
+BLAS_OPS = frozenset({
+    "MatMul", "Gemm", "Conv", "ConvTranspose", "ConvInteger", "MatMulInteger", "QLinearConv",
+    "QLinearMatMul", "Einsum", "LSTM", "GRU", "RNN", "Attention", "DeformConv", "FusedMatMul",
+    "FusedConv", "FusedAttention", "FlexAttention", "LinearAttention", "MultiHeadAttention"})
+
+
+def calls_blas(nodes) -> bool:
+    """Whether running ``nodes`` (bodies included) may call the BLAS."""
+    for node in nodes:
+        if node.op_type in BLAS_OPS or not has_op(node.domain, node.op_type):
+            return True
+        if any(calls_blas(sub.nodes) for sub in node.subgraphs.values()):
+            return True
+    return False
 
 
 class CompiledSegment:
-    def __init__(self, graph: Graph, segment, fold_constants: bool = True, providers=None):
+    def __init__(self, graph: Graph, segment, fold_constants: bool = True, providers=None,
+                 profiled: bool = False):
         prov = segment.provider
         self.segment = segment
         self.provider = prov
@@ -27,6 +46,8 @@ class CompiledSegment:
 
             placer = make_body_placer(providers, fold_constants)
         compiler = Compiler.for_provider(prov, fold_constants, placer)
+        if profiled:  # a profile times every node: no merged element-wise runs
+            compiler.merge_elementwise = False
         self.plan: RunPlan = compiler.compile(graph, segment.nodes, segment.inputs, segment.outputs)
         self.runs = 0
         self.seconds = 0.0
@@ -47,7 +68,8 @@ class LocalExecutor:
         self.checker = FeedChecker(graph)
         # a heterogeneous session places control-flow bodies with the same rules
         ranked = build.all_providers if len(build.placement.segments) > 1 else None
-        self.segments = [CompiledSegment(graph, s, options.fold_constants, ranked)
+        self.segments = [CompiledSegment(graph, s, options.fold_constants, ranked,
+                                         bool(options.enable_profiling))
                          for s in build.placement.segments]
         self.copies = 0
         self.copy_bytes = 0
@@ -64,10 +86,14 @@ class LocalExecutor:
         # graph-input positions of the first plan's inputs (single-provider and IO-binding runs)
         pos = {n: i for i, n in enumerate(graph.inputs)}
         self._feed_pos = [pos.get(n) for n, _ in self.segments[0].plan.input_slots]
+        # holding the BLAS costs microseconds a run: only plans that call it pay them
+        self._blas = any(calls_blas(s.nodes) for s in build.placement.segments)
 
     def run(self, names: Sequence[str], feed: Mapping[str, Any], on_device: bool = False) -> list[Any]:
         """``on_device``: feeds already live on the (single) provider's device and
         outputs stay there (IO binding)."""
+        if not self._blas:
+            return self._run(names, feed, on_device)
         with single_blas_thread():  # our own pool splits large products (kernels/_threads.py)
             return self._run(names, feed, on_device)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from hetero_exec.exec.executor import execute
-from hetero_exec.exec.plan import declared_dtype
+from hetero_exec.exec.plan import declared_dtype, static_shape
 from hetero_exec.ir.graph import Graph
 
 
@@ -42,6 +42,7 @@ class PlacedSubgraph:
         self.body = body
         self.captures = [(name, outer_slots[name]) for name in body.captures if name in outer_slots]
         self.output_dtypes = [body.value(o).dtype for o in body.outputs]
+        self.output_shapes = [body.value(o).shape for o in body.outputs]
         self.segments = []
         for seg in plan.segments:
             prov = seg.provider
@@ -59,6 +60,16 @@ class PlacedSubgraph:
 
     def output_dtype(self, i: int):
         return declared_dtype(self.output_dtypes, i)
+
+    def output_shape(self, i: int) -> tuple | None:
+        return static_shape(self.output_shapes, i)
+
+    def reads_input(self, i: int) -> bool:
+        return True
+
+    def start(self, scope: list[Any] | None):
+        """The runs of one Loop/Scan call (Subgraph.start's interface)."""
+        return lambda inputs: self.run(scope, inputs)
 
     def run(self, scope: list[Any] | None, inputs: Sequence[Any]) -> list[Any]:
         env: dict[str, Any] = dict(zip(self.body.inputs, inputs))

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from hetero_exec.errors import UnsupportedOperatorError
+from hetero_exec.exec.elementwise_runs import merge_runs
 from hetero_exec.exec.functions import expand_function
 from hetero_exec.exec.host_steps import METADATA_OPS, host_step_nodes
 from hetero_exec.ir.graph import Graph, Node, attr_value, node_reads
@@ -92,12 +93,31 @@ def declared_dtype(dtypes: Sequence[Any], i: int) -> Any:
     return dt if dt is not None else np.float32
 
 
-class Subgraph:
-    """A compiled body (If branch, Loop/Scan body, function body): what kernels call."""
+def static_shape(shapes: Sequence[Any], i: int) -> tuple | None:
+    sh = shapes[i] if i < len(shapes) else None
+    return tuple(sh) if sh is not None and all(isinstance(d, int) for d in sh) else None
 
-    def __init__(self, plan: RunPlan, output_dtypes: list | None = None):
+
+class Subgraph:
+    """A compiled body (If branch, Loop/Scan body, function body): what kernels call.
+
+    ``run(scope, inputs)`` runs it once; ``start(scope)`` returns a callable for the many
+    runs of one Loop or Scan (`exec.executor.BodyRuns`: one slot list for all of them).
+    """
+
+    def __init__(self, plan: RunPlan, output_dtypes: list | None = None,
+                 output_shapes: list | None = None):
+        from hetero_exec.exec.executor import BodyRuns, execute  # the run loop imports this module
+
         self.plan = plan
         self.output_dtypes = output_dtypes or []
+        self.output_shapes = output_shapes or []
+        self._execute = execute
+        self._runs = BodyRuns
+        # a step's reads include its bodies' captures (an If in a Loop body may read i)
+        read = {plan.slot_of[r] for st in plan.steps for r in node_reads(st.node)
+                if r in plan.slot_of} | set(plan.output_slots)
+        self._reads = [s in read for _, s in plan.input_slots]
 
     @property
     def input_count(self) -> int:
@@ -110,10 +130,20 @@ class Subgraph:
     def output_dtype(self, i: int):
         return declared_dtype(self.output_dtypes, i)
 
-    def run(self, scope: list[Any] | None, inputs: Sequence[Any]) -> list[Any]:
-        from hetero_exec.exec.executor import execute
+    def output_shape(self, i: int) -> tuple | None:
+        """The declared shape of output ``i`` when every dim is static, else None."""
+        return static_shape(self.output_shapes, i)
 
-        return execute(self.plan, inputs, scope)
+    def reads_input(self, i: int) -> bool:
+        """Whether any step (or output) reads input ``i``: a Loop need not make the
+        iteration number for a body that ignores it."""
+        return i >= len(self._reads) or self._reads[i]
+
+    def run(self, scope: list[Any] | None, inputs: Sequence[Any]) -> list[Any]:
+        return self._execute(self.plan, inputs, scope)
+
+    def start(self, scope: list[Any] | None):
+        return self._runs(self.plan, scope)
 
     __call__ = run
 
@@ -134,6 +164,9 @@ class Compiler:
         self.to_device = to_device or (lambda a: a)
         #: compiles control-flow bodies with their own placement (heterogeneous sessions)
         self.body_placer = body_placer
+        #: runs of element-wise float steps become one step (exec/elementwise_runs.py); on
+        #: cpu, where a step's dispatch is most of a small tensor's cost
+        self.merge_elementwise = not self.device and provider == "cpu"
 
     @classmethod
     def for_provider(cls, provider: Any, fold_constants: bool = True,
@@ -229,7 +262,13 @@ class Compiler:
             raw_steps.append((node, fn, in_slots, cap_slots, out_slots, kwargs, wants_scope, step_xp))
 
         output_slots = [slot(o) for o in outputs]
-        keep = set(constants) | {s for _, s in input_slots} | set(output_slots) | {NONE_SLOT, TRASH_SLOT}
+        # outer captures are held by the enclosing run: releasing them here frees nothing
+        # (and a Loop's later iterations read them again from the same slot list)
+        keep = (set(constants) | {s for _, s in input_slots} | set(output_slots)
+                | {inner for _, inner in captures} | {NONE_SLOT, TRASH_SLOT})
+        if self.merge_elementwise:
+            raw_steps = merge_runs(graph, raw_steps, keep, self.xp,
+                                   {s: n for n, s in slot_of.items()})
         last_use: dict[int, int] = {}
         for idx, (_, _, in_slots, cap_slots, *_rest) in enumerate(raw_steps):
             for s in in_slots + cap_slots:
@@ -283,7 +322,8 @@ class Compiler:
                     kwargs[name] = self.body_placer(body, slot_of)
                 else:
                     kwargs[name] = Subgraph(self.compile_graph(body, outer=slot_of),
-                                            [body.value(o).dtype for o in body.outputs])
+                                            [body.value(o).dtype for o in body.outputs],
+                                            [body.value(o).shape for o in body.outputs])
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 raise UnsupportedOperatorError(node.identity, node.canonical_domain, node.op_type,
                                                opset, self.provider, "GRAPHS attributes are not supported")

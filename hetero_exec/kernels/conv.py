@@ -44,6 +44,7 @@ from hetero_exec.kernels._nn_common import (
     window_view,
 )
 from hetero_exec.kernels._threads import matmul
+from hetero_exec.kernels.fused import FUSED_DOMAIN, epilogue_activation
 from hetero_exec.kernels.registry import KnownInput, kernel
 
 #: output plane size (columns per image) below which images share one wide GEMM
@@ -400,8 +401,10 @@ def _specialize(op: str):
             def conv(xp, X, W, B=None, **attrs):
                 return (_conv_full(xp, X, W, B, path=path, **attrs),)
         else:
-            def conv(xp, X, W, B=None, Z=None, **attrs):
-                return (_conv_full(xp, X, W, B, Z=Z, path=path, **attrs),)
+            act = epilogue_activation(kwargs.get("activation", ""), kwargs.get("activation_params"))
+
+            def conv(xp, X, W, B=None, Z=None, activation="", activation_params=None, **attrs):
+                return (_conv_full(xp, X, W, B, Z=Z, path=path, activation=act, **attrs),)
         conv.__name__ = f"{op}_{path.kind}"
         conv.path = path
         return conv
@@ -415,14 +418,15 @@ def Conv(xp, X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_sh
     return (_conv_full(xp, X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides),)
 
 
-@kernel("FusedConv", since=1, domain="hetero_exec", specialize=_specialize("FusedConv"))
-def FusedConv(xp, X, W, B=None, Z=None, activation="", auto_pad="NOTSET", dilations=None, group=1,
-              kernel_shape=None, pads=None, strides=None):
-    """Internal op of the cpu fusion passes (placement/fusions.py):
+@kernel("FusedConv", since=1, domain=FUSED_DOMAIN, specialize=_specialize("FusedConv"))
+def FusedConv(xp, X, W, B=None, Z=None, activation="", activation_params=None, auto_pad="NOTSET",
+              dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """Internal op of the fusion passes (placement/fusions/):
     ``activation(Conv(X, W, B) + Z)``, Z (optional) of the output's shape, the activation
-    ("Relu" or "" for none) applied in place on the GEMM output."""
+    (kernels.fused.ACTIVATIONS, with its ``activation_params``) applied in place on the
+    conv output."""
     return (_conv_full(xp, X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides,
-                       Z, activation),)
+                       Z, epilogue_activation(activation, activation_params)),)
 
 
 # --------------------------------------------------------------------------- integer / quantised
