@@ -28,7 +28,7 @@ from actors.transport import make_transport
 from actors.transport.base import SeamKey
 from actors.transport.shared_memory import ShmArray
 from hetero_exec.errors import HeteroExecError, KernelError
-from hetero_exec.exec.chain import SegmentChain
+from hetero_exec.exec.chain import SegmentChain, calls_blas
 from hetero_exec.exec.plan import Compiler
 from hetero_exec.providers import Provider, parse_provider
 
@@ -57,6 +57,7 @@ def compile_stage(spec: StageSpec, device_id: int | None = None
         placer = make_body_placer([parse_provider(p) for p in spec.body_providers],
                                   spec.fold_constants)
     parts, stats = [], []
+    blas = calls_blas(graph.nodes)
     for part in spec.segments:
         started = time.perf_counter()
         provider = part.make_provider(device_id)
@@ -68,7 +69,7 @@ def compile_stage(spec: StageSpec, device_id: int | None = None
             raise SegmentRunError(part.label, e) from None
         parts.append((provider, plan))
         stats.append(SegmentStats(part, provider, time.perf_counter() - started))
-    return SegmentChain(parts), stats
+    return SegmentChain(parts, blas=blas), stats
 
 
 class StageActor:

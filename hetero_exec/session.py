@@ -28,6 +28,7 @@ from hetero_exec.errors import (
 )
 from hetero_exec.ir import Graph, load
 from hetero_exec.ir.load import ModelSource, read_model
+from hetero_exec.kernels._threads import intra_op_threads
 from hetero_exec.logs import apply_severity
 from hetero_exec.modelmeta import ModelMetadata
 from hetero_exec.node_arg import NodeArg, declared_types, node_arg
@@ -36,7 +37,6 @@ from hetero_exec.ortvalue import OrtValue, on_device, unwrap_feed
 from hetero_exec.provider_names import ProviderSpecs
 from hetero_exec.run_async import answer, terminable
 from hetero_exec.run_options import RunOptions, check_run_options, raise_if_terminated
-from hetero_exec.kernels._threads import intra_op_threads
 
 log = logging.getLogger(__name__)
 

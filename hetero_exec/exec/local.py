@@ -8,30 +8,12 @@ import threading
 import time
 from typing import Any, Mapping, Sequence
 
+from hetero_exec.exec.chain import calls_blas, move_value
 from hetero_exec.exec.executor import execute
 from hetero_exec.exec.feeds import FeedChecker
-from hetero_exec.exec.placed_body import move_value
 from hetero_exec.exec.plan import Compiler, RunPlan
 from hetero_exec.ir.graph import Graph
 from hetero_exec.kernels._threads import single_blas_thread
-from hetero_exec.kernels.registry import has_op
-
-#: ops whose kernels call the BLAS; a node of any other op with no kernel of its own (a
-#: function body, a custom domain) counts as one too
-BLAS_OPS = frozenset({
-    "MatMul", "Gemm", "Conv", "ConvTranspose", "ConvInteger", "MatMulInteger", "QLinearConv",
-    "QLinearMatMul", "Einsum", "LSTM", "GRU", "RNN", "Attention", "DeformConv", "FusedMatMul",
-    "FusedConv", "FusedAttention", "FlexAttention", "LinearAttention", "MultiHeadAttention"})
-
-
-def calls_blas(nodes) -> bool:
-    """Whether running ``nodes`` (bodies included) may call the BLAS."""
-    for node in nodes:
-        if node.op_type in BLAS_OPS or not has_op(node.domain, node.op_type):
-            return True
-        if any(calls_blas(sub.nodes) for sub in node.subgraphs.values()):
-            return True
-    return False
 
 
 class CompiledSegment:
