@@ -28,7 +28,7 @@ from actors.transport import make_transport
 from actors.transport.base import SeamKey
 from actors.transport.shared_memory import ShmArray
 from hetero_exec.errors import HeteroExecError, KernelError
-from hetero_exec.exec.chain import SegmentChain
+from hetero_exec.exec.chain import SegmentChain, calls_blas
 from hetero_exec.exec.plan import Compiler
 from hetero_exec.providers import Provider, parse_provider
 
@@ -57,6 +57,7 @@ def compile_stage(spec: StageSpec, device_id: int | None = None
         placer = make_body_placer([parse_provider(p) for p in spec.body_providers],
                                   spec.fold_constants)
     parts, stats = [], []
+    blas = calls_blas(graph.nodes)
     for part in spec.segments:
         started = time.perf_counter()
         provider = part.make_provider(device_id)
@@ -68,7 +69,7 @@ def compile_stage(spec: StageSpec, device_id: int | None = None
             raise SegmentRunError(part.label, e) from None
         parts.append((provider, plan))
         stats.append(SegmentStats(part, provider, time.perf_counter() - started))
-    return SegmentChain(parts), stats
+    return SegmentChain(parts, blas=blas), stats
 
 
 class StageActor:
@@ -94,7 +95,7 @@ class StageActor:
             spec = ray.get(spec[0])
         self.spec: StageSpec = spec
         self.incarnation = uuid.uuid4().hex
-        self.threads = _limit_threads(threads)
+        self.threads = stage_threads(threads)
         self.seam = self._make_seam(seam_transport, seam_config or {})
         self.profile = profile
         self.spans: list[dict[str, Any]] = []
@@ -107,6 +108,7 @@ class StageActor:
         started = time.perf_counter()
         try:
             self.chain, self.segments = compile_stage(spec, device_id)
+            self.chain.threads = self.threads
         except SegmentRunError as e:  # reported by ready(), so the build names the failure
             self.init_error = e
         except Exception as e:
@@ -270,21 +272,18 @@ class StageActor:
         }
 
 
-def _limit_threads(threads: int | None) -> int | None:
-    """Give this process's BLAS ``threads`` threads, or, when negative, this host's cores
-    over ``-threads`` stages (Ray sets OMP_NUM_THREADS=1 for an actor with a fraction of
-    a CPU; a lone stage on a node may use all its cores)."""
+def stage_threads(threads: int | None) -> int | None:
+    """The threads a run of this stage splits its work over: ``threads``, or, when
+    negative, this host's cores over ``-threads`` stages (a lone stage on a 2-core node
+    uses both, two stages one each); None: all the cores. Runs hold the BLAS at one
+    thread and split large products over our own pool (`hetero_exec.kernels._threads`),
+    so Ray's OMP_NUM_THREADS=1 for a fractional-CPU actor does not matter."""
     if not threads:
         return None
     if threads < 0:
-        threads = max(1, (os.cpu_count() or 1) // -threads)
-    try:
-        from threadpoolctl import threadpool_limits
+        from hetero_exec.kernels._threads import cores
 
-        threadpool_limits(limits=int(threads), user_api="blas")
-    except Exception as e:  # no threadpoolctl, or a BLAS it cannot drive: leave it be
-        log.debug("cannot set BLAS threads to %s: %s", threads, e)
-        return None
+        return max(1, cores() // -threads)
     return int(threads)
 
 

@@ -105,6 +105,8 @@ def provider_spec(provider: Provider) -> tuple[str, dict[str, Any]]:
         opts["mem_limit"] = o.mem_limit
     if o.exclude_ops:
         opts["exclude_ops"] = sorted(o.exclude_ops)
+    if not o.strict:  # sim-gpu over plain NumPy arrays (providers.base.ProviderOptions)
+        opts["strict"] = False
     if provider.kind == "cpu":
         opts.pop("device_id")
     return provider.kind, opts

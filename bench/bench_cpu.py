@@ -5,8 +5,16 @@ a noisy neighbour slows both alike; each figure is the median of ``--runs`` time
 after ``--warmup`` untimed ones. Both keep their default threading: onnxruntime's
 intra-op pool has one thread per physical core, our kernels use whatever threads the
 BLAS under numpy uses (OpenBLAS: every core unless OPENBLAS_NUM_THREADS says otherwise).
+onnxruntime's spin-waiting is off unless ``--ort-spin`` (its idle threads would take
+the cores our next run needs).
+
+The models are the project's own (bench/models.py) and the real architectures of
+bench/arch_models.py in both exporters' spellings. Beside each row is its physical
+floor: the model's GEMM and convolution FLOPs at the float32 GEMM rate of numpy's BLAS,
+measured at the start and the end of the same run (bench/floor.py).
 
     python bench/bench_cpu.py                          # all models, batch 1 and 8
+    python bench/bench_cpu.py --models arch --batches 8 --runs 5
     python bench/bench_cpu.py --models mlp,bert --batches 1 --runs 5
     python bench/bench_cpu.py --json bench/results/cpu.json --profile 3
 
@@ -37,7 +45,21 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: make hetero_exec and bench importable
     sys.path.insert(0, str(ROOT))
 
+from bench.arch_models import ARCH_MODELS, arch_inputs  # noqa: E402
+from bench.floor import blas_gflops, model_flops  # noqa: E402
 from bench.models import MODELS, inputs  # noqa: E402
+
+#: every benchmark model: the project's own, then the real architectures
+CATALOG: dict[str, Callable[[], Any]] = {**MODELS, **ARCH_MODELS}
+#: --models shorthands
+GROUPS = {"own": list(MODELS), "arch": list(ARCH_MODELS), "all": list(CATALOG)}
+
+
+def feed_for(name: str, batch: int, seq: int) -> dict[str, np.ndarray]:
+    """The benchmark feed of any catalogue model (``seq`` is bert/gpt2's sequence)."""
+    if name in MODELS:
+        return inputs(name, batch, seq=seq)
+    return arch_inputs(name, batch)
 
 RTOL, ATOL = 1e-3, 1e-4
 ENV_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
@@ -111,7 +133,7 @@ def print_environment(env: dict[str, Any]) -> None:
 # -- sessions and timing ---------------------------------------------------------------
 
 
-def make_sessions(model, ort_threads: int = 0, ort_no_spin: bool = False
+def make_sessions(model, ort_threads: int = 0, ort_no_spin: bool = True
                   ) -> tuple[Any, Any, dict[str, Any]]:
     """(ours, ort, info): both built from the same bytes; info records build times and threads.
 
@@ -171,17 +193,23 @@ def compare(ours: list[np.ndarray], theirs: list[np.ndarray]) -> tuple[bool, flo
 
 
 def bench_model(name: str, batches: list[int], runs: int, warmup: int, seq: int,
-                ort_threads: int = 0, ort_no_spin: bool = False) -> list[dict]:
-    """One row per batch for model ``name``; a failing model gives rows with ``error``."""
-    model = MODELS[name]()
+                ort_threads: int = 0, ort_no_spin: bool = True, gflops: float = 0.0
+                ) -> list[dict]:
+    """One row per batch for model ``name``; a failing model gives rows with ``error``.
+    ``gflop`` is the row's GEMM/conv work, ``floor_ms`` that work at ``gflops`` GFLOP/s."""
+    model = CATALOG[name]()
     rows: list[dict] = []
     try:
         ours, theirs, info = make_sessions(model, ort_threads, ort_no_spin)
     except Exception as e:
         return [{"model": name, "batch": b, "error": f"build: {_short(e)}"} for b in batches]
     for batch in batches:
-        feed = inputs(name, batch, seq=seq)
+        feed = feed_for(name, batch, seq)
         row: dict[str, Any] = {"model": name, "batch": batch, **info}
+        try:
+            row["gflop"] = model_flops(model, feed) / 1e9
+        except Exception as e:  # a shape inference gap costs the floor, not the row
+            row["gflop_error"] = _short(e)
         try:
             ok, diff = compare(ours.run(None, feed), theirs.run(None, feed))
             t_ours, t_ort = interleaved(
@@ -195,6 +223,7 @@ def bench_model(name: str, batches: list[int], runs: int, warmup: int, seq: int,
                    ours_samples_ms=[1e3 * t for t in t_ours],
                    ort_samples_ms=[1e3 * t for t in t_ort], match=ok, max_abs_diff=diff)
         row["ratio"] = row["ours_ms"] / row["ort_ms"]
+        set_floors([row], gflops)
         rows.append(row)
         print(_fmt_row(row), flush=True)
     return rows
@@ -264,8 +293,8 @@ def profile_model(name: str, batch: int, runs: int, seq: int, top: int = 12) -> 
     """Time per op type, and cProfile's top functions by self time, over ``runs`` runs of ours."""
     from hetero_exec.session import InferenceSession
 
-    feed = inputs(name, batch, seq=seq)
-    model = MODELS[name]()
+    feed = feed_for(name, batch, seq)
+    model = CATALOG[name]()
     sess = InferenceSession(model, providers=["cpu"])
     sess.run(None, feed)
     prof = cProfile.Profile()
@@ -307,39 +336,66 @@ def print_profile(p: dict[str, Any], top: int = 8) -> None:
 
 # -- table -------------------------------------------------------------------------------
 
-HEADER = (f"{'model':<10} {'batch':>5} {'ours ms':>10} {'ort ms':>10} {'ratio':>7}  "
-          f"{'max|diff|':>10}  match")
+HEADER = (f"{'model':<20} {'batch':>5} {'ours ms':>9} {'ort ms':>9} {'ratio':>6} "
+          f"{'floor ms':>9} {'GFLOP':>6}  {'max|diff|':>9}  match")
 
 
 def _fmt_row(r: dict) -> str:
     if "error" in r:
-        return f"{r['model']:<10} {r['batch']:>5}  FAILED {r['error']}"
-    return (f"{r['model']:<10} {r['batch']:>5} {r['ours_ms']:>10.2f} {r['ort_ms']:>10.2f} "
-            f"{r['ratio']:>7.2f}  {r['max_abs_diff']:>10.2e}  {'ok' if r['match'] else 'MISMATCH'}")
+        return f"{r['model']:<20} {r['batch']:>5}  FAILED {r['error']}"
+    floor = f"{r['floor_ms']:>9.2f}" if "floor_ms" in r else f"{'?':>9}"
+    gflop = f"{r['gflop']:>6.2f}" if "gflop" in r else f"{'?':>6}"
+    return (f"{r['model']:<20} {r['batch']:>5} {r['ours_ms']:>9.2f} {r['ort_ms']:>9.2f} "
+            f"{r['ratio']:>6.2f} {floor} {gflop}  {r['max_abs_diff']:>9.2e}  "
+            f"{'ok' if r['match'] else 'MISMATCH'}")
 
 
-def geomeans(rows: list[dict]) -> dict[int, float]:
-    """Geometric mean of ours/ort per batch, over the models that ran."""
+def set_floors(rows: list[dict], gflops: float) -> None:
+    """floor_ms = the row's GEMM/conv GFLOP at the measured BLAS rate (GFLOP/s)."""
+    for r in rows:
+        if "gflop" in r and gflops > 0:
+            r["floor_ms"] = 1e3 * r["gflop"] / gflops
+
+
+def geomeans(rows: list[dict], models: list[str] | None = None) -> dict[int, float]:
+    """Geometric mean of ours/ort per batch, over the models that ran (of ``models``)."""
     out: dict[int, float] = {}
     for batch in sorted({r["batch"] for r in rows}):
-        ratios = [r["ratio"] for r in rows if r["batch"] == batch and "ratio" in r]
+        ratios = [r["ratio"] for r in rows if r["batch"] == batch and "ratio" in r
+                  and (models is None or r["model"] in models)]
         if ratios:
             out[batch] = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
     return out
 
 
+def summaries(rows: list[dict]) -> list[dict]:
+    """Per batch and model group: geomean, worst ratio and its model."""
+    out = []
+    for group, models in (("own", GROUPS["own"]), ("arch", GROUPS["arch"]), ("all", None)):
+        for batch, g in geomeans(rows, models).items():
+            ran = [r for r in rows if r["batch"] == batch and "ratio" in r
+                   and (models is None or r["model"] in models)]
+            worst = max(ran, key=lambda r: r["ratio"])
+            out.append({"group": group, "batch": batch, "models": len(ran), "geomean": g,
+                        "max_ratio": worst["ratio"], "max_model": worst["model"]})
+    return out
+
+
 def print_table(rows: list[dict]) -> None:
     print("\n" + HEADER)
-    for r in sorted(rows, key=lambda r: (r["batch"], list(MODELS).index(r["model"]))):
+    order = list(CATALOG)
+    for r in sorted(rows, key=lambda r: (r["batch"], order.index(r["model"]))):
         print(_fmt_row(r))
-    for batch, g in geomeans(rows).items():
-        print(f"geomean ratio (ours/ort) at batch {batch}: {g:.2f}")
+    for s in summaries(rows):
+        print(f"geomean ratio (ours/ort), {s['group']} models ({s['models']}), batch "
+              f"{s['batch']}: {s['geomean']:.2f}; worst {s['max_ratio']:.2f} ({s['max_model']})")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default=",".join(MODELS),
-                    help="comma-separated, from: " + ", ".join(MODELS))
+    ap.add_argument("--models", default="all",
+                    help="comma-separated names or groups (own, arch, all), from: "
+                         + ", ".join(CATALOG))
     ap.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
     ap.add_argument("--runs", type=int, default=10, help="timed runs per model and batch")
     ap.add_argument("--warmup", type=int, default=2, help="untimed runs first")
@@ -351,17 +407,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ort-threads", type=int, default=0,
                     help="onnxruntime intra-op threads (0: its default, one per physical core); "
                          "pair 1 with OPENBLAS_NUM_THREADS=1 for a one-thread comparison")
+    ap.add_argument("--ort-spin", action="store_true",
+                    help="leave onnxruntime's intra-op spin-waiting on (its default); by "
+                         "default it is turned off (session.intra_op.allow_spinning=0), so "
+                         "its idle threads do not compete with our run, next in the "
+                         "interleaving, for the cores")
     ap.add_argument("--ort-no-spin", action="store_true",
-                    help="turn off onnxruntime's intra-op spin-waiting "
-                         "(session.intra_op.allow_spinning=0); makes onnxruntime itself a "
-                         "little slower, but its idle threads then stop competing with our "
-                         "BLAS threads for the cores in the interleaved runs")
+                    help="spin-waiting off: the default now, kept for older command lines")
     ap.add_argument("--json", metavar="OUT", help="write every figure and sample here")
     args = ap.parse_args(argv)
-    names = [m for m in args.models.split(",") if m]
-    unknown = [m for m in names if m not in MODELS]
+    names: list[str] = []
+    for m in (m for m in args.models.split(",") if m):
+        names.extend(n for n in GROUPS.get(m, [m]) if n not in names)
+    unknown = [m for m in names if m not in CATALOG]
     if unknown:
-        ap.error(f"unknown model(s) {unknown}; known: {list(MODELS)}")
+        ap.error(f"unknown model(s) {unknown}; known: {list(CATALOG)} or {list(GROUPS)}")
+    no_spin = not args.ort_spin
     batches = [int(b) for b in args.batches.split(",") if b]
 
     env = environment()
@@ -369,15 +430,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {args.runs} timed runs after {args.warmup} warm-up, interleaved; medians; "
           f"seq {args.seq}; match = allclose(rtol={RTOL}, atol={ATOL}) against onnxruntime")
     print(f"# onnxruntime intra-op threads: {args.ort_threads or 'default'}, spin-waiting "
-          f"{'off (--ort-no-spin)' if args.ort_no_spin else 'on (its default)'}\n")
+          f"{'off' if no_spin else 'on (--ort-spin)'}")
+    rate_start = blas_gflops()
+    print(f"# BLAS float32 GEMM 1024^3 at the start: {rate_start:.1f} GFLOP/s\n")
     print(HEADER)
     rows: list[dict] = []
     for name in names:
         rows.extend(bench_model(name, batches, args.runs, args.warmup, args.seq, args.ort_threads,
-                                args.ort_no_spin))
+                                no_spin, rate_start))
+    rate_end = blas_gflops()
+    # the faster of the two: the floor is a lower bound, so take the machine at its best
+    rate = max(rate_start, rate_end)
+    set_floors(rows, rate)
+    print(f"\n# BLAS float32 GEMM 1024^3 at the end: {rate_end:.1f} GFLOP/s; floors use "
+          f"{rate:.1f}")
     print_table(rows)
     result: dict[str, Any] = {"environment": env, "args": vars(args), "rows": rows,
-                              "geomean": geomeans(rows)}
+                              "blas_gflops": {"start": rate_start, "end": rate_end},
+                              "geomean": geomeans(rows), "summaries": summaries(rows)}
 
     if args.reference_runs > 0:
         try:

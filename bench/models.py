@@ -309,6 +309,49 @@ def tiny_ops(n: int = 1000, width: int = 16) -> onnx.ModelProto:
                    [helper.make_tensor_value_info("y", FLOAT, [1, width])])
 
 
+def loop_if(trips: int = 64, width: int = 64, seed: int = 0) -> onnx.ModelProto:
+    """A Loop of ``trips`` iterations over a small body with an If inside (a recurrent
+    cell): h <- tanh(h W + b); then Relu(h) if sum(h) > 0 else -h; the per-step sums are
+    the scan output. Input h0 [N, width], outputs the last h and the sums [trips, N].
+
+    >>> [n.op_type for n in loop_if(4).graph.node]
+    ['Loop']
+    """
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array((rng.standard_normal((width, width)) / math.sqrt(width))
+                                .astype(np.float32), "W")
+    b = numpy_helper.from_array(rng.normal(0, 0.1, width).astype(np.float32), "b")
+    zero = numpy_helper.from_array(np.float32(0), "zero")
+    hv = helper.make_tensor_value_info
+    then_g = helper.make_graph([helper.make_node("Relu", ["t"], ["then_h"])], "then", [],
+                               [hv("then_h", FLOAT, ["N", width])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["t"], ["else_h"])], "else", [],
+                               [hv("else_h", FLOAT, ["N", width])])
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["h_in", "W"], ["m"]),
+         helper.make_node("Add", ["m", "b"], ["a"]),
+         helper.make_node("Tanh", ["a"], ["t"]),
+         helper.make_node("ReduceSum", ["t"], ["total"], keepdims=0),
+         helper.make_node("Greater", ["total", "zero"], ["pos"]),
+         helper.make_node("If", ["pos"], ["h_out"], then_branch=then_g, else_branch=else_g),
+         helper.make_node("ReduceSum", ["h_out", "last"], ["step_sum"], keepdims=0),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body",
+        [hv("i", INT64, []), hv("cond_in", TensorProto.BOOL, []), hv("h_in", FLOAT, ["N", width])],
+        [hv("cond_out", TensorProto.BOOL, []), hv("h_out", FLOAT, ["N", width]),
+         hv("step_sum", FLOAT, ["N"])])
+    last = numpy_helper.from_array(np.array([1], np.int64), "last")
+    trip = numpy_helper.from_array(np.array(trips, np.int64), "trips")
+    node = helper.make_node("Loop", ["trips", "", "h0"], ["h", "sums"], body=body)
+    graph = helper.make_graph([node], "loop_if", [hv("h0", FLOAT, ["N", width])],
+                              [hv("h", FLOAT, ["N", width]), hv("sums", FLOAT, [trips, "N"])],
+                              [w, b, zero, last, trip])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="hetero_exec.bench")
+    model.ir_version = 8
+    return model
+
+
 MODELS: dict[str, Callable[..., onnx.ModelProto]] = {
     "mlp": mlp, "resnet18": resnet18, "bert": bert, "gpt2": gpt2,
 }

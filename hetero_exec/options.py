@@ -3,7 +3,7 @@
 The rest of the code reads our names (``fold_constants``, ``optimize``,
 ``executor_options``, ``stages``...). onnxruntime's fields map onto them:
 ``graph_optimization_level`` switches folding and fusions, ``intra_op_num_threads`` is
-this session's BLAS threads (`hetero_exec.threads`), ``log_severity_level`` our logger's
+the threads this session's runs split their work over (`kernels._threads`), ``log_severity_level`` our logger's
 level (`hetero_exec.logs`), and session config entries (`hetero_exec.config_entries`)
 reach every option. Every assignment is checked: an unknown name or a bad value is an
 `OptionError`, never ignored.
@@ -180,7 +180,7 @@ class SessionOptions:
     stages: Any = "auto"
     executor_options: dict[str, Any] = field(default_factory=dict)
     # -- onnxruntime's -------------------------------------------------------------------
-    intra_op_num_threads: int = 0  # BLAS threads of this session's runs; 0: the default
+    intra_op_num_threads: int = 0  # threads one run splits its work over; 0: the cores
     inter_op_num_threads: int = 0  # accepted (nodes run in order)
     execution_mode: ExecutionMode = ExecutionMode.ORT_SEQUENTIAL  # accepted
     log_severity_level: int = -1  # -1: leave the hetero_exec logger's level alone

@@ -28,6 +28,7 @@ from hetero_exec.errors import (
 )
 from hetero_exec.ir import Graph, load
 from hetero_exec.ir.load import ModelSource, read_model
+from hetero_exec.kernels._threads import intra_op_threads
 from hetero_exec.logs import apply_severity
 from hetero_exec.modelmeta import ModelMetadata
 from hetero_exec.node_arg import NodeArg, declared_types, node_arg
@@ -36,7 +37,6 @@ from hetero_exec.ortvalue import OrtValue, on_device, unwrap_feed
 from hetero_exec.provider_names import ProviderSpecs
 from hetero_exec.run_async import answer, terminable
 from hetero_exec.run_options import RunOptions, check_run_options, raise_if_terminated
-from hetero_exec.threads import GATE
 
 log = logging.getLogger(__name__)
 
@@ -181,15 +181,17 @@ class InferenceSession:
         if ro is not None and ro.logid:
             log.debug("run %s: %s", ro.logid, names)
         executor = self._executor
-        with self._blas():
+        with self._threads():
             outs = executor.run(names, feed, on_device=True) if on_device else executor.run(names, feed)
         raise_if_terminated(ro)
         return outs
 
-    def _blas(self) -> Any:
+    def _threads(self) -> Any:
+        """``intra_op_num_threads``: this session's runs split their work over at most
+        that many threads (kernels/_threads.py), whatever other sessions do."""
         if self.options.executor != "local":
             return contextlib.nullcontext()  # runs happen in the actors' processes
-        return GATE.limit(self.options.intra_op_num_threads or None)
+        return intra_op_threads(self.options.intra_op_num_threads or None)
 
     def run_async(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
                   callback: Callable[[list[Any], Any, str], None] | None = None,
@@ -329,7 +331,7 @@ def _session_options(sess_options: Any, kwargs: Mapping[str, Any]) -> SessionOpt
     opts.check_executor_options()
     if opts.executor == "ray" and opts.intra_op_num_threads and \
             "stage_threads" not in opts.executor_options:
-        # on Ray the runs happen in the stage actors: their BLAS threads are the session's
+        # on Ray the runs happen in the stage actors: their threads are the session's
         opts.executor_options = {**opts.executor_options, "stage_threads": opts.intra_op_num_threads}
     return opts
 

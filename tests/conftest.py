@@ -9,12 +9,15 @@ import pytest
 
 
 def _array_modules():
-    mods = [pytest.param(np, id="numpy")]
-    try:  # cupy joins only where it imports and sees a device, so CPU-only CI passes
-        import cupy
+    from hetero_exec.providers.sim_array import SIM_CUPY
 
-        cupy.cuda.runtime.getDeviceCount()
-        mods.append(pytest.param(cupy, id="cupy"))
+    # sim-cupy: CuPy's names and boundaries over NumPy (sim-gpu's strict arrays)
+    mods = [pytest.param(np, id="numpy"), pytest.param(SIM_CUPY, id="sim-cupy")]
+    try:  # cupy joins only where it imports and sees a device, so CPU-only CI passes
+        import cupy  # (CI installs it: its import works without a driver, its arrays do not)
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            mods.append(pytest.param(cupy, id="cupy"))
     except Exception:
         pass
     return mods
@@ -27,7 +30,7 @@ def xp(request):
 
 
 def to_numpy(a):
-    if hasattr(a, "get") and not isinstance(a, np.ndarray):
+    if hasattr(a, "get") and not isinstance(a, (np.ndarray, dict)):
         return a.get()
     return np.asarray(a)
 

@@ -78,11 +78,11 @@ def _light_case(name: str, kind: str, data: dict, rtol: float, atol: float) -> M
     return ModelCase(name, kind, path, [(ins, outs)], rtol, atol)
 
 
-def run_model_case(case: ModelCase, providers: list | None = None) -> None:
+def run_model_case(case: ModelCase, providers: list | None = None, **options: Any) -> None:
     from hetero_exec import InferenceSession
     from tests.backend_cases import assert_similar
 
-    sess = InferenceSession(case.model_path, providers=providers)
+    sess = InferenceSession(case.model_path, providers=providers, **options)
     names = [i.name for i in sess.get_inputs()]
     outs_decl = [o.name for o in sess.get_outputs()]
     for ins, expected in case.data_sets:

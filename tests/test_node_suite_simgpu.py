@@ -1,13 +1,18 @@
 """The ONNX backend node suite on sim-gpu with the GPU required, over the cases the GPU
 claims: a case is claimed when `InferenceSession(model, providers=["sim-gpu"],
 require_gpu=True)` does not raise HeterogeneousPlacementRequired. Every claimed case
-must pass exactly as on cpu (the same known-failures list, strict xfail); the others
-are skipped with the GPU's reasons."""
+must pass as on cpu (the same known-failures list, plus sim-gpu's own, strict xfail);
+the others are skipped with the GPU's reasons.
+
+sim-gpu runs strict here (its default): kernels get CuPy's namespace and device arrays
+with CuPy's boundaries (`hetero_exec.providers.sim_array`), so a claimed case that
+passes here does not convert device data to the host behind the plan's back."""
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
 
 import pytest
@@ -15,7 +20,10 @@ import pytest
 from tests.backend_cases import assert_similar, known_failures, node_cases, to_value
 
 CASES = node_cases()
-KNOWN = known_failures()
+#: cases that fail on the GPU's arrays only (CuPy keeps float16 where numpy widens...)
+SIMGPU_KNOWN = known_failures(os.path.join(os.path.dirname(__file__),
+                                           "node_suite_simgpu_known_failures.txt"))
+KNOWN = {**known_failures(), **SIMGPU_KNOWN}
 
 #: every reason the GPU capability table may give for declining a node-suite case
 DECLINE_REASONS = re.compile(
@@ -24,8 +32,10 @@ DECLINE_REASONS = re.compile(
     r"|string tensors are not supported on the GPU"
     r"|(sequence|map|optional) values are not supported on the GPU")
 
-#: the GPU must claim at least this many of the 1884 cases (1685 with onnx 1.23)
-MIN_CLAIMED = 1650
+#: the GPU must claim at least this many of the 1884 cases (1629 with onnx 1.23: the 56
+#: casts and quantizations whose *output* dtype CuPy lacks, float8/int4/bfloat16..., are
+#: declined since strict mode showed them failing on device arrays)
+MIN_CLAIMED = 1620
 
 
 @functools.lru_cache(maxsize=1)

@@ -709,23 +709,24 @@ def test_every_failure_is_a_hetero_exec_error():
         assert issubclass(error, HeteroExecError)
 
 
-# --- BLAS threads: this session's runs, no other's ------------------------------------------------
+# --- intra-op threads: this session's runs, no other's --------------------------------------------
 
 _PROBE: dict[str, Any] = {"hook": None, "seen": []}
 
 
 def _register_probe() -> None:
-    """A real kernel in a test domain that records the BLAS threads while it runs."""
+    """A real kernel in a test domain that records, while it runs, the threads its run may
+    split work over and the BLAS's own count."""
     from hetero_exec.kernels.registry import kernel, lookup
 
-    if lookup("test.probe", "BlasProbe", 1) is not None:
+    if lookup("test.probe", "ThreadProbe", 1) is not None:
         return
 
-    @kernel("BlasProbe", since=1, domain="test.probe")
-    def BlasProbe(xp, X):
-        from hetero_exec.threads import GATE
+    @kernel("ThreadProbe", since=1, domain="test.probe")
+    def ThreadProbe(xp, X):
+        from hetero_exec.kernels._threads import blas_threads, split_width
 
-        _PROBE["seen"].append((threading.current_thread().name, GATE.current_blas_threads()))
+        _PROBE["seen"].append((threading.current_thread().name, split_width(), blas_threads()))
         if _PROBE["hook"] is not None:
             _PROBE["hook"]()
         return (X.copy(),)
@@ -733,18 +734,17 @@ def _register_probe() -> None:
 
 def _probe_model() -> onnx.ModelProto:
     _register_probe()
-    g = helper.make_graph([helper.make_node("BlasProbe", ["x"], ["y"], domain="test.probe")], "probe",
-                          [vi("x", F, ["N", 4])], [vi("y", F, ["N", 4])])
+    g = helper.make_graph([helper.make_node("ThreadProbe", ["x"], ["y"], domain="test.probe")],
+                          "probe", [vi("x", F, ["N", 4])], [vi("y", F, ["N", 4])])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
                                                helper.make_opsetid("test.probe", 1)])
 
 
-def test_intra_op_threads_apply_to_this_sessions_runs_only():
-    from hetero_exec.threads import GATE
+def test_intra_op_threads_apply_to_this_sessions_runs_only(monkeypatch):
+    from hetero_exec.kernels import _threads
 
-    default = GATE.current_blas_threads()
-    if not default:
-        pytest.skip("no BLAS library found by threadpoolctl")
+    monkeypatch.setattr(_threads, "cores", lambda: 4)  # as on a 4-core machine
+    before = _threads.blas_threads()
     so = hetero_exec.SessionOptions()
     so.intra_op_num_threads = 1
     limited = hetero_exec.InferenceSession(_probe_model(), so, providers=CPU)
@@ -752,8 +752,8 @@ def test_intra_op_threads_apply_to_this_sessions_runs_only():
     _PROBE["seen"].clear()
     limited.run(None, {"x": X})
     plain.run(None, {"x": X})
-    assert [counts for _, counts in _PROBE["seen"]] == [[1] * len(default), default]
-    assert GATE.current_blas_threads() == default  # restored after the run
+    assert [seen[1] for seen in _PROBE["seen"]] == [1, 4]
+    assert _threads.blas_threads() == before  # given back after the run
     # concurrently, from two threads: every run sees its own session's count
     _PROBE["seen"].clear()
 
@@ -768,12 +768,14 @@ def test_intra_op_threads_apply_to_this_sessions_runs_only():
     for t in threads:
         t.join(60)
     by_thread: dict[str, set] = {}
-    for name, counts in _PROBE["seen"]:
-        by_thread.setdefault(name, set()).add(tuple(counts))
-    assert by_thread == {"limited": {tuple([1] * len(default))}, "plain": {tuple(default)}}
+    for name, width, _ in _PROBE["seen"]:
+        by_thread.setdefault(name, set()).add(width)
+    assert by_thread == {"limited": {1}, "plain": {4}}
+    _PROBE["seen"].clear()
     for f in [limited.run_async(None, {"x": X}) for _ in range(4)]:
         f.result(timeout=30)
-    assert GATE.current_blas_threads() == default
+    assert {width for _, width, _ in _PROBE["seen"]} == {1}  # run_async's pool threads too
+    assert _threads.blas_threads() == before
 
 
 def test_intra_op_threads_on_ray_are_the_stage_actors_threads():

@@ -11,12 +11,47 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from hetero_exec.exec.executor import execute
-from hetero_exec.exec.placed_body import move_value
 from hetero_exec.exec.plan import RunPlan
+from hetero_exec.kernels._threads import intra_op_threads, single_blas_thread
+from hetero_exec.kernels.registry import has_op
 from hetero_exec.providers.base import Provider
 
 #: called after each segment run: (segment index in the chain, start and end in ns)
 OnRun = Callable[[int, int, int], None]
+
+#: ops whose kernels call the BLAS; a node of any other op with no kernel of its own (a
+#: function body, a custom domain) counts as one too
+BLAS_OPS = frozenset({
+    "MatMul", "Gemm", "Conv", "ConvTranspose", "ConvInteger", "MatMulInteger", "QLinearConv",
+    "QLinearMatMul", "Einsum", "LSTM", "GRU", "RNN", "Attention", "DeformConv", "FusedMatMul",
+    "FusedConv", "FusedAttention", "FlexAttention", "LinearAttention", "MultiHeadAttention"})
+
+
+def calls_blas(nodes) -> bool:
+    """Whether running ``nodes`` (bodies included) may call the BLAS: holding it at one
+    thread costs microseconds a run, so only runs that call it pay them."""
+    for node in nodes:
+        if node.op_type in BLAS_OPS or not has_op(node.domain, node.op_type):
+            return True
+        if any(calls_blas(sub.nodes) for sub in node.subgraphs.values()):
+            return True
+    return False
+
+
+def move_value(v: Any, src: Any, dst: Any) -> Any:
+    """A value held by provider ``src`` (None: the host) made ready for ``dst``
+    (None: the host): device values come to the host, then go to a device."""
+    if v is None:
+        return v
+    direct = getattr(dst, "receive_from", None) if src is not None and src is not dst else None
+    moved = direct(v, src) if direct is not None else None
+    if moved is not None:  # device to device (GPU peers, providers/gpu.py): no host staging
+        return moved
+    if src is not None and src.is_device:
+        v = src.to_host(v)
+    if dst is not None and dst.is_device:
+        v = dst.to_device(v)
+    return v
 
 
 class SegmentChain:
@@ -36,12 +71,25 @@ class SegmentChain:
     [array([-0., -2.], dtype=float32)]
     """
 
-    def __init__(self, parts: Sequence[tuple[Provider, RunPlan]]):
+    def __init__(self, parts: Sequence[tuple[Provider, RunPlan]], threads: int | None = None,
+                 blas: bool = True):
         self.parts = list(parts)
+        self.threads = threads  # what a run splits its work over (None: the cores)
+        self.blas = blas  # whether its plans call the BLAS (`calls_blas`)
 
     def run(self, feeds: Mapping[str, Any], outputs: Sequence[str],
             on_run: OnRun | None = None) -> list[Any]:
         """``outputs`` as host values, from ``feeds`` (host values, by name)."""
+        with intra_op_threads(self.threads):
+            if not self.blas:
+                return self.run_inside(feeds, outputs, on_run)
+            # the BLAS at one thread, large products split over our pool (kernels/_threads)
+            with single_blas_thread():
+                return self.run_inside(feeds, outputs, on_run)
+
+    def run_inside(self, feeds: Mapping[str, Any], outputs: Sequence[str],
+                   on_run: OnRun | None = None) -> list[Any]:
+        """`run` for a caller already inside a run (a control-flow body's segments)."""
         env = {k: v for k, v in feeds.items() if v is not None}
         where: dict[str, Provider] = {}  # provider holding each value (absent: the host)
         for k, (prov, plan) in enumerate(self.parts):

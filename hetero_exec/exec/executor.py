@@ -20,6 +20,12 @@ def execute(plan: RunPlan, inputs: Sequence[Any], scope: list[Any] | None = None
     for (_, s), v in zip(plan.input_slots, inputs):
         if v is not None:
             vals[s] = v
+    run_steps(plan, vals)
+    return [vals[s] for s in plan.output_slots]
+
+
+def run_steps(plan: RunPlan, vals: list[Any]) -> None:
+    """The steps of ``plan`` over the slot list ``vals``, in order."""
     xp = plan.xp
     step = None
     try:
@@ -45,7 +51,34 @@ def execute(plan: RunPlan, inputs: Sequence[Any], scope: list[Any] | None = None
         raise
     except Exception as e:
         raise kernel_error(plan.steps[plan.fast_steps.index(step)], vals, e, plan) from e
-    return [vals[s] for s in plan.output_slots]
+
+
+class BodyRuns:
+    """The runs of one body inside one Loop or Scan call: the slot list is made once
+    (constants and outer captures in place) and every iteration reuses it.
+
+    That is safe because iterations run one after another and every value a step reads
+    is written earlier in the same iteration (inputs, constants and captures are never
+    released); the outputs are read before the next iteration overwrites them.
+    """
+
+    __slots__ = ("plan", "vals", "slots", "defaults")
+
+    def __init__(self, plan: RunPlan, scope: list[Any] | None):
+        self.plan = plan
+        self.vals = plan.template.copy()
+        if scope is not None:
+            for outer, inner in plan.captures:
+                self.vals[inner] = scope[outer]
+        self.slots = [s for _, s in plan.input_slots]
+        self.defaults = [plan.template[s] for s in self.slots]
+
+    def __call__(self, inputs: Sequence[Any]) -> list[Any]:
+        vals = self.vals
+        for s, v, d in zip(self.slots, inputs, self.defaults):
+            vals[s] = d if v is None else v
+        run_steps(self.plan, vals)
+        return [vals[s] for s in self.plan.output_slots]
 
 
 def kernel_error(step: Step, vals: list[Any], e: Exception, plan: RunPlan) -> KernelError:

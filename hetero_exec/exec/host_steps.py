@@ -49,6 +49,9 @@ def host_step_nodes(graph: Graph, nodes: Sequence[Node]) -> set[Node]:
                 used = True
                 if consumer not in members or consumer in host:
                     continue  # another segment, or a host step: a host value is what it wants
+                if o not in consumer.inputs:  # a body reads it (a capture): as data, maybe
+                    ok = False
+                    break
                 kdef = lookup(consumer.domain, consumer.op_type, graph.opset(consumer.domain))
                 host_pos = kdef.host_inputs if kdef else frozenset()
                 if not all(i in host_pos for i, n in enumerate(consumer.inputs) if n == o):

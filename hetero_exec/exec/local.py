@@ -8,15 +8,17 @@ import threading
 import time
 from typing import Any, Mapping, Sequence
 
+from hetero_exec.exec.chain import calls_blas, move_value
 from hetero_exec.exec.executor import execute
 from hetero_exec.exec.feeds import FeedChecker
-from hetero_exec.exec.placed_body import move_value
 from hetero_exec.exec.plan import Compiler, RunPlan
 from hetero_exec.ir.graph import Graph
+from hetero_exec.kernels._threads import single_blas_thread
 
 
 class CompiledSegment:
-    def __init__(self, graph: Graph, segment, fold_constants: bool = True, providers=None):
+    def __init__(self, graph: Graph, segment, fold_constants: bool = True, providers=None,
+                 profiled: bool = False):
         prov = segment.provider
         self.segment = segment
         self.provider = prov
@@ -26,6 +28,8 @@ class CompiledSegment:
 
             placer = make_body_placer(providers, fold_constants)
         compiler = Compiler.for_provider(prov, fold_constants, placer)
+        if profiled:  # a profile times every node: no merged element-wise runs
+            compiler.merge_elementwise = False
         self.plan: RunPlan = compiler.compile(graph, segment.nodes, segment.inputs, segment.outputs)
         self.runs = 0
         self.seconds = 0.0
@@ -46,7 +50,8 @@ class LocalExecutor:
         self.checker = FeedChecker(graph)
         # a heterogeneous session places control-flow bodies with the same rules
         ranked = build.all_providers if len(build.placement.segments) > 1 else None
-        self.segments = [CompiledSegment(graph, s, options.fold_constants, ranked)
+        self.segments = [CompiledSegment(graph, s, options.fold_constants, ranked,
+                                         bool(options.enable_profiling))
                          for s in build.placement.segments]
         self.copies = 0
         self.copy_bytes = 0
@@ -63,10 +68,18 @@ class LocalExecutor:
         # graph-input positions of the first plan's inputs (single-provider and IO-binding runs)
         pos = {n: i for i, n in enumerate(graph.inputs)}
         self._feed_pos = [pos.get(n) for n, _ in self.segments[0].plan.input_slots]
+        # holding the BLAS costs microseconds a run: only plans that call it pay them
+        self._blas = any(calls_blas(s.nodes) for s in build.placement.segments)
 
     def run(self, names: Sequence[str], feed: Mapping[str, Any], on_device: bool = False) -> list[Any]:
         """``on_device``: feeds already live on the (single) provider's device and
         outputs stay there (IO binding)."""
+        if not self._blas:
+            return self._run(names, feed, on_device)
+        with single_blas_thread():  # our own pool splits large products (kernels/_threads.py)
+            return self._run(names, feed, on_device)
+
+    def _run(self, names: Sequence[str], feed: Mapping[str, Any], on_device: bool) -> list[Any]:
         ordered, _symbols = self.checker.check(feed)
         if on_device or self._single is not None:
             plan = self.segments[0].plan

@@ -6,21 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from hetero_exec.exec.executor import execute
-from hetero_exec.exec.plan import declared_dtype
+from hetero_exec.exec.chain import SegmentChain
+from hetero_exec.exec.plan import declared_dtype, static_shape
 from hetero_exec.ir.graph import Graph
-
-
-def move_value(v: Any, src: Any, dst: Any) -> Any:
-    """A value held by provider ``src`` (None: the host) made ready for ``dst``
-    (None: the host): device values come to the host, then go to a device."""
-    if v is None:
-        return v
-    if src is not None and src.is_device:
-        v = src.to_host(v)
-    if dst is not None and dst.is_device:
-        v = dst.to_device(v)
-    return v
 
 
 class PlacedSubgraph:
@@ -38,12 +26,14 @@ class PlacedSubgraph:
         self.body = body
         self.captures = [(name, outer_slots[name]) for name in body.captures if name in outer_slots]
         self.output_dtypes = [body.value(o).dtype for o in body.outputs]
+        self.output_shapes = [body.value(o).shape for o in body.outputs]
         self.segments = []
         for seg in plan.segments:
             prov = seg.provider
             placer = make_body_placer(providers, fold_constants)
             compiler = Compiler.for_provider(prov, fold_constants, placer)
             self.segments.append((prov, compiler.compile(body, seg.nodes, seg.inputs, seg.outputs)))
+        self.chain = SegmentChain(self.segments)
 
     @property
     def input_count(self) -> int:
@@ -56,23 +46,22 @@ class PlacedSubgraph:
     def output_dtype(self, i: int):
         return declared_dtype(self.output_dtypes, i)
 
+    def output_shape(self, i: int) -> tuple | None:
+        return static_shape(self.output_shapes, i)
+
+    def reads_input(self, i: int) -> bool:
+        return True
+
+    def start(self, scope: list[Any] | None):
+        """The runs of one Loop/Scan call (Subgraph.start's interface)."""
+        return lambda inputs: self.run(scope, inputs)
+
     def run(self, scope: list[Any] | None, inputs: Sequence[Any]) -> list[Any]:
         env: dict[str, Any] = dict(zip(self.body.inputs, inputs))
-        where: dict[str, Any] = {}
         if scope is not None:
             for name, slot in self.captures:
                 env[name] = scope[slot]
-        for prov, plan in self.segments:
-            args = []
-            for name, _ in plan.input_slots:
-                v = env.get(name)
-                if v is not None and where.get(name) is not prov:
-                    v = move_value(v, where.get(name), prov)
-                args.append(v)
-            for name, v in zip(plan.output_names, execute(plan, args)):
-                env[name] = v
-                where[name] = prov
-        return [move_value(env.get(name), where.get(name), None) for name in self.body.outputs]
+        return self.chain.run_inside(env, self.body.outputs)
 
     __call__ = run
 

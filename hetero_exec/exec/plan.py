@@ -16,10 +16,11 @@ import numpy as np
 import onnx
 
 from hetero_exec.errors import UnsupportedOperatorError
+from hetero_exec.exec.elementwise_runs import merge_runs
 from hetero_exec.exec.functions import expand_function
 from hetero_exec.exec.host_steps import METADATA_OPS, host_step_nodes
 from hetero_exec.ir.graph import Graph, Node, attr_value, node_reads
-from hetero_exec.kernels.registry import lookup
+from hetero_exec.kernels.registry import KnownInput, lookup
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +93,31 @@ def declared_dtype(dtypes: Sequence[Any], i: int) -> Any:
     return dt if dt is not None else np.float32
 
 
-class Subgraph:
-    """A compiled body (If branch, Loop/Scan body, function body): what kernels call."""
+def static_shape(shapes: Sequence[Any], i: int) -> tuple | None:
+    sh = shapes[i] if i < len(shapes) else None
+    return tuple(sh) if sh is not None and all(isinstance(d, int) for d in sh) else None
 
-    def __init__(self, plan: RunPlan, output_dtypes: list | None = None):
+
+class Subgraph:
+    """A compiled body (If branch, Loop/Scan body, function body): what kernels call.
+
+    ``run(scope, inputs)`` runs it once; ``start(scope)`` returns a callable for the many
+    runs of one Loop or Scan (`exec.executor.BodyRuns`: one slot list for all of them).
+    """
+
+    def __init__(self, plan: RunPlan, output_dtypes: list | None = None,
+                 output_shapes: list | None = None):
+        from hetero_exec.exec.executor import BodyRuns, execute  # the run loop imports this module
+
         self.plan = plan
         self.output_dtypes = output_dtypes or []
+        self.output_shapes = output_shapes or []
+        self._execute = execute
+        self._runs = BodyRuns
+        # a step's reads include its bodies' captures (an If in a Loop body may read i)
+        read = {plan.slot_of[r] for st in plan.steps for r in node_reads(st.node)
+                if r in plan.slot_of} | set(plan.output_slots)
+        self._reads = [s in read for _, s in plan.input_slots]
 
     @property
     def input_count(self) -> int:
@@ -110,10 +130,20 @@ class Subgraph:
     def output_dtype(self, i: int):
         return declared_dtype(self.output_dtypes, i)
 
-    def run(self, scope: list[Any] | None, inputs: Sequence[Any]) -> list[Any]:
-        from hetero_exec.exec.executor import execute
+    def output_shape(self, i: int) -> tuple | None:
+        """The declared shape of output ``i`` when every dim is static, else None."""
+        return static_shape(self.output_shapes, i)
 
-        return execute(self.plan, inputs, scope)
+    def reads_input(self, i: int) -> bool:
+        """Whether any step (or output) reads input ``i``: a Loop need not make the
+        iteration number for a body that ignores it."""
+        return i >= len(self._reads) or self._reads[i]
+
+    def run(self, scope: list[Any] | None, inputs: Sequence[Any]) -> list[Any]:
+        return self._execute(self.plan, inputs, scope)
+
+    def start(self, scope: list[Any] | None):
+        return self._runs(self.plan, scope)
 
     __call__ = run
 
@@ -134,6 +164,9 @@ class Compiler:
         self.to_device = to_device or (lambda a: a)
         #: compiles control-flow bodies with their own placement (heterogeneous sessions)
         self.body_placer = body_placer
+        #: runs of element-wise float steps become one step (exec/elementwise_runs.py); on
+        #: cpu, where a step's dispatch is most of a small tensor's cost
+        self.merge_elementwise = not self.device and provider == "cpu"
 
     @classmethod
     def for_provider(cls, provider: Any, fold_constants: bool = True,
@@ -209,12 +242,18 @@ class Compiler:
                                           if s not in host_slots and s not in host_copy.values()
                                           and s != NONE_SLOT], self.to_host)
                 host_slots.update(out_slots)
-            elif host_slots:
+            elif self.device:
                 kdef = lookup(node.domain, node.op_type, graph.opset(node.domain))
                 host_pos = kdef.host_inputs if kdef else frozenset()
                 data_pos = [p for p, s in enumerate(in_slots) if s in host_slots and p not in host_pos]
                 if data_pos:
                     fn = _converting(fn, data_pos, self.to_device)
+                # declared host inputs arrive as host values: constants from host copies
+                # made once, device values moved per run (kernels never read device data)
+                in_slots = self._host_constants(in_slots, constants, host_copy, template, host_pos)
+                fn = _converting(fn, [p for p in host_pos if p < len(in_slots) and in_slots[p]
+                                      not in host_slots and in_slots[p] not in host_copy.values()
+                                      and in_slots[p] != NONE_SLOT], self.to_host)
             if (self.fold_constants and not wants_scope and node.op_type not in NONDETERMINISTIC
                     and all(s in constants or s == NONE_SLOT for s in in_slots)):
                 if self._fold(fn, kwargs, in_slots, out_slots, template, node, step_xp):
@@ -223,7 +262,13 @@ class Compiler:
             raw_steps.append((node, fn, in_slots, cap_slots, out_slots, kwargs, wants_scope, step_xp))
 
         output_slots = [slot(o) for o in outputs]
-        keep = set(constants) | {s for _, s in input_slots} | set(output_slots) | {NONE_SLOT, TRASH_SLOT}
+        # outer captures are held by the enclosing run: releasing them here frees nothing
+        # (and a Loop's later iterations read them again from the same slot list)
+        keep = (set(constants) | {s for _, s in input_slots} | set(output_slots)
+                | {inner for _, inner in captures} | {NONE_SLOT, TRASH_SLOT})
+        if self.merge_elementwise:
+            raw_steps = merge_runs(graph, raw_steps, keep, self.xp,
+                                   {s: n for n, s in slot_of.items()})
         last_use: dict[int, int] = {}
         for idx, (_, _, in_slots, cap_slots, *_rest) in enumerate(raw_steps):
             for s in in_slots + cap_slots:
@@ -277,7 +322,8 @@ class Compiler:
                     kwargs[name] = self.body_placer(body, slot_of)
                 else:
                     kwargs[name] = Subgraph(self.compile_graph(body, outer=slot_of),
-                                            [body.value(o).dtype for o in body.outputs])
+                                            [body.value(o).dtype for o in body.outputs],
+                                            [body.value(o).shape for o in body.outputs])
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 raise UnsupportedOperatorError(node.identity, node.canonical_domain, node.op_type,
                                                opset, self.provider, "GRAPHS attributes are not supported")
@@ -287,14 +333,30 @@ class Compiler:
             kwargs["num_outputs"] = len(_trim(node.outputs))
         if "opset" in kdef.wants:
             kwargs["opset"] = kdef.since
-        return kdef.fn, kwargs, "scope" in kdef.wants
+        return self._specialized(graph, node, kdef, kwargs), kwargs, "scope" in kdef.wants
+
+    def _specialized(self, graph: Graph, node: Node, kdef: Any, kwargs: dict) -> Callable:
+        """The kernel's choice of function for this node (registry ``specialize`` hook); a
+        failing hook costs only the specialisation, logged, never the node."""
+        if kdef.specialize is None:
+            return kdef.fn
+        known = [_known_input(graph, name) for name in node.inputs]
+        try:
+            fn = kdef.specialize(self.xp, kwargs, known)
+        except Exception as e:
+            log.warning("%s: %s's specialize hook failed (%s: %s); running the generic kernel",
+                        node.identity, node.op_type, type(e).__name__, e)
+            return kdef.fn
+        return fn or kdef.fn
 
     def _host_constants(self, in_slots: tuple[int, ...], constants: set[int],
-                        host_copy: dict[int, int], template: list[Any]) -> tuple[int, ...]:
-        """A host step reads constants from host copies made once, here."""
+                        host_copy: dict[int, int], template: list[Any],
+                        positions: Any = None) -> tuple[int, ...]:
+        """A host step (or a device step's host inputs at ``positions``) reads constants
+        from host copies made once, here."""
         out = []
-        for s in in_slots:
-            if s in constants and s != NONE_SLOT:
+        for p, s in enumerate(in_slots):
+            if s in constants and s != NONE_SLOT and (positions is None or p in positions):
                 if s not in host_copy:
                     host_copy[s] = len(template)
                     template.append(self.to_host(template[s]))
@@ -331,6 +393,14 @@ def _converting(fn: Callable, positions: Sequence[int], convert: Callable[[Any],
 
     moved.__name__ = getattr(fn, "__name__", "moved")
     return moved
+
+
+def _known_input(graph: Graph, name: str) -> KnownInput:
+    if not name:
+        return KnownInput()
+    v = graph.value(name)
+    shape = tuple(v.shape) if v.shape is not None else None
+    return KnownInput(shape, v.dtype, graph.initializers.get(name))
 
 
 def _static_inputs(graph: Graph, node: Node) -> bool:

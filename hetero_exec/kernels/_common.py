@@ -54,8 +54,10 @@ def host_ints(v: Any) -> list[int]:
 
 
 def host_scalar(v: Any) -> Any:
+    """The first element as a Python scalar. A device array gives up that one element
+    only (``.item()``: a sync, as CuPy's ``int(x)``), never its whole buffer."""
     if hasattr(v, "get") and not isinstance(v, (np.ndarray, dict)):
-        v = v.get()
+        return v.reshape(-1)[0].item()
     return np.asarray(v).reshape(-1)[0].item()
 
 

@@ -24,14 +24,20 @@ def Loop(xp, M=None, cond=None, *v_initial, body, scope):
     n_scan = body.output_count - 1 - n_carried
     trip = None if M is None else int(host_scalar(M))
     keep_going = True if cond is None else bool(host_scalar(cond))
-    carried = list(v_initial)
     scans: list[list[Any]] = [[] for _ in range(n_scan)]
-    it = 0
     iter_dtype = M.dtype if M is not None else xp.int64
+    run = body.start(scope)  # one slot list for every iteration
+    count = body.reads_input(0)  # the iteration number, made only for a body that reads it
+    # the body's inputs, updated in place: (iteration, condition, carried...)
+    args = [None, xp.asarray(True)] + list(v_initial)
+    it = 0
     while keep_going and (trip is None or it < trip):
-        outs = body.run(scope, [xp.asarray(it, dtype=iter_dtype), xp.asarray(keep_going)] + carried)
+        if count:
+            args[0] = xp.asarray(it, dtype=iter_dtype)
+        outs = run(args)
         keep_going = bool(host_scalar(outs[0]))
-        carried = list(outs[1:1 + n_carried])
+        for j in range(n_carried):
+            args[2 + j] = outs[1 + j]
         for k in range(n_scan):
             scans[k].append(outs[1 + n_carried + k])
         it += 1
@@ -39,9 +45,10 @@ def Loop(xp, M=None, cond=None, *v_initial, body, scope):
     for k in range(n_scan):
         if scans[k]:
             stacked.append(xp.stack([xp.asarray(s) for s in scans[k]]))
-        else:  # zero-trip: an empty scan output of the body's declared dtype
-            stacked.append(xp.empty((0,), dtype=body.output_dtype(1 + n_carried + k)))
-    return tuple(carried + stacked)
+        else:  # zero-trip: an empty scan output of the body's declared dtype (and shape)
+            i = 1 + n_carried + k
+            stacked.append(xp.empty((0,) + (body.output_shape(i) or ()), dtype=body.output_dtype(i)))
+    return tuple(args[2:] + stacked)
 
 
 def _scan_once(xp, states, scans, body, scope, num_scan_inputs, in_axes, in_dirs, out_axes, out_dirs):
@@ -50,16 +57,19 @@ def _scan_once(xp, states, scans, body, scope, num_scan_inputs, in_axes, in_dirs
     rank_axes = [a + x.ndim if a < 0 else a for a, x in zip(in_axes, scans)]
     length = scans[0].shape[rank_axes[0]] if scans else 0
     results: list[list[Any]] = [[] for _ in range(n_out_scan)]
+    run = body.start(scope)
+    lead = [(slice(None),) * axis for axis in rank_axes]
+    args = list(states) + [None] * len(scans)
     for t in range(length):
-        slices = []
-        for x, axis, d in zip(scans, rank_axes, in_dirs):
-            idx = length - 1 - t if d == 1 else t
-            slices.append(xp.take(x, idx, axis=axis))
-        outs = body.run(scope, list(states) + slices)
-        states = list(outs[:n_state])
+        for j, (x, d) in enumerate(zip(scans, in_dirs)):
+            args[n_state + j] = x[lead[j] + (length - 1 - t if d == 1 else t,)]  # a view
+        outs = run(args)
+        for j in range(n_state):
+            args[j] = outs[j]
         for k in range(n_out_scan):
             results[k].append(outs[n_state + k])
-    finals = list(states)
+    # a state passed through unchanged would be a view of a scan input: hand out a copy
+    finals = [_own(s, scans) for s in args[:n_state]]
     for k in range(n_out_scan):
         if not results[k]:
             raise ValueError("Scan with zero-length scan inputs cannot infer its scan outputs' shapes")
@@ -71,6 +81,14 @@ def _scan_once(xp, states, scans, body, scope, num_scan_inputs, in_axes, in_dirs
             y = xp.moveaxis(y, 0, axis)
         finals.append(y)
     return finals
+
+
+def _own(v, scans):
+    """``v``, copied when it is a view into one of ``scans``."""
+    base = getattr(v, "base", None)
+    if base is not None and any(base is x or base is getattr(x, "base", None) for x in scans):
+        return v.copy()
+    return v
 
 
 @kernel("Scan", since=9)

@@ -1,21 +1,36 @@
 """Convolutions: Conv, ConvTranspose, ConvInteger, QLinearConv, DeformConv, Col2Im,
 CausalConvWithState.
 
-Conv is im2col + GEMM. The padded input is viewed through ``as_strided`` as
-(N, C, *K, *O) windows and copied once into a reusable column buffer laid out
-(N, C*K, O), so that ``W (M, C*K) @ cols`` writes the NCHW output directly with no
-transpose after the GEMM; for small output planes the columns are laid out
-(C*K, N*O) instead, for one wide GEMM. A stride-1 1x1 convolution needs no copy at
-all; depthwise convolutions accumulate over kernel taps instead of a GEMM.
+Conv runs one of four paths, chosen per node at compile time (the ``specialize`` hook
+of the kernel table) from its attributes and weight shape, see `choose_path`:
+
+* ``pointwise`` (1x1 kernel, no padding): a plain GEMM per image over the channels, no
+  im2col; a stride is one strided copy first;
+* ``depthwise`` (one input channel per group, numpy): "column band" GEMMs. For each
+  tile of T output columns, the K kernel rows of input it reads are copied side by side
+  (K*U values, U = (T-1)*stride + (K-1)*dilation + 1), and one GEMM per channel against a
+  (K*U, T) band matrix made from that channel's weights (and bias) computes the tile.
+  Numpy's element-wise passes (one multiply and one add per kernel tap) run at a few
+  GB/s here; the BLAS does the taps in registers, at the price of U/K times the
+  arithmetic (bench/bench_conv.py measures the forms);
+* ``depthwise_taps`` (other array modules, 3-D, channel multipliers): the sum over kernel
+  taps of per-channel scaled strided slices, accumulated in place;
+* ``im2col`` (everything else, groups included): the padded input viewed through
+  ``as_strided`` as (N, C, *K, *O) windows and copied once into a reusable per-thread
+  column buffer, then one batched GEMM over the group axis. Columns are laid out
+  (N, C*K, O) so that ``W (M, C*K) @ cols`` writes NCHW directly; for small output
+  planes (C*K, N*O) instead, for one wide GEMM.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from hetero_exec.kernels import _threads
 from hetero_exec.kernels._common import host_ints
 from hetero_exec.kernels._nn_common import (
     SCRATCH_KEEP,
@@ -23,44 +38,207 @@ from hetero_exec.kernels._nn_common import (
     conv_geometry,
     is_numpy,
     offset_slices,
-    pad_spatial,
     pad_spatial_scratch,
     scratch,
     spatial_attrs,
     window_view,
 )
-from hetero_exec.kernels.registry import kernel
+from hetero_exec.kernels._threads import matmul
+from hetero_exec.kernels.fused import FUSED_DOMAIN, epilogue_activation
+from hetero_exec.kernels.registry import KnownInput, kernel
 
 #: output plane size (columns per image) below which images share one wide GEMM
 #: (small late-stage planes) rather than one GEMM per image
 _GEMM_COLS = 1024
+#: widest output tile of the depthwise column-band path (bench/bench_conv.py)
+_BAND_TILE = 16
+
+PATHS = ("pointwise", "depthwise", "depthwise_taps", "im2col")
 
 
-# --------------------------------------------------------------------------- core
+# --------------------------------------------------------------------------- path choice
 
 
-def _depthwise(xp, Xp, W, out_sp, strides, dilations, group):
-    """Grouped conv with one input channel per group: sum over kernel taps of
-    per-channel scaled strided slices (no im2col, no GEMM)."""
-    N = Xp.shape[0]
+def choose_path(numpy_arrays: bool, w_shape: Sequence[int], group: int, pads_zero: bool) -> str:
+    """The Conv path for weights of ``w_shape`` (M, C/group, *K): see the module docstring.
+
+    >>> choose_path(True, (32, 1, 3, 3), 32, False)
+    'depthwise'
+    >>> choose_path(False, (32, 1, 3, 3), 32, False), choose_path(True, (64, 32, 1, 1), 1, True)
+    ('depthwise_taps', 'pointwise')
+    >>> choose_path(True, (64, 8, 3, 3), 4, False)
+    'im2col'
+    """
+    M, Cg = w_shape[0], w_shape[1]
+    K = tuple(w_shape[2:])
+    if group > 1 and Cg == 1:
+        if numpy_arrays and M == group and len(K) in (1, 2):
+            return "depthwise"
+        return "depthwise_taps"
+    if all(k == 1 for k in K) and pads_zero:
+        return "pointwise"
+    return "im2col"
+
+
+class ConvPath:
+    """One node's Conv path, and what it derives from that node's (constant) weights.
+
+    The band matrices of the depthwise path are built once per weight array, bias and
+    geometry and kept here; the cache holds the arrays it was built from and compares
+    them by identity, so a weight that changes between runs (a graph input) rebuilds."""
+
+    def __init__(self, kind: str):
+        if kind not in PATHS:
+            raise ValueError(f"unknown Conv path {kind!r}; known: {PATHS}")
+        self.kind = kind
+        self._band: tuple | None = None  # (W, B, key, band)
+
+    def band(self, xp, W, B, key: tuple, build: Callable[[], Any]):
+        cached = self._band
+        if cached is not None and cached[0] is W and cached[1] is B and cached[2] == key:
+            return cached[3]
+        band = build()
+        self._band = (W, B, key, band)  # one assignment: concurrent callers see old or new
+        return band
+
+    def __repr__(self) -> str:
+        return f"ConvPath({self.kind!r})"
+
+
+def _pads_zero(auto_pad: str, pads) -> bool:
+    """No padding at all: VALID, no pads, or SAME (which pads nothing for a 1x1 kernel)."""
+    return auto_pad != "NOTSET" or not pads or not any(pads)
+
+
+def _path_for(xp, W, group: int, auto_pad: str, pads) -> ConvPath:
+    return ConvPath(choose_path(is_numpy(xp), W.shape, group, _pads_zero(auto_pad, pads)))
+
+
+# --------------------------------------------------------------------------- pointwise
+
+
+def _pointwise(xp, X, W, B, strides, group, out_sp):
+    """1x1 conv, no padding: Y (N, M, L) = W (g, Mg, Cg) @ X (N, g, Cg, L) (+ B)."""
+    N, C = X.shape[:2]
+    M = W.shape[0]
+    L = math.prod(out_sp)
+    if any(s != 1 for s in strides):  # the strided pixels, gathered in one copy
+        Xs = X[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)]
+        X = scratch(xp, Xs.shape, X.dtype, slot=1)
+        X[...] = Xs
+    Wr = W.reshape(group, M // group, C // group)
+    # one GEMM per image even for small planes: transposing the batch into one wide GEMM
+    # and back costs more than the thin GEMMs save (bench/README.md, "bench_conv.py")
+    out = xp.empty((N, M, L), dtype=X.dtype)
+    if group == 1:
+        matmul(xp, Wr[0], X.reshape(N, C, L), out=out)
+    else:
+        matmul(xp, Wr, X.reshape(N, group, C // group, L),
+                  out=out.reshape(N, group, M // group, L))
+    if B is not None:
+        out += B.reshape(M, 1)
+    return out.reshape((N, M) + tuple(out_sp))
+
+
+# --------------------------------------------------------------------------- depthwise
+
+
+def _depthwise_taps(xp, X, W, B, strides, dilations, pb, pe, out_sp, group):
+    """Grouped conv with one input channel per group (channel multiplier M/group): the
+    sum over kernel taps of per-channel scaled strided slices, accumulated in place in
+    the output with one reused product buffer (no GEMM, no array per tap)."""
+    Xp = pad_spatial_scratch(xp, X, pb, pe)
+    N = X.shape[0]
     M = W.shape[0]
     mult = M // group
     K = W.shape[2:]
     nd = len(K)
     Wr = W.reshape((group, mult) + (1,) * nd + (-1,))  # (g, mult, 1.., prodK)
-    Y = None
+    Y = xp.empty((N, group, mult) + tuple(out_sp), dtype=X.dtype)
+    tmp = xp.empty_like(Y)
     for t, koff in enumerate(itertools.product(*[range(k) for k in K])):
-        sl = (slice(None), slice(None)) + offset_slices(koff, out_sp, strides, dilations)
-        xs = Xp[sl]
-        if mult == 1:
-            term = xs * Wr[:, 0, ..., t]
-        else:
-            term = xs[:, :, None] * Wr[..., t]
-        if Y is None:
-            Y = term
-        else:
-            Y += term
-    return Y.reshape((N, M) + tuple(out_sp))
+        xs = Xp[(slice(None), slice(None)) + offset_slices(koff, out_sp, strides, dilations)]
+        xp.multiply(xs[:, :, None], Wr[..., t], out=Y if t == 0 else tmp)
+        if t:
+            Y += tmp
+    Y = Y.reshape((N, M) + tuple(out_sp))
+    if B is not None:
+        Y += B.reshape((-1,) + (1,) * nd)
+    return Y
+
+
+def _band_tile(ow: int) -> int:
+    """Output columns per tile: OW itself when narrow, else its largest divisor in
+    [8, _BAND_TILE] (no partial tile), else _BAND_TILE (the last tile partly padding)."""
+    if ow <= _BAND_TILE:
+        return ow
+    for t in range(_BAND_TILE, 7, -1):
+        if ow % t == 0:
+            return t
+    return _BAND_TILE
+
+
+def _band(xp, W, B, T: int, U: int, stride: int, dilation: int):
+    """(C, KH*U [+1], T) per-channel band matrices: row i*U + t*stride + j*dilation of
+    column t holds W[c, 0, i, j], so that a row of columns (K rows of U inputs) times the
+    band is a tile of T outputs; the last row holds the bias (the columns end with a 1)."""
+    C, _, KH, KW = W.shape
+    KU = KH * U
+    band = xp.zeros((C, KU + (B is not None), T), dtype=W.dtype)
+    t_idx = xp.repeat(xp.arange(T), KW)
+    j_idx = xp.tile(xp.arange(KW), T)
+    u_idx = t_idx * stride + j_idx * dilation
+    body = band[:, :KU].reshape(C, KH, U, T)
+    body[:, :, u_idx, t_idx] = W[:, 0][:, :, j_idx]
+    if B is not None:
+        band[:, KU, :] = B.reshape(C, 1)
+    return band
+
+
+def _depthwise_band(xp, X, W, B, strides, dilations, pb, pe, out_sp, path: ConvPath,
+                    key_w, key_b):
+    """Depthwise conv (channel multiplier 1, 1-D or 2-D) as column-band GEMMs."""
+    if X.ndim == 3:  # 1-D: one row of height 1
+        Y = _depthwise_band(xp, X[:, :, None], W[:, :, None], B, [1] + list(strides),
+                            [1] + list(dilations), [0] + list(pb), [0] + list(pe),
+                            [1] + list(out_sp), path, key_w, key_b)
+        return Y.reshape(Y.shape[:2] + (Y.shape[3],))
+    N, C, H, Wd = X.shape
+    KH, KW = W.shape[2:]
+    (sh, sw), (dh, dw) = strides, dilations
+    OH, OW = out_sp
+    T = _band_tile(OW)
+    nT = -(-OW // T)
+    U = (T - 1) * sw + (KW - 1) * dw + 1
+    KU = KH * U
+    # the last tile may read past the right pad: zero columns up to what it reads
+    wp = max(Wd + pb[1] + pe[1], (nT * T - 1) * sw + (KW - 1) * dw + 1)
+    Xp = pad_spatial_scratch(xp, X, pb, [pe[0], wp - Wd - pb[1]])
+    band = path.band(xp, key_w, key_b, (T, U, sw, dw, X.dtype.str),
+                     lambda: _band(xp, W, B, T, U, sw, dw))
+    st = Xp.strides
+    view = xp.lib.stride_tricks.as_strided(
+        Xp, (C, N, OH, nT, KH, U), (st[1], st[0], sh * st[2], T * sw * st[3], dh * st[2], st[3]))
+    R = N * OH * nT
+    rows = band.shape[1]
+    cols = scratch(xp, (C, R, rows), X.dtype)
+    out = xp.empty((N, C, OH, OW), dtype=X.dtype)
+    direct = N == 1 and nT * T == OW  # the GEMM writes the (1, C, OH, OW) output itself
+    Y = out.reshape(C, R, T) if direct else scratch(xp, (C, R, T), X.dtype, slot=2)
+
+    def channels(c0: int, c1: int) -> None:  # a block of channels: copy, GEMM, transpose
+        cols[c0:c1, :, :KU].reshape(c1 - c0, N, OH, nT, KH, U)[...] = view[c0:c1]
+        if B is not None:
+            cols[c0:c1, :, KU] = 1
+        xp.matmul(cols[c0:c1], band[c0:c1], out=Y[c0:c1])
+        if not direct:
+            out[:, c0:c1] = Y[c0:c1].reshape(c1 - c0, N, OH, nT * T)[..., :OW].transpose(1, 0, 2, 3)
+
+    _threads.parallel_for(xp, C, channels, 2.0 * C * R * rows * T, least=8)
+    return out
+
+
+# --------------------------------------------------------------------------- im2col
 
 
 def _chunk(xp, N, per_image_bytes):
@@ -71,26 +249,13 @@ def _chunk(xp, N, per_image_bytes):
     return max(1, min(N, SCRATCH_KEEP // max(per_image_bytes, 1)))
 
 
-def _epilogue(xp, Y, Z, activation):
-    """In place on a fresh conv output block: add the residual Z, apply the activation."""
-    if Z is not None:
-        Y += Z
-    if activation == "Relu":
-        xp.maximum(Y, 0, out=Y)
-    elif activation:
-        raise ValueError(f"FusedConv: unsupported activation {activation!r}")
+def _im2col(xp, X, W, B, strides, dilations, pb, pe, group, out_sp):
+    """The general case: im2col into a per-thread reusable buffer, then one (batched over
+    groups) GEMM per block of images, the bias added on each block while it is in cache.
 
-
-def _conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp, Z=None, activation=""):
-    """Conv of X (N, C, *S) with W (M, C/group, *K), plus B (M,) if given, computed
-    in (and returned as) the dtype of X and W. ``Z`` (the output's shape) is added and
-    ``activation`` applied in place, block by block while the output is in cache.
-
-    Each block of images is one copy into the column buffer, one (batched) matmul and
-    the in-place epilogue (bias, Z, activation) on that block's output: few switches
-    between single-threaded numpy work and the multi-threaded BLAS, whose spinning
-    workers otherwise compete with the copies on a loaded machine (the whole batch is
-    one block unless its columns outgrow the scratch buffer)."""
+    Inside a run the images are split over our threads (kernels/_threads.py), each part
+    copying its own columns into its own thread's buffer; a part is one block unless its
+    columns outgrow that buffer."""
     N, C = X.shape[:2]
     M = W.shape[0]
     K = tuple(W.shape[2:])
@@ -99,100 +264,169 @@ def _conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp, Z=None, a
     Mg = M // group
     kprod = math.prod(K)
     L = math.prod(out_sp)
-    out_shape = (N, M) + tuple(out_sp)
-
-    if N == 0 or M == 0 or L == 0:
-        return xp.zeros(out_shape, dtype=X.dtype)  # empty: no bias, Z or activation to apply
-
-    if Cg == 1 and group > 1:  # depthwise (channel multiplier Mg)
-        Y = _depthwise(xp, pad_spatial(xp, X, pb, pe, 0), W, out_sp, strides, dilations, group)
-        if B is not None:
-            Y += B.reshape((-1,) + (1,) * nd)
-        _epilogue(xp, Y, Z, activation)
-        return Y
-    Zr = None if Z is None else Z.reshape(N, M, L)
-
     Xp = pad_spatial_scratch(xp, X, pb, pe)  # no copy when unpadded (1x1 convs)
     view = window_view(xp, Xp, out_sp, K, strides, dilations, kernel_first=True)  # (N, C, *K, *O)
     CK = Cg * kprod
     Wr = W.reshape(group, Mg, CK)
     out = xp.empty((N, M, L), dtype=X.dtype)
     nb = _chunk(xp, N, C * kprod * L * X.dtype.itemsize)
-    if L >= _GEMM_COLS or N == 1:
-        # columns (n, C*K, L) per image: the batched matmul writes NCHW directly
-        for n0 in range(0, N, nb):
-            n1 = min(N, n0 + nb)
-            v = view[n0:n1]
-            if v.flags.c_contiguous:  # stride-1 1x1: the images are the column matrices
-                cols = v.reshape(n1 - n0, group, CK, L)
+    wide = L < _GEMM_COLS and N > 1
+    perm = (1,) + tuple(range(2, 2 + nd)) + (0,) + tuple(range(2 + nd, 2 + 2 * nd))
+
+    def images(i0: int, i1: int) -> None:  # a block of images, in chunks that fit scratch
+        for n0 in range(i0, i1, nb):
+            n1 = min(i1, n0 + nb)
+            if wide:
+                _im2col_wide(xp, view[n0:n1].transpose(perm), Wr, B, out[n0:n1], group, CK)
             else:
-                cols = scratch(xp, v.shape, X.dtype)
-                cols[...] = v
-                cols = cols.reshape(n1 - n0, group, CK, L)
-            if group == 1:
-                xp.matmul(Wr[0], cols[:, 0], out=out[n0:n1])
-            else:
-                xp.matmul(Wr, cols, out=out[n0:n1].reshape(n1 - n0, group, Mg, L))
-            blk = out[n0:n1]
-            if B is not None:
-                blk += B.reshape(M, 1)
-            _epilogue(xp, blk, None if Zr is None else Zr[n0:n1], activation)
+                _im2col_per_image(xp, view[n0:n1], Wr, B, out[n0:n1], group, CK)
+
+    _threads.parallel_for(xp, N, images, 2.0 * N * M * L * CK)
+    return out.reshape((N, M) + tuple(out_sp))
+
+
+def _im2col_per_image(xp, v, Wr, B, out, group, CK):
+    """Columns (n, C*K, L) per image: the batched matmul writes NCHW directly."""
+    n, L = v.shape[0], out.shape[-1]
+    if v.flags.c_contiguous:  # unpadded 1x1: the images are the column matrices
+        cols = v.reshape(n, group, CK, L)
     else:
-        # small planes: columns (C*K, n*L) for one wide GEMM, transposed back to NCHW
-        perm = (1,) + tuple(range(2, 2 + nd)) + (0,) + tuple(range(2 + nd, 2 + 2 * nd))
-        Bc = None if B is None else B.reshape(M, 1)
-        for n0 in range(0, N, nb):
-            n1 = min(N, n0 + nb)
-            v = view[n0:n1].transpose(perm)  # (C, *K, n, *O)
-            cols = scratch(xp, v.shape, X.dtype)
-            cols[...] = v
-            cols = cols.reshape(group, CK, (n1 - n0) * L)
-            if group == 1:
-                Y = xp.matmul(Wr[0], cols[0])
-            else:
-                Y = xp.matmul(Wr, cols)
-            Y = Y.reshape(M, n1 - n0, L).transpose(1, 0, 2)
-            if Bc is not None:
-                xp.add(Y, Bc, out=out[n0:n1])
-            else:
-                out[n0:n1] = Y
-            _epilogue(xp, out[n0:n1], None if Zr is None else Zr[n0:n1], activation)
-    return out.reshape(out_shape)
+        cols = scratch(xp, v.shape, v.dtype)
+        cols[...] = v
+        cols = cols.reshape(n, group, CK, L)
+    if group == 1:
+        matmul(xp, Wr[0], cols[:, 0], out=out)
+    else:
+        matmul(xp, Wr, cols, out=out.reshape(n, group, Wr.shape[1], L))
+    if B is not None:
+        out += B.reshape(-1, 1)
 
 
-def _conv_full(xp, X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides, Z=None,
-               activation=""):
+def _im2col_wide(xp, v, Wr, B, out, group, CK):
+    """Small planes: columns (C*K, n*L) for one wide GEMM, transposed back to NCHW.
+    ``v`` is the window view already permuted to (C, *K, n, *O)."""
+    n, M, L = out.shape
+    cols = scratch(xp, v.shape, v.dtype)
+    cols[...] = v
+    cols = cols.reshape(group, CK, n * L)
+    Y = matmul(xp, Wr[0], cols[0]) if group == 1 else matmul(xp, Wr, cols)
+    Y = Y.reshape(M, n, L).transpose(1, 0, 2)
+    if B is not None:
+        xp.add(Y, B.reshape(M, 1), out=out)
+    else:
+        out[...] = Y
+
+
+# --------------------------------------------------------------------------- core
+
+
+def _epilogue(xp, Y, Z, activation):
+    """In place on a fresh conv output: add the residual Z, apply the activation ("Relu",
+    or a callable ``activation(xp, Y)`` that works in place on Y)."""
+    if Z is not None:
+        Y += Z
+    if activation == "Relu":
+        xp.maximum(Y, 0, out=Y)
+    elif callable(activation):
+        activation(xp, Y)
+    elif activation:
+        raise ValueError(f"FusedConv: unsupported activation {activation!r}")
+
+
+def _conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp, Z=None, activation="",
+               path: ConvPath | None = None, key_w=None, key_b=None):
+    """Conv of X (N, C, *S) with W (M, C/group, *K), plus B (M,) if given, computed
+    in (and returned as) the dtype of X and W, by ``path`` (chosen here when None). ``Z``
+    (the output's shape) is added and ``activation`` applied in place. ``key_w``/``key_b``
+    are the arrays the caller was given (before any cast): the path's caches key on them."""
+    N = X.shape[0]
+    M = W.shape[0]
+    out_shape = (N, M) + tuple(out_sp)
+    if N == 0 or M == 0 or math.prod(out_sp) == 0:
+        return xp.zeros(out_shape, dtype=X.dtype)  # empty: no bias, Z or activation to apply
+    if path is None:
+        path = ConvPath(choose_path(is_numpy(xp), W.shape, group, not any(pb) and not any(pe)))
+    kind = path.kind
+    if kind == "pointwise" and (any(pb) or any(pe)):
+        kind = "im2col"  # a pointwise node whose auto_pad pads after all
+    if kind == "depthwise":
+        Y = _depthwise_band(xp, X, W, B, strides, dilations, pb, pe, out_sp, path,
+                            W if key_w is None else key_w, B if key_b is None else key_b)
+    elif kind == "depthwise_taps":
+        Y = _depthwise_taps(xp, X, W, B, strides, dilations, pb, pe, out_sp, group)
+    elif kind == "pointwise":
+        Y = _pointwise(xp, X, W, B, strides, group, out_sp)
+    else:
+        Y = _im2col(xp, X, W, B, strides, dilations, pb, pe, group, out_sp)
+    _epilogue(xp, Y, Z, activation)
+    return Y
+
+
+def _conv_full(xp, X, W, B, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+               pads=None, strides=None, Z=None, activation="", path: ConvPath | None = None):
     nd = X.ndim - 2
     strides, dilations = spatial_attrs(nd, strides, dilations)
     K = list(kernel_shape) if kernel_shape else list(W.shape[2:])
     out_sp, pb, pe = conv_geometry(X.shape[2:], K, strides, dilations, pads, auto_pad)
     out_dtype = X.dtype
+    if path is None:
+        path = ConvPath(choose_path(is_numpy(xp), W.shape, group, not any(pb) and not any(pe)))
     cdt = acc_dtype(xp, out_dtype)
+    if cdt == np.float16 and path.kind == "depthwise_taps":
+        # element-wise sums over the taps: no BLAS accumulates them wider, so float32
+        cdt = np.dtype(np.float32)
     Xc = X.astype(cdt, copy=False)
     Wc = W.astype(cdt, copy=False)
     Bc = None if B is None else B.astype(cdt, copy=False)
     Zc = None if Z is None else Z.astype(cdt, copy=False)
-    Y = _conv_core(xp, Xc, Wc, Bc, strides, dilations, pb, pe, group, out_sp, Zc, activation)
+    Y = _conv_core(xp, Xc, Wc, Bc, strides, dilations, pb, pe, group, out_sp, Zc, activation,
+                   path, W, B)
     return Y.astype(out_dtype, copy=False)
 
 
 # --------------------------------------------------------------------------- Conv
 
 
-@kernel("Conv", since=(1, 11, 22))
+def _specialize(op: str):
+    """The compile-time hook of Conv / FusedConv: the node's path from its attributes and
+    weight shape, held (with its weight-derived caches) by the function returned."""
+
+    def hook(xp, kwargs: dict, inputs: Sequence[KnownInput]):
+        w = inputs[1] if len(inputs) > 1 else KnownInput()
+        if w.shape is None or not all(isinstance(d, int) for d in w.shape):
+            return None  # the weight's shape decides the path: choose at run time
+        path = _path_for(xp, w, kwargs.get("group", 1), kwargs.get("auto_pad", "NOTSET"),
+                         kwargs.get("pads"))
+        if op == "Conv":
+            def conv(xp, X, W, B=None, **attrs):
+                return (_conv_full(xp, X, W, B, path=path, **attrs),)
+        else:
+            act = epilogue_activation(kwargs.get("activation", ""), kwargs.get("activation_params"))
+
+            def conv(xp, X, W, B=None, Z=None, activation="", activation_params=None, **attrs):
+                return (_conv_full(xp, X, W, B, Z=Z, path=path, activation=act, **attrs),)
+        conv.__name__ = f"{op}_{path.kind}"
+        conv.path = path
+        return conv
+
+    return hook
+
+
+@kernel("Conv", since=(1, 11, 22), specialize=_specialize("Conv"))
 def Conv(xp, X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
          pads=None, strides=None):
     return (_conv_full(xp, X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides),)
 
 
-@kernel("FusedConv", since=1, domain="hetero_exec")
-def FusedConv(xp, X, W, B=None, Z=None, activation="", auto_pad="NOTSET", dilations=None, group=1,
-              kernel_shape=None, pads=None, strides=None):
-    """Internal op of the cpu fusion passes (placement/fusions.py):
+@kernel("FusedConv", since=1, domain=FUSED_DOMAIN, specialize=_specialize("FusedConv"))
+def FusedConv(xp, X, W, B=None, Z=None, activation="", activation_params=None, auto_pad="NOTSET",
+              dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """Internal op of the fusion passes (placement/fusions/):
     ``activation(Conv(X, W, B) + Z)``, Z (optional) of the output's shape, the activation
-    ("Relu" or "" for none) applied in place on the GEMM output."""
+    (kernels.fused.ACTIVATIONS, with its ``activation_params``) applied in place on the
+    conv output."""
     return (_conv_full(xp, X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides,
-                       Z, activation),)
+                       Z, epilogue_activation(activation, activation_params)),)
 
 
 # --------------------------------------------------------------------------- integer / quantised
@@ -413,7 +647,8 @@ def CausalConvWithState(xp, input, weight, bias=None, past_state=None, activatio
     Nb, C, L = input.shape
     k = weight.shape[2]
     dt = input.dtype
-    cdt = acc_dtype(xp, dt)
+    # the taps are element-wise sums, which no BLAS accumulates wider: float32 on every xp
+    cdt = np.dtype(np.float32) if dt == np.float16 else acc_dtype(xp, dt)
     if past_state is None:
         pad = xp.zeros((Nb, C, k - 1), dtype=dt)
     else:

@@ -1,30 +1,111 @@
-"""Internal ops of the fusion passes (hetero_exec/placement/fusions.py), in the
+"""Internal ops of the fusion passes (hetero_exec/placement/fusions/), in the
 "hetero_exec" domain: several ONNX nodes computed as one kernel, with the later steps
-in place on the first one's fresh output. FusedConv lives with Conv in conv.py.
+in place on the first one's fresh output.
+
+FusedConv lives with Conv in conv.py (its epilogue calls `activate` below);
+FusedLayerNorm and FusedRMSNorm in norm.py; FusedAttention and FusedRotary in
+attention.py.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
+import numpy as np
+
+from hetero_exec.kernels._threads import PARALLEL_FLOPS, matmul
 from hetero_exec.kernels.elementwise import Gelu
 from hetero_exec.kernels.linalg import _float_operands
 from hetero_exec.kernels.registry import kernel
 
 FUSED_DOMAIN = "hetero_exec"
 
+#: what `activate` applies in place; ``activation_params`` are (min, max) for Clip and
+#: (alpha, beta) for HardSigmoid
+ACTIVATIONS = frozenset({"", "Relu", "Clip", "HardSigmoid", "HardSwish", "SiLU", "Tanh", "Sigmoid"})
 
-def _activate(xp, Y, activation, op):
+
+def _sigmoid_into(xp, t):
+    """1 / (1 + exp(-t)) in place: the Sigmoid kernel's steps."""
+    with np.errstate(over="ignore"):
+        xp.negative(t, out=t)
+        xp.exp(t, out=t)
+    t += 1
+    return xp.reciprocal(t, out=t)
+
+
+def activate(xp, Y, activation: str, params: Sequence[float] | None = None, op: str = "fused op"):
+    """``activation(Y)`` written into ``Y`` (a fresh float array); at most one work array."""
+    if not activation:
+        return Y
     if activation == "Relu":
         xp.maximum(Y, 0, out=Y)
-    elif activation:
+    elif activation == "Clip":
+        lo, hi = params if params else (-np.inf, np.inf)
+        # max then min, as Clip: min > max gives max everywhere
+        if lo > -np.inf:
+            xp.maximum(Y, Y.dtype.type(lo), out=Y)
+        if hi < np.inf:
+            xp.minimum(Y, Y.dtype.type(hi), out=Y)
+    elif activation == "HardSigmoid":
+        alpha, beta = params if params else (0.2, 0.5)
+        _hard_sigmoid(xp, Y, alpha, beta, out=Y)
+    elif activation == "HardSwish":
+        Y *= _hard_sigmoid(xp, Y, 1.0 / 6.0, 0.5)
+    elif activation == "Tanh":
+        xp.tanh(Y, out=Y)
+    elif activation == "Sigmoid":
+        _sigmoid_into(xp, Y)
+    elif activation == "SiLU":
+        t = xp.empty_like(Y)
+        with np.errstate(over="ignore"):  # exp(-y) -> inf gives y / inf = 0, as wanted
+            xp.negative(Y, out=t)
+            xp.exp(t, out=t)
+        t += 1
+        Y /= t
+    else:
         raise ValueError(f"{op}: unsupported activation {activation!r}")
+    return Y
+
+
+def product(xp, a, b, out=None):
+    """a @ b: a large product split over our threads (kernels/_threads.matmul), a small one
+    straight to the BLAS (the split's bookkeeping costs microseconds)."""
+    if a.ndim >= 2 and b.ndim >= 2 and 2.0 * a.size * b.shape[-1] >= PARALLEL_FLOPS:
+        return matmul(xp, a, b, out=out)
+    return xp.matmul(a, b, out=out) if out is not None else xp.matmul(a, b)
+
+
+def epilogue_activation(activation: str, params: Sequence[float] | None = None):
+    """``activation`` in the form conv.py's epilogue takes: "" (none), "Relu", or a
+    callable ``(xp, Y)`` applying it in place."""
+    if not activation or activation == "Relu":
+        return activation
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"FusedConv: unsupported activation {activation!r}")
+    params = tuple(params) if params else None
+
+    def apply(xp, Y):
+        activate(xp, Y, activation, params, "FusedConv")
+
+    apply.__name__ = activation
+    return apply
+
+
+def _hard_sigmoid(xp, Y, alpha, beta, out=None):
+    t = xp.multiply(Y, Y.dtype.type(alpha), out=out)
+    t += Y.dtype.type(beta)
+    xp.maximum(t, 0, out=t)
+    xp.minimum(t, 1, out=t)
+    return t
 
 
 @kernel("FusedMatMul", since=1, domain=FUSED_DOMAIN)
-def FusedMatMul(xp, A, B, bias=None, activation=""):
+def FusedMatMul(xp, A, B, bias=None, activation="", activation_params=None):
     """``activation(MatMul(A, B) + bias)``, bias (N,) along the last axis; from MatMul+Add
     and from Gemm (alpha = beta = 1, transA = 0; transB folded into B by the pass)."""
     (Ac, Bc), back = _float_operands(xp, A, B)
-    Y = xp.asarray(xp.matmul(Ac, Bc))
+    Y = xp.asarray(product(xp, Ac, Bc))
     if Y.ndim == 0:  # 1-D @ 1-D: a 0-d result, which in-place steps would turn into a scalar
         Y = Y.reshape(1)
         shape = ()
@@ -32,7 +113,7 @@ def FusedMatMul(xp, A, B, bias=None, activation=""):
         shape = None
     if bias is not None:
         Y += bias.astype(Y.dtype, copy=False)
-    _activate(xp, Y, activation, "FusedMatMul")
+    activate(xp, Y, activation, activation_params, "FusedMatMul")
     if shape is not None:
         Y = Y.reshape(shape)
     if back is not None:

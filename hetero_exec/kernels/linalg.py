@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from hetero_exec.kernels._nn_common import acc_dtype, is_numpy
+from hetero_exec.kernels._threads import matmul
 from hetero_exec.kernels.registry import kernel
 
 
@@ -28,7 +29,7 @@ def Gemm(xp, A, B, C=None, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0)
         Ac = Ac.T
     if transB:
         Bc = Bc.T
-    Y = xp.matmul(Ac, Bc)
+    Y = matmul(xp, Ac, Bc)  # a large product split over our threads inside a run
     if alpha != 1.0:
         Y = Y * (Y.dtype.type(alpha) if Y.dtype.kind == "f" else alpha)
     if C is not None and beta != 0:
@@ -45,7 +46,7 @@ def Gemm(xp, A, B, C=None, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0)
 @kernel("MatMul", since=(1, 9, 13))
 def MatMul(xp, A, B):
     (Ac, Bc), back = _float_operands(xp, A, B)
-    Y = xp.asarray(xp.matmul(Ac, Bc))  # 1-D @ 1-D gives a scalar
+    Y = xp.asarray(matmul(xp, Ac, Bc))  # 1-D @ 1-D gives a scalar
     if back is not None:
         Y = Y.astype(back)
     return (Y,)

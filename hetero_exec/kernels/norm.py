@@ -11,6 +11,7 @@ import numpy as np
 
 from hetero_exec.kernels._common import norm_axis, np_dtype
 from hetero_exec.kernels._nn_common import acc_dtype
+from hetero_exec.kernels.fused import FUSED_DOMAIN
 from hetero_exec.kernels.registry import kernel
 
 
@@ -107,12 +108,13 @@ def _row_dot(xp, a):
 
 def _normalized_rows(xp, X, axis, stash_type, scale):
     """X as a (rows, cols) matrix normalised per row over axes ``axis..``: the matrix, the
-    stash dtype, the scale broadcast to a row, and rows/cols."""
+    stash dtype, the scale broadcast to a row (None without a scale), and rows/cols."""
     sdt = _stash_dtype(xp, stash_type, X.dtype)
     tail = X.shape[axis:]
     rows = int(np.prod(X.shape[:axis], dtype=np.int64))
     cols = int(np.prod(tail, dtype=np.int64))
-    return X.reshape(rows, cols), sdt, _trailing(xp, scale, tail, cols, sdt), rows, cols
+    sc = None if scale is None else _trailing(xp, scale, tail, cols, sdt)
+    return X.reshape(rows, cols), sdt, sc, rows, cols
 
 
 @kernel("LayerNormalization", since=17)
@@ -134,7 +136,8 @@ def LayerNormalization(xp, X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1
         var = _row_dot(xp, d) / cols
         iv = 1.0 / xp.sqrt(var + epsilon)
         d *= iv
-        d *= sc
+        if sc is not None:
+            d *= sc
         if bi is not None:
             d += bi
         mean[r0:r1] = m
@@ -157,8 +160,35 @@ def RMSNormalization(xp, X, scale, axis=-1, epsilon=1e-5, stash_type=1):
         ms = _row_dot(xp, xb) / cols
         d = Y[r0:r1]
         xp.multiply(xb, 1.0 / xp.sqrt(ms + epsilon), out=d)
-        d *= sc
+        if sc is not None:
+            d *= sc
     return (Y.reshape(X.shape).astype(dt, copy=False),)
+
+
+@kernel("FusedLayerNorm", since=1, domain=FUSED_DOMAIN)
+def FusedLayerNorm(xp, X, scale=None, bias=None, axis=-1, epsilon=1e-5, axes=None):
+    """LayerNormalization (scale and bias optional) in the input's precision: the node
+    chain exporters write for it (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, ...).
+    ``axes``: normalise over these instead of ``axis..`` (scale and bias broadcast as in
+    the chain's Mul and Add)."""
+    if axes is None:
+        return LayerNormalization(xp, X, scale, bias, axis=axis, epsilon=epsilon, stash_type=0)
+    ax = tuple(axes)
+    d = X - xp.mean(X, axis=ax, keepdims=True)
+    var = xp.mean(d * d, axis=ax, keepdims=True)
+    d *= 1.0 / xp.sqrt(var + epsilon)
+    if scale is not None:
+        d *= scale
+    if bias is not None:
+        d += bias
+    return (d,)
+
+
+@kernel("FusedRMSNorm", since=1, domain=FUSED_DOMAIN)
+def FusedRMSNorm(xp, X, scale=None, axis=-1, epsilon=1e-5):
+    """x / sqrt(mean(x^2) + epsilon) [* scale] in the input's precision: RMSNorm as the
+    exporters write it (Pow, ReduceMean, Add, Sqrt, Div or Reciprocal and Mul)."""
+    return RMSNormalization(xp, X, scale, axis=axis, epsilon=epsilon, stash_type=0)
 
 
 # --------------------------------------------------------------------------- Instance / Group

@@ -13,6 +13,12 @@ Kernels are plain functions named after the ONNX op::
   a positional input in new opsets and a keyword attribute in old ones);
 * it returns a tuple of outputs.
 
+A kernel may also name a ``specialize`` hook, called once per node at compile time with
+the provider's array module, the node's attributes and what is known of its inputs
+(`KnownInput`: shapes, dtypes, constant values). It returns the function to run for that
+node (same signature as the kernel), or None to keep the kernel: so a kernel picks its
+path (a convolution's GEMM form, say) from attributes and shapes once, not every run.
+
 Optional keyword-only parameters the executor fills in when a kernel declares them:
 ``num_outputs`` (how many outputs the node asks for), ``scope`` (the enclosing values,
 for kernels that run subgraphs), ``opset`` (the resolved since_version of the node).
@@ -26,7 +32,7 @@ from __future__ import annotations
 import inspect
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import onnx.defs
 
@@ -38,6 +44,18 @@ ONNX_DOMAINS = ("", "ai.onnx")
 
 #: parameters the executor passes when a kernel declares them
 CONTEXT_PARAMS = frozenset({"num_outputs", "scope", "opset"})
+
+
+@dataclass(frozen=True)
+class KnownInput:
+    """What the compiler knows of one node input, for a kernel's ``specialize`` hook."""
+
+    #: dims (int when static, a symbol name or None otherwise); None when the rank is unknown
+    #: or the input is omitted
+    shape: tuple | None = None
+    dtype: Any = None
+    #: the host array of a constant input (an initializer), else None
+    value: Any = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +76,8 @@ class KernelDef:
     wants: frozenset[str] = field(default_factory=frozenset)
     #: the attribute names the function accepts, or None for **kwargs
     attrs: frozenset[str] | None = None
+    #: compile-time hook ``specialize(xp, kwargs, inputs: list[KnownInput]) -> fn | None``
+    specialize: Callable | None = None
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -73,6 +93,7 @@ class DuplicateKernelError(ValueError):
 
 
 _TABLE: dict[tuple[str, str], dict[int, KernelDef]] = {}
+_GENERATION = [0]  # bumped on every registration: caches over the table compare it
 
 
 def canonical_domain(domain: str) -> str:
@@ -87,6 +108,7 @@ def kernel(
     host_inputs: Iterable[int] = (),
     host_only: str | None = None,
     dtypes: Iterable[str] | None = None,
+    specialize: Callable | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register ``fn`` for ``op_type`` from opset ``since`` on (several sinces allowed)."""
     sinces = (since,) if isinstance(since, int) else tuple(since)
@@ -119,7 +141,9 @@ def kernel(
                 dtypes=frozenset(dtypes) if dtypes is not None else None,
                 wants=wants,
                 attrs=attrs,
+                specialize=specialize,
             )
+        _GENERATION[0] += 1
         return fn
 
     return register
@@ -156,6 +180,12 @@ def lookup(domain: str, op_type: str, opset: int) -> KernelDef | None:
 def registered() -> list[KernelDef]:
     _ensure_loaded()
     return [k for versions in _TABLE.values() for k in versions.values()]
+
+
+def generation() -> int:
+    """A number that changes whenever a kernel is registered (for caches over the table)."""
+    _ensure_loaded()
+    return _GENERATION[0]
 
 
 def has_op(domain: str, op_type: str) -> bool:

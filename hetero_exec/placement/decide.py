@@ -1,8 +1,9 @@
 """The session-building decision of SEMANTICS.md section 1, in its order.
 
 (ir.load has checked control-flow signatures and cycles.) Then:
-hetero (opt-in, decided first) -> unsupported-operator rejection on cpu -> provider
-passes -> GPU coverage -> require / guard / whole-session fallback -> memory admission.
+hetero (opt-in, decided first; its segments then get their providers' segment passes)
+-> unsupported-operator rejection on cpu -> provider passes -> GPU coverage -> require /
+guard / whole-session fallback -> memory admission.
 """
 
 from __future__ import annotations
@@ -119,9 +120,9 @@ def _place(graph: Graph, providers: Sequence[Any] | None, options) -> SessionBui
     if options.placement is not None:
         from hetero_exec.placement.artifacts import load_plan
 
-        plan = load_plan(options.placement, graph, provs)
+        plan = _segment_passes(load_plan(options.placement, graph, provs), options)
         admit(plan, bounds)
-        return SessionBuild(plan, _used(plan, provs), graph, requested=requested.name,
+        return SessionBuild(plan, _used(plan, provs), plan.graph, requested=requested.name,
                             all_providers=provs)
 
     # -- opt-in mixed placement, decided before the single-provider path ------------
@@ -132,9 +133,10 @@ def _place(graph: Graph, providers: Sequence[Any] | None, options) -> SessionBui
                                   strategy=options.strategy, dim_bounds=bounds,
                                   cost_model=options.cost_model)
         if plan is not None:
+            plan = _segment_passes(plan, options)
             admit(plan, bounds)
             log.info("heterogeneous placement: %s", plan.summary())
-            return SessionBuild(plan, _used(plan, provs), graph, requested=requested.name,
+            return SessionBuild(plan, _used(plan, provs), plan.graph, requested=requested.name,
                                 all_providers=provs)
 
     # -- the single-provider path (place_graph) ----------------------------------------
@@ -160,6 +162,16 @@ def _place(graph: Graph, providers: Sequence[Any] | None, options) -> SessionBui
     plan = single_plan(graph, requested)
     admit(plan, bounds)
     return SessionBuild(plan, [requested], graph, fallback_report=report, requested=requested_name)
+
+
+def _segment_passes(plan: PlacementPlan, options) -> PlacementPlan:
+    """A placed plan (mixed, or loaded from a saved one) gets its segments' provider
+    passes: placement is decided before them, and they never move a node."""
+    if not options.optimize:
+        return plan
+    from hetero_exec.placement.passes import run_segment_passes
+
+    return run_segment_passes(plan)
 
 
 def guard_heterogeneous_fallback(graph_before: Graph, provs: Sequence[Provider], hetero: bool) -> None:

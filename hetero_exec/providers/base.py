@@ -39,13 +39,16 @@ class ProviderOptions:
     device_id: int = 0
     mem_limit: int | None = None  # bytes; None: unlimited (cpu) or the device's size
     exclude_ops: frozenset[str] = field(default_factory=frozenset)
+    #: sim-gpu only: device values are `sim_array.DeviceArray` (CuPy's boundaries);
+    #: False hands kernels plain NumPy arrays (the emulation before strict mode)
+    strict: bool = True
 
     @classmethod
     def parse(cls, opts: dict[str, Any] | None) -> "ProviderOptions":
         from hetero_exec.errors import ProviderError
 
         opts = dict(opts or {})
-        known = {"device_id", "mem_limit", "exclude_ops"}
+        known = {"device_id", "mem_limit", "exclude_ops", "strict"}
         unknown = set(opts) - known
         if unknown:
             raise ProviderError(f"unknown provider option(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -55,8 +58,11 @@ class ProviderOptions:
         mem = opts.get("mem_limit")
         if mem is not None and (not isinstance(mem, int) or mem < 0):
             raise ProviderError(f"mem_limit must be a non-negative int of bytes, got {mem!r}")
+        strict = opts.get("strict", True)
+        if not isinstance(strict, bool):
+            raise ProviderError(f"strict must be True or False, got {strict!r}")
         return cls(device_id=int(opts.get("device_id", 0)), mem_limit=mem,
-                   exclude_ops=frozenset(excl))
+                   exclude_ops=frozenset(excl), strict=strict)
 
 
 class Provider:

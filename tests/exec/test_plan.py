@@ -22,9 +22,12 @@ from hetero_exec.ir.load import load
 from tests._models import BOOL, I64, F, assert_outputs, graph, init, mlp, model, ort_run, vi
 
 
-def compile_model(m: onnx.ModelProto, fold: bool = True) -> RunPlan:
+def compile_model(m: onnx.ModelProto, fold: bool = True, merge: bool = False) -> RunPlan:
+    """The plan step by step (element-wise runs not merged unless ``merge``)."""
     _, g = load(m)
-    return Compiler(fold_constants=fold).compile_graph(g)
+    compiler = Compiler(fold_constants=fold)
+    compiler.merge_elementwise = merge
+    return compiler.compile_graph(g)
 
 
 def step_of(plan: RunPlan, name: str):

@@ -289,7 +289,7 @@ def test_bench_models_fused_match_ort(name):
 
 def test_saved_plan_of_a_fused_session_loads_onto_the_model(tmp_path):
     """A saved plan lists the model's nodes a fused node stands for, so it reloads onto
-    the model as written (which then runs unfused, as the plan says)."""
+    the model as written; the loaded plan's segments then get their passes again."""
     m = conv_bn_relu()
     sess = InferenceSession(m, providers=["cpu"])
     path = tmp_path / "plan.json"
@@ -299,6 +299,9 @@ def test_saved_plan_of_a_fused_session_loads_onto_the_model(tmp_path):
     saved = json.loads(path.read_text())["segments"][0]["nodes"]
     assert sorted(saved) == sorted(f'graph/node#{i} "{n.name}"' for i, n in enumerate(m.graph.node))
     again = InferenceSession(m, providers=["cpu"], placement=str(path))
-    assert sorted(ops_of(again)) == sorted(n.op_type for n in m.graph.node)
-    np.testing.assert_allclose(again.run(None, _feed_x())[0], sess.run(None, _feed_x())[0],
-                               rtol=RTOL, atol=ATOL)
+    assert sorted(ops_of(again)) == sorted(ops_of(sess))
+    plain = InferenceSession(m, providers=["cpu"], placement=str(path), optimize=False)
+    assert sorted(ops_of(plain)) == sorted(n.op_type for n in m.graph.node)
+    for s in (again, plain):
+        np.testing.assert_allclose(s.run(None, _feed_x())[0], sess.run(None, _feed_x())[0],
+                                   rtol=RTOL, atol=ATOL)

@@ -101,7 +101,8 @@ def test_seam_bytes_known_for_cnn():
 def test_declined_ops_split_by_capability():
     """The split comes from the GPU's declines (exclude_ops), not only from pins."""
     m = cnn(batch=1)
-    sess = InferenceSession(m, providers=[("sim-gpu", {"exclude_ops": ["MaxPool", "Softmax"]})], hetero=True)
+    sess = InferenceSession(m, providers=[("sim-gpu", {"exclude_ops": ["MaxPool", "Softmax"]})], hetero=True,
+                            optimize=False)  # the model's nodes, not the fused ones
     assert _segments(sess) == [
         ("sim-gpu:0", ["conv1", "relu1"]), ("cpu", ["pool1"]),
         ("sim-gpu:0", ["conv2", "relu2", "gap", "flatten", "fc"]), ("cpu", ["softmax"])]

@@ -29,10 +29,14 @@ def nothing_leaks(ray_session):
 
 
 def test_more_devices_than_the_cluster_has_fails_at_once(nothing_leaks):
+    from hetero_exec.placement.partition import CostModel
+
     devices = [f"sim-gpu:{i}" for i in range(6)]  # 6 GPU bundles, the cluster has 4 GPUs
+    even = CostModel(per_node_s=1.0)  # every node alike: one of the 6 nodes per device
     started = time.monotonic()
     with pytest.raises(ActorError, match=r"cannot be placed.*GPU: needs 6, cluster has 4"):
-        InferenceSession(mlp(layers=3), devices + ["cpu"], hetero=True, executor="ray")
+        InferenceSession(mlp(layers=3), devices + ["cpu"], hetero=True, executor="ray",
+                         cost_model=even)
     assert time.monotonic() - started < 10
 
 

@@ -1,0 +1,100 @@
+"""Thread policies side by side, interleaved with onnxruntime in one process.
+
+Each round runs every policy once on the same feed, then onnxruntime (spin-waiting
+off); figures are medians over rounds, as ratios to onnxruntime of the same rounds.
+
+* ``hold+split``: a run holds the BLAS at one thread, large conv GEMMs split over our
+  pool (kernels/_threads.py: what sessions do);
+* ``hold``: the same hold, nothing split (PARALLEL_FLOPS raised out of reach);
+* ``blas``: no hold, the BLAS at its default threads (OpenBLAS: one per core).
+
+    python bench/bench_threads.py
+    python bench/bench_threads.py --models resnet18,mobilenetv2_ts --batches 8 --rounds 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.bench_cpu import CATALOG, GROUPS, feed_for, make_sessions  # noqa: E402
+from hetero_exec.kernels import _threads  # noqa: E402
+
+POLICIES = ("hold+split", "hold", "blas")
+
+
+@contextlib.contextmanager
+def policy(name: str):
+    saved_flops, saved_hold = _threads.PARALLEL_FLOPS, _threads.single_blas_thread
+    try:
+        if name == "hold":
+            _threads.PARALLEL_FLOPS = float("inf")
+        elif name == "blas":
+            _threads.PARALLEL_FLOPS = float("inf")
+            import hetero_exec.exec.local as local
+
+            local.single_blas_thread = contextlib.nullcontext
+        yield
+    finally:
+        _threads.PARALLEL_FLOPS = saved_flops
+        import hetero_exec.exec.local as local
+
+        local.single_blas_thread = saved_hold
+
+
+def bench(name: str, batch: int, rounds: int, seq: int) -> dict:
+    ours, theirs, _ = make_sessions(CATALOG[name](), ort_no_spin=True)
+    feed = feed_for(name, batch, seq)
+    for p in POLICIES:  # warm-up
+        with policy(p):
+            ours.run(None, feed)
+    theirs.run(None, feed)
+    times: dict[str, list[float]] = {p: [] for p in (*POLICIES, "ort")}
+    for _ in range(rounds):
+        for p in POLICIES:
+            with policy(p):
+                t = time.perf_counter()
+                ours.run(None, feed)
+                times[p].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        theirs.run(None, feed)
+        times["ort"].append(time.perf_counter() - t)
+    ms = {p: 1e3 * statistics.median(ts) for p, ts in times.items()}
+    ratio = {p: statistics.median(a / o for a, o in zip(times[p], times["ort"])) for p in POLICIES}
+    return {"model": name, "batch": batch, "ms": ms, "ratio": ratio}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="mlp,resnet18,bert,mobilenetv2_ts,convnext_ts,vit_ts,llama_ts")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--json", metavar="OUT")
+    args = ap.parse_args(argv)
+    names = [n for m in args.models.split(",") if m for n in GROUPS.get(m, [m])]
+    print(f"# median over {args.rounds} rounds; ratio = median of per-round ours/ort")
+    print(f"{'model':<20} {'batch':>5} " + " ".join(f"{p:>16}" for p in POLICIES) + f" {'ort ms':>8}")
+    rows = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        for name in names:
+            r = bench(name, batch, args.rounds, args.seq)
+            rows.append(r)
+            cells = " ".join(f"{r['ms'][p]:8.2f} ({r['ratio'][p]:4.2f})" for p in POLICIES)
+            print(f"{name:<20} {batch:>5} {cells} {r['ms']['ort']:8.2f}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

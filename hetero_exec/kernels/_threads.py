@@ -1,0 +1,285 @@
+"""BLAS threads and our own, on machines with few cores.
+
+OpenBLAS splits each GEMM statically over its workers, and its workers spin-wait for a
+while after every call. On a 2-core machine shared with other processes both hurt: a
+GEMM waits for whichever worker the scheduler took away (a 0.2 ms product measured
+10 ms), and the spinning workers take the cores that the next piece of work needs (our
+own single-threaded element-wise kernels, onnxruntime's next run in a benchmark, other
+processes). bench/README.md ("Threads") has the measurements.
+
+So a run holds the BLAS at one thread (`single_blas_thread`, entered by the executor
+around a run), and the kernels split their large products and independent blocks over a
+small pool of our own (`matmul`, `parallel_for`), whose idle threads block instead of
+spinning: one thread per usable core, like onnxruntime's intra-op pool, or at most
+``HETERO_EXEC_INTRA_OP_THREADS`` (1: nothing is split). A run may ask for fewer
+(`intra_op_threads`, per calling thread: a session's ``intra_op_num_threads``, a Ray
+stage's share of its node's cores). Small products, most of a CNN's or a small
+transformer's, run on one thread either way: a hand-off costs more than they do.
+
+>>> import numpy as np
+>>> a, b = np.ones((64, 32), np.float32), np.ones((32, 16), np.float32)
+>>> with single_blas_thread():
+...     float(matmul(np, a, b)[0, 0])
+32.0
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import logging
+import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+#: products below this many FLOPs stay on the calling thread (a hand-off to the pool
+#: and back costs tens of microseconds; bench/README.md)
+PARALLEL_FLOPS = 16e6
+#: least rows (or columns) per part when a product is split
+_MIN_PART = 16
+
+_LOCK = threading.Lock()
+_depth = 0  # runs inside single_blas_thread, all threads together
+_saved: list[int] = []
+_libs: list[Any] | None = None  # _Blas
+_pool: ThreadPoolExecutor | None = None
+_pool_free: threading.Semaphore | None = None
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's threads: a fresh lock and pool (the old
+    pool's threads do not exist there, so a split would wait for ever), no run inside,
+    and the BLAS count a run of the parent was holding given back."""
+    global _LOCK, _depth, _pool, _pool_free
+    _LOCK = threading.Lock()
+    _pool, _pool_free = None, None
+    if _depth and _libs:
+        for lib, n in zip(_libs, _saved):
+            lib.set_num_threads(n)
+    _depth = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def cores() -> int:
+    """Threads a product or a kernel's blocks are split over: the cores this process may
+    use, at most HETERO_EXEC_INTRA_OP_THREADS when set (1: never split)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        n = os.cpu_count() or 1
+    cap = os.environ.get("HETERO_EXEC_INTRA_OP_THREADS", "")
+    if cap.strip():
+        try:
+            n = min(n, max(1, int(cap)))
+        except ValueError:
+            log.warning("HETERO_EXEC_INTRA_OP_THREADS=%r is not a number: ignored", cap)
+    return n
+
+
+_WIDTH = threading.local()  # a run's own cap on its split (intra_op_threads)
+
+
+@contextmanager
+def intra_op_threads(n: int | None) -> Iterator[None]:
+    """Runs on this thread split their work over at most ``n`` threads (None or 0: as
+    many as `cores` allows); other threads' runs keep their own.
+
+    >>> with intra_op_threads(1):
+    ...     split_width()
+    1
+    """
+    previous = getattr(_WIDTH, "n", None)
+    _WIDTH.n = n or None
+    try:
+        yield
+    finally:
+        _WIDTH.n = previous
+
+
+def split_width() -> int:
+    """Threads the current run may split a product or a kernel's blocks over."""
+    n = getattr(_WIDTH, "n", None)
+    return cores() if n is None else max(1, min(n, cores()))
+
+
+class _Blas:
+    """get/set of one BLAS library's thread count."""
+
+    def __init__(self, get: Callable[[], int], set_: Callable[[int], Any]):
+        self.get_num_threads = get
+        self.set_num_threads = set_
+
+
+def _openblas(path: str) -> _Blas | None:
+    """OpenBLAS's own process-wide setters, by ctypes. (threadpoolctl's, from 3.6 on, act
+    only in the first thread that calls them; a run on a run_async thread would not.)"""
+    dll = ctypes.CDLL(path)
+    for pre, suf in itertools.product(("", "scipy_"), ("", "64_", "_64")):
+        get = getattr(dll, f"{pre}openblas_get_num_threads{suf}", None)
+        set_ = getattr(dll, f"{pre}openblas_set_num_threads{suf}", None)
+        if get is not None and set_ is not None:
+            set_.argtypes, set_.restype, get.restype = [ctypes.c_int], None, ctypes.c_int
+            return _Blas(get, set_)
+    return None
+
+
+def _blas_libs() -> list[_Blas]:
+    """The BLAS libraries numpy loaded, found by threadpoolctl (none without it)."""
+    global _libs
+    if _libs is None:
+        found: list[_Blas] = []
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            for ctl in ThreadpoolController().select(user_api="blas").lib_controllers:
+                own = None
+                if ctl.internal_api == "openblas" and ctl.threading_layer != "openmp":
+                    own = _openblas(ctl.filepath)
+                found.append(own or _Blas(ctl.get_num_threads, ctl.set_num_threads))
+        except Exception as e:  # threadpoolctl missing or unable: leave the BLAS alone
+            log.debug("no BLAS thread control: %s", e)
+        _libs = found
+    return _libs
+
+
+def blas_threads() -> int | None:
+    """The BLAS's thread count now (None when it cannot be controlled)."""
+    libs = _blas_libs()
+    return libs[0].get_num_threads() if libs else None
+
+
+@contextmanager
+def single_blas_thread() -> Iterator[None]:
+    """Hold the BLAS at one thread while any caller is inside; the count it had is
+    restored when the last one leaves (the setting is process-wide, so concurrent runs
+    share one hold). Cheap: two ctypes calls per outermost entry."""
+    global _depth, _saved
+    libs = _blas_libs()
+    if not libs:
+        yield
+        return
+    with _LOCK:
+        if _depth == 0:
+            _saved = [lib.get_num_threads() for lib in libs]
+            for lib in libs:
+                lib.set_num_threads(1)
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _depth -= 1
+            if _depth == 0:
+                for lib, n in zip(libs, _saved):
+                    lib.set_num_threads(n)
+
+
+def _helpers() -> tuple[ThreadPoolExecutor, threading.Semaphore] | None:
+    """The pool that takes the other parts of a split product (cores - 1 threads)."""
+    global _pool, _pool_free
+    if _pool is None:
+        n = cores() - 1
+        if n < 1:
+            return None
+        with _LOCK:
+            if _pool is None:
+                _pool_free = threading.Semaphore(n)
+                _pool = ThreadPoolExecutor(n, thread_name_prefix="hetero_exec-gemm")
+    return _pool, _pool_free
+
+
+def matmul(xp, a, b, out=None):
+    """``xp.matmul(a, b, out=out)``; on numpy inside `single_blas_thread`, a product of
+    at least PARALLEL_FLOPS is split over the calling thread and the idle helpers, by
+    rows of ``a`` or columns of ``b``, whichever is longer (a busy helper, such as one
+    working for a concurrent run, is skipped: its part runs here)."""
+    if xp is not np or _depth == 0 or a.ndim < 2 or b.ndim < 2:
+        return xp.matmul(a, b, out=out)
+    rows, inner, cols = a.shape[-2], a.shape[-1], b.shape[-1]
+    if out is None:
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        out = np.empty(batch + (rows, cols), dtype=np.result_type(a, b))
+    by_rows = rows >= cols
+    n = rows if by_rows else cols
+    if 2.0 * math.prod(out.shape) * inner < PARALLEL_FLOPS or n < 2 * _MIN_PART:
+        return np.matmul(a, b, out=out)
+    width = split_width()
+    helpers = _helpers() if width > 1 else None
+    if helpers is None:
+        return np.matmul(a, b, out=out)
+    pool, free = helpers
+    parts = min(width, n // _MIN_PART)
+    bounds = [n * i // parts for i in range(parts + 1)]
+    pieces = list(zip(bounds[:-1], bounds[1:]))
+    mine, futures = [pieces[0]], []
+    for piece in pieces[1:]:
+        if free.acquire(blocking=False):
+            futures.append(pool.submit(_part, free, a, b, out, by_rows, *piece))
+        else:
+            mine.append(piece)
+    for p0, p1 in mine:
+        _product(a, b, out, by_rows, p0, p1)
+    for f in futures:
+        f.result()
+    return out
+
+
+def parallel_for(xp, n: int, work: Callable[[int, int], None], flops: float,
+                 least: int = 1) -> None:
+    """``work(i0, i1)`` over [0, n): on numpy inside `single_blas_thread` and for at least
+    PARALLEL_FLOPS of work, the range is cut in parts of at least ``least`` items over
+    the calling thread and the idle helpers (a kernel's independent blocks: images,
+    channels), each part doing its own copies and products; else one call here. Parts
+    must write disjoint outputs."""
+    helpers = None
+    width = split_width()
+    if xp is np and _depth > 0 and flops >= PARALLEL_FLOPS and n >= 2 * least and width > 1:
+        helpers = _helpers()
+    if helpers is None:
+        work(0, n)
+        return
+    pool, free = helpers
+    parts = min(width, n // least)
+    bounds = [n * i // parts for i in range(parts + 1)]
+    pieces = list(zip(bounds[:-1], bounds[1:]))
+    mine, futures = [pieces[0]], []
+    for piece in pieces[1:]:
+        if free.acquire(blocking=False):
+            futures.append(pool.submit(_run_part, free, work, *piece))
+        else:
+            mine.append(piece)
+    for i0, i1 in mine:
+        work(i0, i1)
+    for f in futures:
+        f.result()
+
+
+def _run_part(free: threading.Semaphore, work: Callable[[int, int], None], i0: int, i1: int):
+    try:
+        work(i0, i1)
+    finally:
+        free.release()
+
+
+def _product(a, b, out, by_rows: bool, p0: int, p1: int) -> None:
+    if by_rows:
+        np.matmul(a[..., p0:p1, :], b, out=out[..., p0:p1, :])
+    else:
+        np.matmul(a, b[..., p0:p1], out=out[..., p0:p1])
+
+
+def _part(free: threading.Semaphore, a, b, out, by_rows: bool, p0: int, p1: int) -> None:
+    try:
+        _product(a, b, out, by_rows, p0, p1)
+    finally:
+        free.release()

@@ -1,0 +1,315 @@
+"""Conv's paths (kernels/conv.py) against onnx.reference: each path forced on the shapes
+it serves, odd geometry included (stride and dilation > 1, asymmetric pads, auto_pad,
+groups between 1 and the channel count, 1-D/2-D/3-D, batch 1 and > 1), the choice of
+path, and the choice made at compile time through a session."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from concurrent.futures import wait
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from hetero_exec.kernels import registry
+from hetero_exec.kernels.conv import ConvPath, _band_tile, _conv_full, choose_path
+from tests.conftest import to_numpy
+from tests.kernels._ref import check, reference
+
+RTOL, ATOL = 1e-4, 1e-4
+
+
+def f32(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def forced(xp, kind, x, w, b=None, **attrs):
+    """Our Conv through the path ``kind``, against the reference evaluator."""
+    want = reference("Conv", [x, w] + ([b] if b is not None else []), **attrs)[0]
+    got = _conv_full(xp, xp.asarray(x), xp.asarray(w), None if b is None else xp.asarray(b),
+                     path=ConvPath(kind), **attrs)
+    got = to_numpy(got)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+# --------------------------------------------------------------------------- depthwise
+
+DEPTHWISE = [
+    # x shape, kernel, attrs
+    ((1, 8, 12, 12), (3, 3), {"pads": [1, 1, 1, 1]}),
+    ((3, 8, 12, 12), (3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 6, 13, 11), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((2, 5, 16, 16), (7, 7), {"pads": [3, 3, 3, 3]}),
+    ((1, 5, 16, 16), (7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),
+    ((2, 4, 15, 17), (3, 5), {"pads": [0, 2, 1, 0], "strides": [1, 3]}),  # asymmetric
+    ((2, 4, 14, 14), (3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    ((1, 4, 14, 14), (3, 3), {"dilations": [2, 1], "strides": [2, 1]}),
+    ((2, 3, 10, 10), (3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ((2, 3, 10, 10), (4, 4), {"auto_pad": "SAME_LOWER"}),
+    ((2, 3, 10, 10), (3, 3), {"auto_pad": "VALID", "strides": [3, 3]}),
+    ((1, 3, 5, 40), (3, 3), {"pads": [1, 1, 1, 1]}),  # 40 columns: tiles of 10 (no padding tile)
+    ((2, 3, 5, 37), (3, 3), {"pads": [1, 1, 1, 1]}),  # 37 columns: a partial last tile
+    ((1, 3, 4, 4), (5, 5), {"pads": [2, 2, 2, 2]}),  # kernel wider than the input
+    ((2, 6, 20), (5,), {"pads": [2, 1], "strides": [2]}),  # 1-D
+    ((1, 6, 33), (3,), {"dilations": [3], "auto_pad": "SAME_UPPER"}),  # 1-D, dilated
+]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("xs, k, attrs", DEPTHWISE)
+def test_depthwise_band(xp, xs, k, attrs, bias):
+    c = xs[1]
+    w = f32(c, 1, *k, seed=1)
+    forced(xp, "depthwise", f32(*xs), w, f32(c, seed=2) if bias else None, group=c, **attrs)
+
+
+@pytest.mark.parametrize("xs, k, attrs", [
+    ((2, 4, 9, 9), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 3, 5, 6, 7), (3, 3, 3), {"pads": [1, 0, 1, 1, 0, 1], "strides": [1, 2, 1]}),  # 3-D
+    ((2, 4, 20), (3,), {"pads": [1, 1]}),
+])
+@pytest.mark.parametrize("mult", [1, 2])  # channel multiplier
+def test_depthwise_taps(xp, xs, k, attrs, mult):
+    c = xs[1]
+    forced(xp, "depthwise_taps", f32(*xs), f32(c * mult, 1, *k, seed=1), f32(c * mult, seed=2),
+           group=c, **attrs)
+
+
+def test_band_tiles():
+    assert [_band_tile(w) for w in (4, 16, 32, 56, 28, 40, 37, 17)] == \
+        [4, 16, 16, 14, 14, 10, 16, 16]
+
+
+def test_band_cache_follows_the_weights(xp):
+    """One path object, two weight arrays: the band is rebuilt for the second (by
+    identity), and reused for the first again."""
+    path = ConvPath("depthwise")
+    x = xp.asarray(f32(2, 4, 9, 9))
+    for seed in (1, 2, 1):
+        w = f32(4, 1, 3, 3, seed=seed)
+        want = reference("Conv", [to_numpy(x), w], group=4, pads=[1, 1, 1, 1])[0]
+        got = _conv_full(xp, x, xp.asarray(w), None, group=4, pads=[1, 1, 1, 1], path=path)
+        np.testing.assert_allclose(to_numpy(got), want, rtol=RTOL, atol=ATOL)
+    W = xp.asarray(f32(4, 1, 3, 3, seed=3))
+    _conv_full(xp, x, W, None, group=4, pads=[1, 1, 1, 1], path=path)
+    band = path._band[3]
+    _conv_full(xp, x, W, None, group=4, pads=[1, 1, 1, 1], path=path)
+    assert path._band[3] is band  # same weights, same geometry: built once
+
+
+def test_depthwise_float16(xp):
+    x, w = f32(2, 4, 9, 9).astype(np.float16), f32(4, 1, 3, 3, seed=1).astype(np.float16)
+    check(xp, "Conv", [x, w], group=4, pads=[1, 1, 1, 1], rtol=1e-2, atol=1e-2)
+
+
+# --------------------------------------------------------------------------- pointwise
+
+
+@pytest.mark.parametrize("xs, ws, attrs", [
+    ((1, 6, 8, 8), (4, 6, 1, 1), {}),
+    ((3, 6, 8, 8), (4, 6, 1, 1), {}),  # small planes
+    ((2, 6, 40, 40), (4, 6, 1, 1), {}),  # large planes (a GEMM split by columns in a run)
+    ((2, 6, 9, 9), (4, 6, 1, 1), {"strides": [2, 2]}),
+    ((1, 6, 9, 8), (4, 6, 1, 1), {"strides": [3, 2]}),
+    ((2, 6, 8, 8), (4, 3, 1, 1), {"group": 2}),  # grouped 1x1
+    ((2, 6, 40, 40), (6, 2, 1, 1), {"group": 3, "strides": [2, 2]}),
+    ((2, 6, 8, 8), (4, 6, 1, 1), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ((2, 6, 17), (4, 6, 1), {"strides": [2]}),  # 1-D
+    ((1, 4, 3, 5, 6), (5, 4, 1, 1, 1), {}),  # 3-D
+])
+@pytest.mark.parametrize("bias", [False, True])
+def test_pointwise(xp, xs, ws, attrs, bias):
+    forced(xp, "pointwise", f32(*xs), f32(*ws, seed=1), f32(ws[0], seed=2) if bias else None,
+           **attrs)
+
+
+# --------------------------------------------------------------------------- im2col
+
+
+@pytest.mark.parametrize("xs, ws, attrs", [
+    ((2, 6, 9, 9), (4, 6, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 6, 11, 11), (6, 3, 3, 3), {"group": 2, "dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    ((2, 6, 10, 9), (9, 2, 3, 2), {"group": 3, "pads": [1, 0, 2, 1], "strides": [2, 1]}),
+    ((3, 8, 8, 8), (8, 2, 3, 3), {"group": 4, "auto_pad": "SAME_LOWER"}),
+    ((2, 6, 12), (4, 3, 3), {"group": 2, "pads": [1, 2], "strides": [2]}),  # 1-D
+    ((1, 4, 5, 6, 7), (6, 2, 3, 2, 3), {"group": 2, "pads": [1, 0, 1, 1, 0, 1]}),  # 3-D
+    ((2, 5, 7, 7), (3, 5, 1, 1), {"pads": [1, 1, 0, 0]}),  # a padded 1x1
+    ((2, 3, 40, 40), (4, 3, 3, 3), {"strides": [1, 1], "auto_pad": "VALID"}),  # per-image GEMMs
+])
+@pytest.mark.parametrize("bias", [False, True])
+def test_im2col(xp, xs, ws, attrs, bias):
+    forced(xp, "im2col", f32(*xs), f32(*ws, seed=1), f32(ws[0], seed=2) if bias else None,
+           **attrs)
+
+
+# --------------------------------------------------------------------------- threads
+
+
+@pytest.mark.parametrize("kind, xs, ws, attrs", [
+    ("depthwise", (3, 24, 12, 12), (24, 1, 3, 3), {"group": 24, "pads": [1, 1, 1, 1]}),
+    ("depthwise", (1, 24, 9, 9), (24, 1, 7, 7), {"group": 24, "pads": [3, 3, 3, 3]}),
+    ("pointwise", (3, 8, 40, 40), (16, 8, 1, 1), {}),
+    ("im2col", (5, 6, 9, 9), (8, 6, 3, 3), {"pads": [1, 1, 1, 1]}),  # wide GEMMs
+    ("im2col", (3, 4, 36, 36), (6, 2, 3, 3), {"group": 2, "strides": [1, 2]}),  # per image
+])
+def test_paths_split_over_threads(monkeypatch, kind, xs, ws, attrs):
+    """Every split a run can make (images, channels, GEMM rows or columns), forced."""
+    from hetero_exec.kernels import _threads
+
+    monkeypatch.setattr(_threads, "PARALLEL_FLOPS", 0)
+    monkeypatch.setattr(_threads, "_MIN_PART", 4)
+    with _threads.single_blas_thread():
+        forced(np, kind, f32(*xs), f32(*ws, seed=1), f32(ws[0], seed=2), **attrs)
+
+
+# --------------------------------------------------------------------------- the choice
+
+
+def test_choose_path():
+    assert choose_path(True, (8, 1, 3, 3), 8, False) == "depthwise"
+    assert choose_path(True, (8, 1, 7), 8, False) == "depthwise"  # 1-D
+    assert choose_path(True, (8, 1, 3, 3, 3), 8, False) == "depthwise_taps"  # 3-D
+    assert choose_path(True, (16, 1, 3, 3), 8, False) == "depthwise_taps"  # multiplier 2
+    assert choose_path(False, (8, 1, 3, 3), 8, False) == "depthwise_taps"  # not numpy
+    assert choose_path(True, (8, 4, 1, 1), 1, True) == "pointwise"
+    assert choose_path(True, (8, 2, 1, 1), 2, True) == "pointwise"
+    assert choose_path(True, (8, 4, 1, 1), 1, False) == "im2col"  # padded
+    assert choose_path(True, (8, 2, 3, 3), 2, False) == "im2col"
+    with pytest.raises(ValueError, match="unknown Conv path"):
+        ConvPath("winograd")
+
+
+def test_unspecialized_kernel_picks_its_path_per_call(xp):
+    # the registered kernel, called directly (no compile-time hook), on every kind
+    check(xp, "Conv", [f32(2, 6, 9, 9), f32(6, 1, 3, 3), f32(6)], group=6, pads=[1, 1, 1, 1])
+    check(xp, "Conv", [f32(2, 6, 9, 9), f32(4, 6, 1, 1)], strides=[2, 2])
+    check(xp, "Conv", [f32(2, 6, 9, 9), f32(6, 3, 3, 3)], group=2, pads=[0, 1, 1, 0])
+
+
+def _conv_model(weight_input: bool = False):
+    """Depthwise 3x3, pointwise, grouped 3x3 and a padded 3x3, chained, on [N, 8, 12, 12]."""
+    rng = np.random.default_rng(0)
+    ws = {"w_dw": rng.standard_normal((8, 1, 3, 3)).astype(np.float32),
+          "w_pw": rng.standard_normal((12, 8, 1, 1)).astype(np.float32),
+          "w_g": rng.standard_normal((12, 3, 3, 3)).astype(np.float32),
+          "w_full": rng.standard_normal((4, 12, 3, 3)).astype(np.float32),
+          "b": rng.standard_normal((8,)).astype(np.float32)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w_dw", "b"], ["a"], group=8, pads=[1, 1, 1, 1],
+                         strides=[2, 2]),
+        helper.make_node("Conv", ["a", "w_pw"], ["p"]),
+        helper.make_node("Conv", ["p", "w_g"], ["g"], group=4, pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["g", "w_full"], ["y"], pads=[0, 1, 2, 1]),
+    ]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 12, 12])]
+    inits = []
+    for name, arr in ws.items():
+        if weight_input and name == "w_dw":
+            inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(arr.shape)))
+        else:
+            inits.append(numpy_helper.from_array(arr, name))
+    graph = helper.make_graph(nodes, "convs", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 6, 6])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), ws
+
+
+def _session(model):
+    from hetero_exec.session import InferenceSession
+
+    return InferenceSession(model.SerializeToString(), providers=["cpu"])
+
+
+def _paths(sess):
+    return [getattr(s.fn, "path", None) for seg in sess._executor.segments
+            for s in seg.plan.steps if s.node.op_type in ("Conv", "FusedConv")]
+
+
+def test_session_chooses_paths_at_compile_time():
+    from onnx.reference import ReferenceEvaluator
+
+    model, _ = _conv_model()
+    sess = _session(model)
+    assert [p.kind for p in _paths(sess)] == ["depthwise", "pointwise", "im2col", "im2col"]
+    ref = ReferenceEvaluator(model)
+    for n in (1, 3):
+        x = f32(n, 8, 12, 12, seed=n)
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0],
+                                   rtol=RTOL, atol=ATOL)
+
+
+def test_weights_fed_at_run_time_rebuild_the_band():
+    from onnx.reference import ReferenceEvaluator
+
+    model, ws = _conv_model(weight_input=True)
+    sess, ref = _session(model), ReferenceEvaluator(model)
+    x = f32(2, 8, 12, 12)
+    for seed in (1, 2):
+        w = f32(8, 1, 3, 3, seed=seed)
+        np.testing.assert_allclose(sess.run(None, {"x": x, "w_dw": w})[0],
+                                   ref.run(None, {"x": x, "w_dw": w})[0], rtol=RTOL, atol=ATOL)
+
+
+def test_concurrent_runs_keep_their_own_buffers():
+    """run_async callers on several threads: the scratch buffers are per thread."""
+    from onnx.reference import ReferenceEvaluator
+
+    model, _ = _conv_model()
+    sess, ref = _session(model), ReferenceEvaluator(model)
+    xs = [f32(2, 8, 12, 12, seed=s) for s in range(8)]
+    futures = [sess.run_async(None, {"x": x}) for x in xs]
+    wait(futures)
+    for x, f in zip(xs, futures):
+        np.testing.assert_allclose(f.result()[0], ref.run(None, {"x": x})[0], rtol=RTOL,
+                                   atol=ATOL)
+
+
+def test_a_failing_specialize_hook_falls_back(monkeypatch, caplog):
+    from onnx.reference import ReferenceEvaluator
+
+    def broken(xp, kwargs, inputs):
+        raise RuntimeError("no path today")
+
+    versions = registry._TABLE[("", "Conv")]
+    for since, kdef in list(versions.items()):
+        monkeypatch.setitem(versions, since, dataclasses.replace(kdef, specialize=broken))
+    model, _ = _conv_model()
+    with caplog.at_level(logging.WARNING, logger="hetero_exec.exec.plan"):
+        sess = _session(model)
+    assert "no path today" in caplog.text and "generic kernel" in caplog.text
+    assert _paths(sess) == [None] * 4
+    x = f32(1, 8, 12, 12)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0],
+                               ReferenceEvaluator(model).run(None, {"x": x})[0],
+                               rtol=RTOL, atol=ATOL)
+
+
+# --------------------------------------------------------------------------- FusedConv
+
+
+@pytest.mark.parametrize("kind, ws, attrs", [
+    ("depthwise", (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),
+    ("pointwise", (6, 6, 1, 1), {}),
+    ("im2col", (6, 3, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),
+])
+def test_fused_conv_residual_and_activation(xp, kind, ws, attrs):
+    """FusedConv's epilogue on every path: + Z, then Relu or a callable activation."""
+    from hetero_exec.kernels.conv import FusedConv
+
+    x, w, b, z = f32(2, 6, 7, 7), f32(*ws, seed=1), f32(6, seed=2), f32(2, 6, 7, 7, seed=3)
+    conv = reference("Conv", [x, w, b], **attrs)[0] + z
+
+    def relu6(xp_, y):
+        xp_.clip(y, 0, 6, out=y)
+
+    for activation, want in (("Relu", np.maximum(conv, 0)), (relu6, np.clip(conv, 0, 6))):
+        got = _conv_full(xp, xp.asarray(x), xp.asarray(w), xp.asarray(b), Z=xp.asarray(z),
+                         activation=activation, path=ConvPath(kind), **attrs)
+        np.testing.assert_allclose(to_numpy(got), want, rtol=RTOL, atol=ATOL)
+    got = FusedConv(xp, xp.asarray(x), xp.asarray(w), xp.asarray(b), xp.asarray(z), "Relu",
+                    **attrs)[0]
+    np.testing.assert_allclose(to_numpy(got), np.maximum(conv, 0), rtol=RTOL, atol=ATOL)
+    with pytest.raises(ValueError, match="unsupported activation"):
+        FusedConv(xp, xp.asarray(x), xp.asarray(w), None, None, "Mish", **attrs)

@@ -1,0 +1,155 @@
+"""kernels/_threads.py: the run-wide BLAS hold and the split products."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from hetero_exec.kernels import _threads
+from hetero_exec.kernels._threads import blas_threads, matmul, single_blas_thread
+
+
+def test_single_blas_thread_holds_one_and_restores():
+    before = blas_threads()
+    if before is None:
+        pytest.skip("no controllable BLAS (threadpoolctl) here")
+    with single_blas_thread():
+        assert blas_threads() == 1
+        with single_blas_thread():  # nested (a body's run inside a run)
+            assert blas_threads() == 1
+        assert blas_threads() == 1
+    assert blas_threads() == before
+
+
+def test_concurrent_holds_restore_once_the_last_leaves():
+    before = blas_threads()
+    if before is None:
+        pytest.skip("no controllable BLAS (threadpoolctl) here")
+    inside, leave = threading.Barrier(3), threading.Event()
+
+    def run():
+        with single_blas_thread():
+            inside.wait()
+            leave.wait()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        inside.wait(timeout=30)
+        assert blas_threads() == 1
+    finally:
+        leave.set()
+        for t in threads:
+            t.join()
+    assert blas_threads() == before
+
+
+@pytest.mark.parametrize("sa, sb", [
+    ((96, 40), (40, 24)),  # split by rows
+    ((24, 40), (40, 96)),  # by columns
+    ((3, 64, 20), (3, 20, 48)),  # batched
+    ((40, 20), (5, 20, 64)),  # a broadcast over b's batch
+    ((5, 64, 20), (20, 33)),  # b broadcast
+])
+def test_split_products_match(monkeypatch, sa, sb):
+    monkeypatch.setattr(_threads, "PARALLEL_FLOPS", 0)
+    monkeypatch.setattr(_threads, "_MIN_PART", 4)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(sa, np.float32), rng.standard_normal(sb, np.float32)
+    with single_blas_thread():
+        got = matmul(np, a, b)
+        out = np.full(got.shape, np.nan, np.float32)
+        assert matmul(np, a, b, out=out) is out
+    np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_busy_helpers_leave_the_work_to_the_caller(monkeypatch):
+    monkeypatch.setattr(_threads, "PARALLEL_FLOPS", 0)
+    helpers = _threads._helpers()
+    if helpers is None:
+        pytest.skip("one core: nothing is split")
+    _, free = helpers
+    taken = 0
+    while free.acquire(blocking=False):  # every helper busy
+        taken += 1
+    try:
+        a, b = np.ones((64, 8), np.float32), np.ones((8, 64), np.float32)
+        with single_blas_thread():
+            np.testing.assert_array_equal(matmul(np, a, b), np.full((64, 64), 8, np.float32))
+    finally:
+        for _ in range(taken):
+            free.release()
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_parallel_for_covers_every_item_once(monkeypatch, busy):
+    monkeypatch.setattr(_threads, "PARALLEL_FLOPS", 0)
+    seen = np.zeros(37, np.int64)
+    lock = threading.Lock()
+
+    def work(i0, i1):
+        with lock:
+            seen[i0:i1] += 1
+
+    helpers = _threads._helpers()
+    taken = 0
+    if busy and helpers is not None:
+        while helpers[1].acquire(blocking=False):
+            taken += 1
+    try:
+        with single_blas_thread():
+            _threads.parallel_for(np, 37, work, flops=1.0, least=4)
+    finally:
+        for _ in range(taken):
+            helpers[1].release()
+    np.testing.assert_array_equal(seen, 1)
+
+
+def test_parallel_for_errors_reach_the_caller(monkeypatch):
+    monkeypatch.setattr(_threads, "PARALLEL_FLOPS", 0)
+
+    def work(i0, i1):
+        if i0 > 0:
+            raise ValueError("part failed")
+
+    with single_blas_thread(), pytest.raises(ValueError, match="part failed"):
+        _threads.parallel_for(np, 40, work, flops=1.0)
+
+
+def test_intra_op_threads_cap(monkeypatch, caplog):
+    monkeypatch.setenv("HETERO_EXEC_INTRA_OP_THREADS", "1")
+    assert _threads.cores() == 1
+    monkeypatch.setenv("HETERO_EXEC_INTRA_OP_THREADS", "lots")
+    assert _threads.cores() >= 1
+    assert "not a number" in caplog.text
+
+
+def test_outside_a_run_it_is_plain_matmul():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(matmul(np, a, a.T), a @ a.T)
+
+
+@pytest.mark.timeout(30)  # a stale pool would hang the child, and waitpid with it
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork here")
+def test_a_forked_child_gets_its_own_pool(monkeypatch):
+    """After a split has started the pool, a forked child splits too (on a new pool)."""
+    import os
+
+    monkeypatch.setattr(_threads, "PARALLEL_FLOPS", 0)
+    a, b = np.ones((64, 8), np.float32), np.ones((8, 64), np.float32)
+    with single_blas_thread():
+        matmul(np, a, b)  # the pool exists now
+        pid = os.fork()
+        if pid == 0:  # the child: a split must finish, whatever happens exit
+            code = 1
+            try:
+                with single_blas_thread():
+                    code = 0 if matmul(np, a, b)[0, 0] == 8 else 2
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -1,0 +1,44 @@
+"""The backend suite's model folders (simple, pytorch-converted, pytorch-operator, real)
+under mixed placement: strict sim-gpu first, cpu last, hetero on. The op type of the
+middle node is excluded from the GPU, so models of two nodes or more run as several
+segments with seams (single-node models run on sim-gpu alone). Same known-failure list
+as on cpu (test_model_suites.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import onnx
+import pytest
+
+from tests.backend_cases import known_failures
+from tests.model_suites import KINDS, collect, run_model_case
+
+KNOWN = known_failures(os.path.join(os.path.dirname(__file__), "model_suites_known_failures.txt"))
+CASES = {f"{kind}/{c.name}": c for kind in KINDS for c in collect(kind)}
+
+
+def _params():
+    for name in sorted(CASES):
+        marks = [pytest.mark.xfail(reason=KNOWN[name], strict=True)] if name in KNOWN else []
+        if CASES[name].kind == "real":
+            marks.append(pytest.mark.slow)
+        yield pytest.param(name, id=name, marks=marks)
+
+
+def _middle_op(path: str) -> str:
+    nodes = onnx.load(path, load_external_data=False).graph.node
+    return nodes[len(nodes) // 2].op_type if len(nodes) >= 2 else ""
+
+
+@pytest.mark.parametrize("case_name", list(_params()))
+def test_model_case_mixed_simgpu(case_name: str) -> None:
+    case = CASES[case_name]
+    excluded = _middle_op(case.model_path)
+    gpu = ("sim-gpu", {"exclude_ops": [excluded] if excluded else []})
+    logging.disable(logging.WARNING)  # fallback and placement reports
+    try:
+        run_model_case(case, providers=[gpu, "cpu"], hetero=True)
+    finally:
+        logging.disable(logging.NOTSET)
