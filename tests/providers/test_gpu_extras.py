@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hetero_exec.exec.placed_body import move_value
+from hetero_exec.exec.chain import move_value
 from hetero_exec.providers import parse_provider
 from hetero_exec.providers.gpu_graphs import compare_replay, graph_support
 
