@@ -13,8 +13,10 @@ travel back as `SegmentRunError`, naming the segment.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
+import threading
 import time
 import uuid
 from typing import Any, Sequence
@@ -58,9 +60,13 @@ def compile_stage(spec: StageSpec, device_id: int | None = None
                                   spec.fold_constants)
     parts, stats = [], []
     blas = calls_blas(graph.nodes)
+    providers: dict[str, Provider] = {}  # one per device: a seam between two segments of
+    # the same device is then no move at all (the chain compares providers by identity)
     for part in spec.segments:
         started = time.perf_counter()
-        provider = part.make_provider(device_id)
+        provider = providers.get(part.provider_name)
+        if provider is None:
+            provider = providers[part.provider_name] = part.make_provider(device_id)
         compiler = Compiler.for_provider(provider, spec.fold_constants, placer)
         lo, hi = part.nodes
         try:
@@ -100,6 +106,8 @@ class StageActor:
         self.profile = profile
         self.spans: list[dict[str, Any]] = []
         self.tasks = 0
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._stats_lock = threading.Lock()
         self.init_error: BaseException | None = None
         self.chain: SegmentChain | None = None
         self.segments: list[SegmentStats] = []
@@ -178,48 +186,65 @@ class StageActor:
         return self._run_group(requests, layout, fetched)
 
     def _run_group(self, requests: list[int], layout: Layout, flat: Sequence[Any]) -> Any:
+        """The group's requests, side by side on the stage's threads when there are
+        several (each then splits its products over its share of them): many of a
+        model's ops are too small to split, so two requests at once keep two cores
+        busier than one request split in two."""
         self.tasks += 1
         n_out = len(self.spec.outputs)
-        columns: list[list[Any]] = [[] for _ in range(n_out)]
-        for j, request in enumerate(requests):
+        workers = min(self.threads or 1, len(requests))
+        width = max(1, (self.threads or 1) // workers)
+
+        def one(j: int) -> list[Any]:
             carried = [pick(flat, entries[j]) for entries in layout]
             failed = next((c for c in carried if isinstance(c, FailedValue)), None)
             if failed is not None:
-                outs: list[Any] = [failed] * n_out  # an upstream failure, passed on
-            else:
-                try:
-                    outs = self._run(request, carried)
-                except SegmentRunError as e:
-                    outs = [FailedValue(e)] * n_out
-            for column, value in zip(columns, outs):
-                column.append(value)
+                return [failed] * n_out  # an upstream failure, passed on
+            try:
+                return self._run(requests[j], carried, width)
+            except SegmentRunError as e:
+                return [FailedValue(e)] * n_out
+
+        if workers > 1:
+            results = list(self._workers().map(one, range(len(requests))))
+        else:
+            results = [one(j) for j in range(len(requests))]
+        columns = [list(column) for column in zip(*results)] if n_out else []
         return columns[0] if n_out == 1 else tuple(columns)
 
-    def _run(self, request: int, carried: list[Any]) -> list[Any]:
+    def _workers(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=self.threads or 1, thread_name_prefix="stage-request")
+        return self._pool
+
+    def _run(self, request: int, carried: list[Any], width: int | None = None) -> list[Any]:
         spec = self.spec
         t0 = time.time_ns()
         feeds = {name: self._read(request, name, item) for name, item in zip(spec.inputs, carried)}
-        outs = self._execute(feeds, request)
+        outs = self._execute(feeds, request, width)
         results = [self._write(request, name, v) for name, v in zip(spec.outputs, outs)]
         if self.profile:
             self._span(f"{spec.name} run", t0, time.time_ns(), "stage", {"request": request})
         return results
 
-    def _execute(self, feeds: dict[str, Any], request: int | None = None) -> list[Any]:
+    def _execute(self, feeds: dict[str, Any], request: int | None = None,
+                 width: int | None = None) -> list[Any]:
         """The chain over ``feeds``; a segment's typed error names that segment."""
         running = [0]
 
         def on_run(k: int, start: int, end: int) -> None:
             seg = self.segments[k]
-            seg.runs += 1
-            seg.run_s += (end - start) / 1e9
+            with self._stats_lock:
+                seg.runs += 1
+                seg.run_s += (end - start) / 1e9
             running[0] = k + 1
             if self.profile:
                 self._span(f"{seg.part.name} run", start, end, "segment",
                            {"request": request, "provider": seg.provider.name})
 
         try:
-            return self.chain.run(feeds, self.spec.outputs, on_run)
+            return self.chain.run(feeds, self.spec.outputs, on_run, width)
         except KernelError as e:
             label = self.segments[running[0]].part.label
             raise SegmentRunError(label, KernelError(e.node, e.op, e.detail, label)) from None

@@ -78,9 +78,10 @@ class SegmentChain:
         self.blas = blas  # whether its plans call the BLAS (`calls_blas`)
 
     def run(self, feeds: Mapping[str, Any], outputs: Sequence[str],
-            on_run: OnRun | None = None) -> list[Any]:
-        """``outputs`` as host values, from ``feeds`` (host values, by name)."""
-        with intra_op_threads(self.threads):
+            on_run: OnRun | None = None, threads: int | None = None) -> list[Any]:
+        """``outputs`` as host values, from ``feeds`` (host values, by name); ``threads``
+        overrides the chain's own split width for this run."""
+        with intra_op_threads(threads or self.threads):
             if not self.blas:
                 return self.run_inside(feeds, outputs, on_run)
             # the BLAS at one thread, large products split over our pool (kernels/_threads)

@@ -35,25 +35,44 @@ class CostModel:
     per_node_s: float = 10e-6
     link_bytes_per_s: float = 1.2e10
     link_latency_s: float = 20e-6
+    #: the host threads ``flops_per_s`` was measured with (large products split over
+    #: them); None: a device's rate, which host threads do not change
+    threads: int | None = None
 
     def node_seconds(self, flops: float, nbytes: float) -> float:
         return flops / self.flops_per_s + nbytes / self.bytes_per_s + self.per_node_s
+
+    def product_seconds(self, flops: float) -> float:
+        """The part of `node_seconds` that more host threads make shorter."""
+        return flops / self.flops_per_s if self.threads else 0.0
 
     def seam_seconds(self, nbytes: float) -> float:
         return nbytes / self.link_bytes_per_s + self.link_latency_s if nbytes else 0.0
 
     @classmethod
-    def calibrate(cls, graph: Graph, samples: Sequence[tuple[float, float, float]]) -> "CostModel":
-        """Fit (flops, bytes, seconds) samples by non-negative least squares."""
+    def calibrate(cls, graph: Graph, samples: Sequence[tuple[float, float, float]],
+                  threads: int | None = None) -> "CostModel":
+        """Fit (flops, bytes, seconds) samples by non-negative least squares.
+
+        When the joint fit drops the FLOP term (a profile of many memory-bound nodes and a
+        few products explains them with bytes and a per-node cost), the products are fit
+        apart: bytes and the per-node cost from the nodes that move more bytes than they
+        compute, then the FLOP rate from what that leaves of the products' times."""
         if not samples:
             return cls()
         a = np.array([[f, b, 1.0] for f, b, _ in samples], dtype=np.float64)
         y = np.array([s for _, _, s in samples], dtype=np.float64)
         coef = _nonnegative_lstsq(a, y)
+        intense = a[:, 0] > 4 * a[:, 1]
+        if coef[0] <= 0 and intense.any() and (~intense).sum() >= 2:
+            rest = _nonnegative_lstsq(a[~intense][:, 1:], y[~intense])
+            left = y[intense] - a[intense][:, 1:] @ rest
+            flops = a[intense][:, 0]
+            coef = np.array([max(0.0, float(left @ flops) / float(flops @ flops)), *rest])
         default = cls()
         return cls(flops_per_s=float(1.0 / coef[0]) if coef[0] > 0 else default.flops_per_s,
                    bytes_per_s=float(1.0 / coef[1]) if coef[1] > 0 else default.bytes_per_s,
-                   per_node_s=float(coef[2]))
+                   per_node_s=float(coef[2]), threads=threads)
 
 
 _HOST_MODEL: CostModel | None = None
@@ -77,7 +96,11 @@ def host_cost_model() -> CostModel:
 
 
 def _probe_host() -> CostModel:
+    """Time what runs do: a product inside a run (the BLAS held at one thread, split
+    over our pool: kernels/_threads.py), an element-wise pass, and a tiny op."""
     import time
+
+    from hetero_exec.kernels._threads import matmul, single_blas_thread, split_width
 
     def best(fn, reps: int) -> float:
         fn()
@@ -88,17 +111,19 @@ def _probe_host() -> CostModel:
             times.append(time.perf_counter() - t)
         return min(times)
 
-    a = np.random.default_rng(0).standard_normal((384, 384)).astype(np.float32)
-    gemm = best(lambda: a @ a, 5)
-    x = np.ones(1 << 21, np.float32)
-    out = np.empty_like(x)
-    stream = best(lambda: np.add(x, x, out=out), 5)  # reads 2, writes 1
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((256, 512)).astype(np.float32)
+    b = rng.standard_normal((512, 512)).astype(np.float32)
+    with single_blas_thread():
+        gemm = best(lambda: matmul(np, a, b), 5)
+    x = np.ones(1 << 18, np.float32)
+    stream = best(lambda: np.tanh(x) * x, 5)  # reads 2, writes 2: a kernel's passes
     tiny = np.ones(4, np.float32)
     per_op = best(lambda: [np.add(tiny, tiny) for _ in range(100)], 3) / 100
-    return CostModel(flops_per_s=2 * 384**3 / gemm, bytes_per_s=3 * x.nbytes / stream,
+    return CostModel(flops_per_s=2 * 256 * 512 * 512 / gemm, bytes_per_s=4 * x.nbytes / stream,
                      # our run loop and the kernel's Python around the ufunc
-                     per_node_s=per_op + 3e-6, link_bytes_per_s=3 * x.nbytes / stream,
-                     link_latency_s=0.0)
+                     per_node_s=per_op + 3e-6, link_bytes_per_s=4 * x.nbytes / stream,
+                     link_latency_s=0.0, threads=split_width())
 
 
 def provider_cost_model(provider: Provider, given: CostModel | None = None) -> CostModel:
@@ -126,15 +151,20 @@ def _nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
 def calibrate(session: Any, feed: dict[str, Any], runs: int = 3) -> CostModel:
     """Fit a CostModel to a short profile: every node of ``session``'s segments timed
     on ``feed`` (its actual shapes give each node's FLOPs and bytes)."""
+    from hetero_exec.exec.chain import move_value
     from hetero_exec.exec.profiling import timed_execute
 
     graph = session._build.graph
     best: dict[Any, float] = {}
     for _ in range(runs):
-        env = dict(feed)
+        env, where = dict(feed), {}
         for cs in session._executor.segments:
-            outs, timings = timed_execute(cs.plan, [env.get(n) for n, _ in cs.plan.input_slots])
+            prov = cs.provider
+            args = [move_value(env.get(n), where.get(n), prov) if where.get(n) is not prov
+                    else env.get(n) for n, _ in cs.plan.input_slots]
+            outs, timings = timed_execute(cs.plan, args)
             env.update(zip(cs.plan.output_names, outs))
+            where.update((n, prov) for n in cs.plan.output_names)
             for node, sec in timings:
                 best[node] = min(best.get(node, sec), sec)
     bounds = _symbols_from(graph, {k: tuple(np.shape(v)) for k, v in feed.items()})
@@ -142,7 +172,9 @@ def calibrate(session: Any, feed: dict[str, Any], runs: int = 3) -> CostModel:
     for node, sec in best.items():
         nbytes = sum(value_bytes(graph, n, bounds) for n in node.inputs + node.outputs if n)
         samples.append((node_flops(graph, node, bounds), float(nbytes), sec))
-    return CostModel.calibrate(graph, samples)
+    from hetero_exec.kernels._threads import split_width
+
+    return CostModel.calibrate(graph, samples, threads=split_width())
 
 
 def _symbols_from(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
@@ -177,22 +209,34 @@ def value_bytes(graph: Graph, name: str, bounds: dict[str, int], default: int = 
     return int(np.prod(shape, dtype=np.int64)) * v.dtype.itemsize
 
 
+#: products, fused ones (kernels/fused.py, conv.py, attention.py) as their unfused op
+_PRODUCTS = {"MatMul": "MatMul", "FusedMatMul": "MatMul", "Gemm": "Gemm",
+             "MatMulInteger": "MatMul", "QLinearMatMul": "MatMul", "Conv": "Conv",
+             "FusedConv": "Conv", "ConvTranspose": "ConvTranspose", "ConvInteger": "Conv",
+             "QLinearConv": "Conv", "Attention": "Attention", "FusedAttention": "Attention"}
+
+
 def node_flops(graph: Graph, node: Node, bounds: dict[str, int]) -> float:
-    """A rough FLOP count: GEMM-like ops from their shapes, others per output element."""
+    """A rough FLOP count: GEMM-like ops (fused ones too) from their shapes, others per
+    output element."""
     outs = [resolve_shape(graph, o, bounds) for o in node.outputs if o]
     out_elems = sum(math.prod(s) for s in outs if s is not None)
     ins = [resolve_shape(graph, i, bounds) if i else None for i in node.inputs]
-    op = node.op_type
-    if op in ("MatMul", "Gemm", "MatMulInteger", "QLinearMatMul") and ins and ins[0]:
+    op = _PRODUCTS.get(node.op_type, node.op_type)
+    if op in ("MatMul", "Gemm") and ins and ins[0]:
         k = ins[0][-1] if op != "Gemm" or not _attr_int(node, "transA") else ins[0][0]
         return 2.0 * out_elems * k
-    if op in ("Conv", "ConvTranspose", "ConvInteger", "QLinearConv") and len(ins) > 1 and ins[1]:
+    if op in ("Conv", "ConvTranspose") and len(ins) > 1 and ins[1]:
         w = ins[1]
         group = _attr_int(node, "group") or 1
         per_out = math.prod(w[1:]) if op != "ConvTranspose" else w[0] * math.prod(w[2:]) / group
         return 2.0 * out_elems * per_out
-    if op in ("Attention",):
-        return 4.0 * out_elems * (ins[0][-2] if ins and ins[0] and len(ins[0]) > 1 else 1)
+    if op == "Attention" and ins and ins[0]:
+        q = ins[0]
+        if node.op_type == "FusedAttention" and len(ins) > 1 and ins[1]:
+            keys = ins[1][-1] if _attr_int(node, "k_transposed") else ins[1][-2]
+            return 4.0 * out_elems * keys  # Q K^T and the weights times V
+        return 4.0 * out_elems * (q[-2] if len(q) > 1 else 1)
     return float(out_elems)
 
 
@@ -356,5 +400,8 @@ def annotate_costs(plan: Any, bounds: dict[str, int], cost_model: CostModel | No
     for seg in plan.segments:
         model = provider_cost_model(seg.provider, cost_model)
         seg.compute_cost = sum(node_cost(graph, n, estimate, model) for n in seg.nodes)
+        seg.product_cost = sum(model.product_seconds(node_flops(graph, n, estimate))
+                               for n in seg.nodes)
+        seg.cost_threads = model.threads
         transfer = sum(model.seam_seconds(seam_bytes.get(i, 0)) for i in seg.inputs if i in seam_bytes)
         seg.predicted_cost = seg.compute_cost + transfer

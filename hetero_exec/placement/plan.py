@@ -20,6 +20,10 @@ class Segment:
     outputs: list[str] = field(default_factory=list)  # seams it produces and graph outputs
     predicted_cost: float | None = None  # its nodes plus the seams it reads (link model)
     compute_cost: float | None = None  # its nodes only
+    #: the part of compute_cost that host threads shorten (large products), and the
+    #: threads it was costed at (None: a device's, not the host's)
+    product_cost: float = 0.0
+    cost_threads: int | None = None
     mem_need: int | None = None
 
     @property

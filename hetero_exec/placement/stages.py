@@ -122,8 +122,11 @@ def plan_stages(plan: Any, spec: StagesSpec = "auto", hop: HopModel | None = Non
     n = len(segs)
     if n == 0:
         return []
-    costs = list(segment_costs) if segment_costs is not None else [_segment_cost(s) for s in segs]
-    layout = _Layout(plan, costs, hop, bounds or {})
+    if segment_costs is not None:  # given: no part of them scales with threads
+        costs = [(float(c), 0.0, None) for c in segment_costs]
+    else:
+        costs = [_segment_cost(s) for s in segs]
+    layout = _Layout(plan, costs, hop, bounds or {}, cores)
     if isinstance(spec, bool) or not isinstance(spec, (str, int, list, tuple)):
         raise PlacementError(f"stages must be 'auto', an int or a list of cuts, got {spec!r}")
     if isinstance(spec, str):
@@ -158,19 +161,23 @@ def _span(ids: Sequence[int]) -> str:
     return f"#{ids[0]}" if len(ids) == 1 else f"#{ids[0]}..#{ids[-1]} ({len(ids)})"
 
 
-def _segment_cost(seg: Any) -> float:
+def _segment_cost(seg: Any) -> tuple[float, float, int | None]:
+    """(seconds, the part of them large products take, the threads they were costed at)."""
     for attr in ("compute_cost", "predicted_cost"):
         v = getattr(seg, attr, None)
         if v is not None:
-            return float(v)
-    return 0.0
+            return float(v), float(getattr(seg, "product_cost", 0.0) or 0.0), \
+                getattr(seg, "cost_threads", None)
+    return 0.0, 0.0, None
 
 
 class _Layout:
     """A plan's segments with what the stage planner needs: devices, costs, bytes."""
 
-    def __init__(self, plan: Any, costs: Sequence[float], hop: HopModel, bounds: dict[str, int]):
+    def __init__(self, plan: Any, costs: Sequence[tuple[float, float, int | None]], hop: HopModel,
+                 bounds: dict[str, int], cores: float | None = None):
         self.plan = plan
+        self.cores = cores
         self.segs = plan.segments
         self.n = len(self.segs)
         self.hop = hop
@@ -186,9 +193,15 @@ class _Layout:
         for (d1, (_, l1)), (d2, (f2, _)) in zip(ordered, ordered[1:]):
             if f2 < l1:
                 self.interleaved |= {d1, d2}
-        self.costs = list(costs)
+        # per segment: seconds that do not depend on threads, and products' seconds at
+        # the threads they were costed at (a stage's share of the cores changes those)
+        self.fixed = [c - p for c, p, _ in costs]
+        self.products = [p for _, p, _ in costs]
+        self.at_threads = [t for _, _, t in costs]
         # what a segment costs the host's cores: all of it, except a real GPU's compute
-        self.host_costs = [0.0 if s.provider.kind == "gpu" else c for s, c in zip(self.segs, costs)]
+        self.host_costs = [0.0 if s.provider.kind == "gpu" else c
+                           for s, (c, _, _) in zip(self.segs, costs)]
+        self._hops: dict[tuple[int, int], float] = {}
         self._values(bounds)
 
     def _values(self, bounds: dict[str, int]) -> None:
@@ -248,30 +261,44 @@ class _Layout:
                 out.append(name)
         return out
 
-    def compute(self, a: int, b: int) -> float:
-        """Its segments, and the host/device moves into them (a value that crossed a hop
-        arrives on the host, so a device segment still moves it)."""
-        return sum(self.costs[a:b]) + sum(self.move_s[a:b])
+    def threads(self, k: int) -> int | None:
+        """Host threads each of ``k`` stages gets (they share the cores); None: unknown."""
+        return max(1, int(self.cores // k)) if self.cores else None
+
+    def compute(self, a: int, b: int, threads: int | None = None) -> float:
+        """Its segments (their products at ``threads``), and the host/device moves into
+        them (a value that crossed a hop arrives on the host, so a device segment still
+        moves it)."""
+        total = sum(self.fixed[a:b]) + sum(self.move_s[a:b])
+        for i in range(a, b):
+            at = self.at_threads[i]
+            total += self.products[i] * (at / threads if at and threads else 1.0)
+        return total
 
     def hop_into(self, a: int, b: int) -> float:
-        nbytes = sum(self.nbytes.get(name, 0) for name in self.stage_inputs(a, b)
-                     if self.producer.get(name) is not None)
-        return self.hop.hop_seconds(nbytes)
+        key = (a, b)
+        if key not in self._hops:
+            nbytes = sum(self.nbytes.get(name, 0) for name in self.stage_inputs(a, b)
+                         if self.producer.get(name) is not None)
+            self._hops[key] = self.hop.hop_seconds(nbytes)
+        return self._hops[key]
 
-    def cost(self, a: int, b: int) -> float:
-        return self.compute(a, b) + self.hop_into(a, b)
+    def cost(self, a: int, b: int, threads: int | None = None) -> float:
+        return self.compute(a, b, threads) + self.hop_into(a, b)
 
     # -- choosing cuts ------------------------------------------------------------------
 
-    def _table(self, k_max: int) -> tuple[list[list[float]], list[list[int]]]:
-        """best[k][b]: the smallest period covering segments [0, b) with k stages."""
+    def _table(self, k_max: int, threads: int | None = None
+               ) -> tuple[list[list[float]], list[list[int]]]:
+        """best[k][b]: the smallest slowest stage covering segments [0, b) with k
+        stages, each costed at ``threads``."""
         inf = float("inf")
         n = self.n
         cost = [[inf] * (n + 1) for _ in range(n + 1)]
         for a in range(n):
             for b in range(a + 1, n + 1):
                 if self.valid(a, b):
-                    cost[a][b] = self.cost(a, b)
+                    cost[a][b] = self.cost(a, b, threads)
         best = [[inf] * (n + 1) for _ in range(k_max + 1)]
         arg = [[0] * (n + 1) for _ in range(k_max + 1)]
         best[0][0] = 0.0
@@ -297,17 +324,21 @@ class _Layout:
             raise PlacementError(f"stages must be at least 1, got {k}")
         if k > self.n:
             raise PlacementError(f"stages={k}, but the plan has only {self.n} segment(s)")
-        best, arg = self._table(k)
+        best, arg = self._table(k, self.threads(k))
         if best[k][self.n] == float("inf"):
             raise PlacementError(self._why_not(k))
         return self._cuts(arg, k, self.n)
 
     def auto(self, cores: float | None) -> list[int]:
-        """For each stage count, the cuts with the smallest slowest stage; then the count
-        whose period (with the cores bound) is best, the fewest among near-equal ones."""
-        best, arg = self._table(self.n)
+        """For each stage count, the cuts with the smallest slowest stage (its stages
+        costed at their share of the cores); then the count whose period (with the
+        cores bound) is best, the fewest among near-equal ones. More stages than cores
+        (or devices) only share the cores thinner, so the counts stop there."""
+        devices = len(self.span)
+        k_max = self.n if not cores else min(self.n, max(devices, int(cores), 1))
         options = []
-        for k in range(1, self.n + 1):
+        for k in range(1, k_max + 1):
+            best, arg = self._table(k, self.threads(k))
             if best[k][self.n] < float("inf"):
                 cuts = self._cuts(arg, k, self.n)
                 options.append((self.period(cuts, cores), cuts))
@@ -320,7 +351,8 @@ class _Layout:
         """The slowest stage with its hop, or one request's host work over ``cores``."""
         bounds = [0, *cuts, self.n]
         stages = list(zip(bounds, bounds[1:]))
-        slowest = max(self.cost(a, b) for a, b in stages)
+        threads = self.threads(len(stages))
+        slowest = max(self.cost(a, b, threads) for a, b in stages)
         if not cores:
             return slowest
         host = sum(self.host_costs) + sum(self.move_s) + sum(self.hop_into(a, b) for a, b in stages)
@@ -354,6 +386,7 @@ class _Layout:
 
     def stages(self, cuts: list[int]) -> list[Stage]:
         bounds = [0, *cuts, self.n]
+        threads = self.threads(len(bounds) - 1)
         out = []
         for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
             devices = [d for d in self.device[a:b] if d is not None]
@@ -363,7 +396,7 @@ class _Layout:
                 device=devices[0] if devices else None,
                 inputs=self.stage_inputs(a, b),
                 outputs=self.stage_outputs(a, b),
-                compute_s=self.compute(a, b),
+                compute_s=self.compute(a, b, threads),
                 hop_s=self.hop_into(a, b),
             ))
         return out

@@ -151,7 +151,7 @@ def test_one_core_never_buys_a_cpu_stage_but_devices_keep_theirs():
 def brute_force_period(plan, costs, hop) -> float:
     from hetero_exec.placement.stages import _Layout
 
-    layout = _Layout(plan, costs, hop, {})
+    layout = _Layout(plan, [(c, 0.0, None) for c in costs], hop, {})
     n, best = len(plan.segments), float("inf")
     for k in range(n):
         for cuts in itertools.combinations(range(1, n), k):
@@ -236,3 +236,23 @@ def test_dot_draws_a_cluster_per_stage():
     dot = sess.placement.to_dot()
     assert dot.count("subgraph cluster_stage") == 2
     assert 'label="stage#1 on cpu' in dot and dot.count("subgraph cluster_") == 2 + 8
+
+
+def test_a_stages_products_slow_down_when_stages_share_the_cores():
+    """Two stages on 2 cores get a thread each, so the products each was costed with
+    at 2 threads take twice as long: a cut pays only if what it overlaps is worth it."""
+    plan = plan_of(["cpu", "sim-gpu:0", "cpu"])
+    for seg, (fixed, product) in zip(plan.segments, [(1e-3, 8e-3), (1e-3, 1e-3), (1e-3, 0.0)]):
+        seg.compute_cost, seg.product_cost, seg.cost_threads = fixed + product, product, 2
+    hop = HopModel(task_s=1e-4, bytes_per_s=1e30)
+    one = plan_stages(plan, 1, hop, cores=2)
+    assert one[0].compute_s == pytest.approx(12e-3, rel=1e-3)  # at 2 threads, as costed
+    two = plan_stages(plan, 2, hop, cores=2)
+    # the heavy products of segment #0 run on one thread each stage: 1 + 16 ms alone
+    assert two[0].compute_s == pytest.approx(17e-3, rel=1e-3)
+    # so, on 2 cores, one actor with both threads has the shorter period
+    assert len(plan_stages(plan, "auto", hop, cores=2)) == 1
+    # products that do not dominate: the cut halves the period and pays
+    for seg, (fixed, product) in zip(plan.segments, [(6e-3, 0.0), (1e-3, 0.0), (6e-3, 0.0)]):
+        seg.compute_cost, seg.product_cost = fixed + product, product
+    assert len(plan_stages(plan, "auto", hop, cores=2)) > 1
