@@ -432,11 +432,20 @@ def replan_stages(plan: Any, opts: RayOptions, options: Any) -> None:
         return
     from actors.hop_cost import hop_model
     from actors.reservation import default_runtime_env
+    from hetero_exec.placement.stages import HopModel
 
-    one_node = opts.seam_transport == "shared_memory"
-    hop = opts.hop_model or hop_model(one_node, opts.runtime_env or default_runtime_env())
     cores = float(ray.cluster_resources().get("CPU", 1.0))
-    plan.stages = plan_stages(plan, "auto", hop, cores=cores, bounds=bounds)
+    hop = opts.hop_model
+    if hop is None:
+        # measuring the hop costs a probe actor (about half a second): skip it when the
+        # choice cannot depend on it (free and prohibitive hops give the same cuts, as
+        # for a plan whose one device spans all its segments)
+        free = plan_stages(plan, "auto", HopModel(0.0, 1e30), cores=cores, bounds=bounds)
+        dear = plan_stages(plan, "auto", HopModel(1.0, 1e6), cores=cores, bounds=bounds)
+        if [s.segments for s in free] != [s.segments for s in dear]:
+            one_node = opts.seam_transport == "shared_memory"
+            hop = hop_model(one_node, opts.runtime_env or default_runtime_env())
+    plan.stages = plan_stages(plan, "auto", hop or HopModel(), cores=cores, bounds=bounds)
 
 
 def stage_bundles(model: Any, providers: Sequence[Any] | None = None,

@@ -5,7 +5,8 @@ it, the raylet and the worker handle it) and a copy of the seam values across it
 planner needs both, measured where the stages will run: a probe actor answers a few
 empty calls (the fixed cost per task) and takes one 4 MiB array (bytes over
 bandwidth; through shared memory on a one-node cluster, as seams go there, else the
-object store). Measured once per cluster per driver process (about 0.5 s), then kept.
+object store). Measured once per cluster per driver process (about 0.5 s), then kept,
+and only when the stage planner's choice depends on it (`actors.coordinator`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from hetero_exec.exec.executor import execute
 from hetero_exec.exec.plan import RunPlan
-from hetero_exec.kernels._threads import intra_op_threads, single_blas_thread
+from hetero_exec.kernels._threads import intra_op_threads, run_threads
 from hetero_exec.kernels.registry import has_op
 from hetero_exec.providers.base import Provider
 
@@ -84,8 +84,7 @@ class SegmentChain:
         with intra_op_threads(threads or self.threads):
             if not self.blas:
                 return self.run_inside(feeds, outputs, on_run)
-            # the BLAS at one thread, large products split over our pool (kernels/_threads)
-            with single_blas_thread():
+            with run_threads():  # the BLAS's width, or held when runs overlap (_threads)
                 return self.run_inside(feeds, outputs, on_run)
 
     def run_inside(self, feeds: Mapping[str, Any], outputs: Sequence[str],

@@ -13,7 +13,7 @@ from hetero_exec.exec.executor import execute
 from hetero_exec.exec.feeds import FeedChecker
 from hetero_exec.exec.plan import Compiler, RunPlan
 from hetero_exec.ir.graph import Graph
-from hetero_exec.kernels._threads import single_blas_thread
+from hetero_exec.kernels._threads import run_threads
 
 
 class CompiledSegment:
@@ -76,7 +76,7 @@ class LocalExecutor:
         outputs stay there (IO binding)."""
         if not self._blas:
             return self._run(names, feed, on_device)
-        with single_blas_thread():  # our own pool splits large products (kernels/_threads.py)
+        with run_threads():  # the BLAS's width alone, held when runs overlap (kernels/_threads)
             return self._run(names, feed, on_device)
 
     def _run(self, names: Sequence[str], feed: Mapping[str, Any], on_device: bool) -> list[Any]:

@@ -7,14 +7,22 @@ GEMM waits for whichever worker the scheduler took away (a 0.2 ms product measur
 own single-threaded element-wise kernels, onnxruntime's next run in a benchmark, other
 processes). bench/README.md ("Threads") has the measurements.
 
-So a run holds the BLAS at one thread (`single_blas_thread`, entered by the executor
-around a run), and the kernels split their large products and independent blocks over a
-small pool of our own (`matmul`, `parallel_for`), whose idle threads block instead of
-spinning: one thread per usable core, like onnxruntime's intra-op pool, or at most
-``HETERO_EXEC_INTRA_OP_THREADS`` (1: nothing is split). A run may ask for fewer
-(`intra_op_threads`, per calling thread: a session's ``intra_op_num_threads``, a Ray
-stage's share of its node's cores). Small products, most of a CNN's or a small
-transformer's, run on one thread either way: a hand-off costs more than they do.
+So the executors enter `run_threads` around a run:
+
+* a run alone in the process gives the BLAS its width (one thread per core, or fewer
+  when the run asks: `intra_op_threads`, per calling thread, is a session's
+  ``intra_op_num_threads`` or a Ray stage's share of its node's cores). On a quiet
+  machine nothing splits a product better than the BLAS itself;
+* as soon as two runs overlap (``run_many``, ``run_async``, a Ray stage running a
+  group's requests side by side), the BLAS is held at one thread until the last one
+  leaves: the runs already keep the cores busy, and splitting their products too
+  measured slower (bench/bench_threads.py, both tables).
+
+`single_blas_thread` holds the BLAS at one thread whatever else runs; inside it the
+kernels split their large products and independent blocks over a small pool of our own
+(`matmul`, `parallel_for`), whose idle threads block instead of spinning: one thread per
+usable core, or at most ``HETERO_EXEC_INTRA_OP_THREADS`` (1: nothing is split). Small
+products run on one thread either way: a hand-off costs more than they do.
 
 >>> import numpy as np
 >>> a, b = np.ones((64, 32), np.float32), np.ones((32, 16), np.float32)
@@ -46,7 +54,10 @@ PARALLEL_FLOPS = 16e6
 _MIN_PART = 16
 
 _LOCK = threading.Lock()
-_depth = 0  # runs inside single_blas_thread, all threads together
+_depth = 0  # runs inside run_threads or single_blas_thread, all threads together
+_holds = 0  # of them, single_blas_thread's
+_held = False  # the BLAS at one thread now (our pool splits)
+_NESTED = threading.local()  # a thread's own depth: only its outermost entry counts
 _saved: list[int] = []
 _libs: list[Any] | None = None  # _Blas
 _pool: ThreadPoolExecutor | None = None
@@ -57,13 +68,14 @@ def _after_fork_in_child() -> None:
     """A forked child has none of the parent's threads: a fresh lock and pool (the old
     pool's threads do not exist there, so a split would wait for ever), no run inside,
     and the BLAS count a run of the parent was holding given back."""
-    global _LOCK, _depth, _pool, _pool_free
+    global _LOCK, _depth, _holds, _held, _pool, _pool_free, _NESTED
     _LOCK = threading.Lock()
     _pool, _pool_free = None, None
     if _depth and _libs:
         for lib, n in zip(_libs, _saved):
             lib.set_num_threads(n)
-    _depth = 0
+    _depth, _holds, _held = 0, 0, False
+    _NESTED = threading.local()
 
 
 if hasattr(os, "register_at_fork"):
@@ -159,29 +171,67 @@ def blas_threads() -> int | None:
 
 
 @contextmanager
-def single_blas_thread() -> Iterator[None]:
-    """Hold the BLAS at one thread while any caller is inside; the count it had is
-    restored when the last one leaves (the setting is process-wide, so concurrent runs
-    share one hold). Cheap: two ctypes calls per outermost entry."""
-    global _depth, _saved
-    libs = _blas_libs()
-    if not libs:
+def run_threads() -> Iterator[None]:
+    """Around a run: alone in the process, the BLAS at this run's width (`split_width`);
+    with another run beside it, the BLAS held at one thread until the last run leaves
+    (the setting is process-wide). Cheap: a few ctypes calls per outermost entry.
+
+    >>> with run_threads():
+    ...     pass
+    """
+    with _entered(hold=False):
         yield
+
+
+@contextmanager
+def single_blas_thread() -> Iterator[None]:
+    """Hold the BLAS at one thread while any caller is inside, whatever else runs; the
+    count it had is restored when the last run leaves."""
+    with _entered(hold=True):
+        yield
+
+
+@contextmanager
+def _entered(hold: bool) -> Iterator[None]:
+    global _depth, _holds, _held, _saved
+    libs = _blas_libs()
+    nested = getattr(_NESTED, "depth", 0)
+    if not libs or nested:  # no BLAS to drive, or this thread's outer run already counts
+        _NESTED.depth = nested + 1
+        try:
+            yield
+        finally:
+            _NESTED.depth = nested
         return
     with _LOCK:
         if _depth == 0:
             _saved = [lib.get_num_threads() for lib in libs]
-            for lib in libs:
-                lib.set_num_threads(1)
         _depth += 1
+        _holds += hold
+        if _holds or _depth >= 2:
+            if not _held:
+                for lib in libs:
+                    lib.set_num_threads(1)
+                _held = True
+        else:  # alone: the BLAS splits this run's products itself, at its width
+            # (above the count it started with, too: Ray starts a fractional-CPU actor's
+            # BLAS at OMP_NUM_THREADS=1, and a lone stage there may use its node's cores)
+            width = split_width()
+            if libs[0].get_num_threads() != width:
+                for lib in libs:
+                    lib.set_num_threads(width)
+    _NESTED.depth = 1
     try:
         yield
     finally:
+        _NESTED.depth = 0
         with _LOCK:
             _depth -= 1
+            _holds -= hold
             if _depth == 0:
                 for lib, n in zip(libs, _saved):
                     lib.set_num_threads(n)
+                _held = False
 
 
 def _helpers() -> tuple[ThreadPoolExecutor, threading.Semaphore] | None:
@@ -203,7 +253,7 @@ def matmul(xp, a, b, out=None):
     at least PARALLEL_FLOPS is split over the calling thread and the idle helpers, by
     rows of ``a`` or columns of ``b``, whichever is longer (a busy helper, such as one
     working for a concurrent run, is skipped: its part runs here)."""
-    if xp is not np or _depth == 0 or a.ndim < 2 or b.ndim < 2:
+    if xp is not np or not _holds or a.ndim < 2 or b.ndim < 2:
         return xp.matmul(a, b, out=out)
     rows, inner, cols = a.shape[-2], a.shape[-1], b.shape[-1]
     if out is None:
@@ -243,7 +293,7 @@ def parallel_for(xp, n: int, work: Callable[[int, int], None], flops: float,
     must write disjoint outputs."""
     helpers = None
     width = split_width()
-    if xp is np and _depth > 0 and flops >= PARALLEL_FLOPS and n >= 2 * least and width > 1:
+    if xp is np and _holds and flops >= PARALLEL_FLOPS and n >= 2 * least and width > 1:
         helpers = _helpers()
     if helpers is None:
         work(0, n)

@@ -96,11 +96,11 @@ def host_cost_model() -> CostModel:
 
 
 def _probe_host() -> CostModel:
-    """Time what runs do: a product inside a run (the BLAS held at one thread, split
-    over our pool: kernels/_threads.py), an element-wise pass, and a tiny op."""
+    """Time what a run does: a product inside a run alone (the BLAS at the run's width:
+    kernels/_threads.py), an element-wise pass, and a tiny op."""
     import time
 
-    from hetero_exec.kernels._threads import matmul, single_blas_thread, split_width
+    from hetero_exec.kernels._threads import run_threads, split_width
 
     def best(fn, reps: int) -> float:
         fn()
@@ -114,8 +114,8 @@ def _probe_host() -> CostModel:
     rng = np.random.default_rng(0)
     a = rng.standard_normal((256, 512)).astype(np.float32)
     b = rng.standard_normal((512, 512)).astype(np.float32)
-    with single_blas_thread():
-        gemm = best(lambda: matmul(np, a, b), 5)
+    with run_threads():
+        gemm = best(lambda: a @ b, 5)
     x = np.ones(1 << 18, np.float32)
     stream = best(lambda: np.tanh(x) * x, 5)  # reads 2, writes 2: a kernel's passes
     tiny = np.ones(4, np.float32)

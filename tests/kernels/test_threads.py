@@ -153,3 +153,43 @@ def test_a_forked_child_gets_its_own_pool(monkeypatch):
                 os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_run_alone_gives_the_blas_its_width_and_overlapping_runs_hold_it(monkeypatch):
+    import threading
+
+    from hetero_exec.kernels._threads import intra_op_threads, run_threads
+
+    before = blas_threads()
+    if before is None:
+        pytest.skip("no BLAS thread control here")
+    monkeypatch.setattr(_threads, "cores", lambda: 2)
+    with run_threads():
+        assert blas_threads() == 2  # alone: the BLAS splits the run's products itself
+    with intra_op_threads(1), run_threads():
+        assert blas_threads() == 1  # a run that asks for one thread
+    inside, go, seen = threading.Event(), threading.Event(), []
+
+    def other():
+        with run_threads():
+            inside.set()
+            go.wait(10)
+
+    with run_threads():
+        t = threading.Thread(target=other)
+        t.start()
+        assert inside.wait(10)
+        seen.append(blas_threads())  # two runs overlap: held at one thread
+        with run_threads():  # nested on this thread: still one run
+            seen.append(blas_threads())
+        go.set()
+        t.join(10)
+        seen.append(blas_threads())  # held until the last run leaves
+    assert seen == [1, 1, 1] and blas_threads() == before
+    # overlapping runs do not split their products over the pool: the cores are busy
+    a = np.ones((512, 512), np.float32)
+    calls = []
+    monkeypatch.setattr(_threads, "_product", lambda *args: calls.append(args))
+    with run_threads():
+        _threads.matmul(np, a, a)
+    assert calls == []
