@@ -67,14 +67,21 @@ def start_ray(num_cpus: int = 4) -> None:
     )
 
 
-def interleaved_medians(fns: list[Callable[[], Any]], repeats: int, warmup: int = 3) -> list[float]:
-    """Median seconds of each fn, timed in turns (a busy host slows them alike)."""
+def interleaved_medians(fns: list[Callable[[], Any]], repeats: int, warmup: int = 3,
+                        settle: float = 0.0) -> list[float]:
+    """Median seconds of each fn, timed in turns (a busy host slows them alike).
+
+    ``settle``: seconds to wait, untimed, before each call: OpenBLAS's workers spin for
+    about 0.1 s after a product, so on 2 cores an in-process run would otherwise take a
+    core from the next configuration's actors."""
     for fn in fns:
         for _ in range(warmup):
             fn()
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
         for fn, ts in zip(fns, times):
+            if settle:
+                time.sleep(settle)
             t = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t)
@@ -497,13 +504,13 @@ def part_stages(models: list[str], devices: int, repeats: int, requests: int) ->
         latency = interleaved_medians(
             [lambda: local.run(None, one), lambda: sess.run(None, one),
              lambda: run_ort_chain(parts, [one])],
-            repeats, warmup=0,
+            repeats, warmup=0, settle=0.2,
         )
         measured = sess._executor.stage_stats()  # one request at a time, as predicted
         batch = interleaved_medians(
             [lambda: local.run_many(feeds), lambda: sess.run_many(feeds),
              lambda: run_ort_chain(parts, feeds)],
-            max(3, repeats // 5), warmup=1,
+            max(3, repeats // 5), warmup=1, settle=0.2,
         )
         stage_rows = []
         for st, (label, m) in zip(stages, measured.items()):
