@@ -6,9 +6,10 @@ Three ways to start it::
     serve.run(build_app("model.onnx", providers=["gpu", "cpu"], max_batch_size=32))
     hetero-exec serve model.onnx --providers gpu,cpu --hetero --port 8000
 
-Each replica builds one session. Requests that arrive while it runs are batched along
-the batch dimension with ``@serve.batch`` (`actors.batching`: only requests of one
-shape are stacked); an idle replica runs a lone request at once. A replica
+Each replica builds one session. Requests that arrive while its runs are busy wait in
+a `RunQueue` and are stacked along the batch dimension into the next run
+(`actors.batching`: only requests of one shape are stacked); an idle replica runs a
+lone request at once. A replica
 reserves what its plan needs: a GPU per device of an in-process plan, or, for a plan
 that runs on several stage actors, a placement group with the replica's bundle first
 and the stages' bundles after it (``placement_group="current"``).
@@ -36,7 +37,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from ray import serve
 
-from actors.batching import BatchRule, Job, run_jobs
+from actors.batching import BatchRule, Job, RunQueue, run_jobs
 from actors.oip import (
     DATATYPES,
     HEADER_LENGTH,
@@ -74,10 +75,9 @@ class ServeSpec:
     batch_wait_timeout_s: float = 0.0
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     session_options: dict[str, Any] = field(default_factory=dict)
-
-
-def _rows(jobs: list[Job]) -> int:
-    return sum(j.rows or 1 for j in jobs)
+    #: session runs in flight at once (None: 1 for a plan the replica runs itself, 4
+    #: for one on pipelined stage actors); requests beyond wait and are batched
+    max_concurrent_runs: int | None = None
 
 
 class HeteroModel:
@@ -94,10 +94,12 @@ class HeteroModel:
         self.outputs = list(self.session.graph.outputs)
         self.rule = BatchRule(self.session)
         self.batching = self.rule.symbol is not None and spec.max_batch_size > 1
-        self._batched.set_max_batch_size(max(spec.max_batch_size, 1))
-        self._batched.set_batch_wait_timeout_s(spec.batch_wait_timeout_s)
-        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="hetero-serve")
-        self._running = 0  # session runs in flight
+        runners = spec.max_concurrent_runs or (
+            4 if self.session.options.executor == "ray" else 1)
+        self.queue = RunQueue(self._run, spec.max_batch_size, runners,
+                              spec.batch_wait_timeout_s)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            runners, thread_name_prefix="hetero-serve")
         self.counts = Counts(self.session)
         self.metadata = model_metadata(self)
         log.info("serving %s on %s (batch dim %s)", self.name,
@@ -181,32 +183,18 @@ class HeteroModel:
         feed = self.feed(req.inputs)
         outputs = self.requested(req)
         job = self.rule.job(feed, outputs)
-        # an idle replica runs a request at once (nothing is there to batch it with),
-        # unless a batch wait was asked for
-        idle = not self._running and not self.spec.batch_wait_timeout_s
-        if (not idle and self.batching and job.rows is not None
-                and job.rows <= self.spec.max_batch_size):
-            result = await self._batched(job)
-        else:
-            result = (await self._run(jobs=[job]))[0]
+        if not self.batching or job.rows is None or job.rows > self.spec.max_batch_size:
+            job.rows = None  # runs on its own (still one of the replica's runs in flight)
+        result = await self.queue.submit(job)
         if isinstance(result, BaseException):
             raise result
         body, headers = infer_response(self.name, MODEL_VERSION, req, list(zip(outputs, result)))
         return 200, body, headers
 
-    @serve.batch(max_batch_size=DEFAULT_MAX_BATCH_SIZE, batch_wait_timeout_s=0.0,
-                 batch_size_fn=_rows)
-    async def _batched(self, jobs: list[Job]) -> list[Any]:
-        return await self._run(jobs)
-
     async def _run(self, jobs: list[Job]) -> list[Any]:
         """``jobs`` on a pool thread, so the loop keeps taking (and batching) requests."""
-        self._running += 1
-        try:
-            loop = asyncio.get_running_loop()
-            results = await loop.run_in_executor(self._pool, run_jobs, self.counts, jobs)
-        finally:
-            self._running -= 1
+        loop = asyncio.get_running_loop()
+        results = await loop.run_in_executor(self._pool, run_jobs, self.counts, jobs)
         self.counts.answered(jobs, results)
         return results
 
@@ -324,7 +312,8 @@ def model_metadata(server: HeteroModel) -> dict[str, Any]:
             "fallback_report": str(s.fallback_report) if s.fallback_report is not None else None,
         },
         "batching": {"batch_dim": server.rule.symbol, "max_batch_size": server.spec.max_batch_size,
-                     "batch_wait_timeout_s": server.spec.batch_wait_timeout_s},
+                     "batch_wait_timeout_s": server.spec.batch_wait_timeout_s,
+                     "max_concurrent_runs": server.queue.runners},
     }
 
 
@@ -361,6 +350,10 @@ def replica_resources(model: Any, providers: Sequence[Any] | None,
             opts.update(executor="ray", placement_group="current")
             return ReplicaResources({"num_cpus": num_cpus, "num_gpus": 0},
                                     [{"CPU": float(num_cpus)}, *stages], opts)
+    # the replica runs the plan itself: its runs split over the CPUs it reserved, as Ray
+    # sizes a worker's OMP_NUM_THREADS (all the node's cores per replica would have the
+    # replicas, and the HTTP proxy, fight over them)
+    opts.setdefault("intra_op_num_threads", max(1, int(num_cpus)))
     return ReplicaResources({"num_cpus": num_cpus, "num_gpus": len(devices)}, None, opts)
 
 
@@ -407,6 +400,7 @@ def build_app(
     max_ongoing_requests: int | None = None,
     access_log: bool = False,
     num_cpus: float = 1,
+    max_concurrent_runs: int | None = None,
     **session_options: Any,
 ) -> Any:
     """A Serve application serving ``model`` over the Open Inference Protocol.
@@ -416,9 +410,12 @@ def build_app(
     ``max_batch_size`` counts rows along the batch dim (1 turns batching off);
     ``batch_wait_timeout_s`` is how long a batch waits to fill once its first request
     came (0: it takes what has queued while the previous batch ran, so a lone request
-    waits for nothing). ``access_log``: Serve's log line per request (off: it costs
+    waits for nothing). ``max_concurrent_runs``: session runs in flight in a replica
+    (default 1 for a plan the replica runs itself, so requests that come meanwhile
+    wait and stack; 4 for a plan on pipelined stage actors). ``access_log``: Serve's log line per request (off: it costs
     a replica about a millisecond a request). ``num_cpus``: what the replica itself
-    reserves. Other keywords are session options.
+    reserves, and (unless ``intra_op_num_threads`` is given) the threads a run in it
+    splits its work over. Other keywords are session options.
 
     >>> serve.run(build_app("mlp.onnx", providers=["cpu"]))  # doctest: +SKIP
     """
@@ -434,7 +431,8 @@ def build_app(
     res = replica_resources(model, providers, session_options, num_cpus)
     spec = ServeSpec(model, list(providers) if providers is not None else None, name,
                      int(max_batch_size), float(batch_wait_timeout_s), int(max_request_bytes),
-                     res.session_options)
+                     res.session_options,
+                     int(max_concurrent_runs) if max_concurrent_runs else None)
     options: dict[str, Any] = {
         "name": name, "ray_actor_options": res.ray_actor_options,
         "max_ongoing_requests": max_ongoing_requests or max(64, 2 * int(max_batch_size)),
@@ -454,7 +452,7 @@ _TRUE = ("1", "true", "on", "yes")
 _ARG_TYPES = {"access_log": lambda t: str(t).strip().lower() in _TRUE, "num_replicas": int,
               "num_cpus": float, "stages": lambda t: int(t) if str(t).isdigit() else t,
               "max_batch_size": int, "batch_wait_timeout_s": float, "max_request_bytes": int,
-              "max_ongoing_requests": int}
+              "max_ongoing_requests": int, "max_concurrent_runs": int}
 
 
 def app(args: Mapping[str, str]) -> Any:
@@ -498,7 +496,7 @@ def _logical_gpus(model: Any, build_kwargs: Mapping[str, Any]) -> int | None:
 
 _BUILD_KEYWORDS = ("name", "num_replicas", "autoscaling_config", "max_batch_size",
                    "batch_wait_timeout_s", "max_request_bytes", "max_ongoing_requests",
-                   "access_log", "num_cpus")
+                   "access_log", "num_cpus", "max_concurrent_runs")
 
 
 def serve_forever(model: Any, *, host: str = "127.0.0.1", port: int = 8000,

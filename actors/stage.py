@@ -106,6 +106,7 @@ class StageActor:
         self.profile = profile
         self.spans: list[dict[str, Any]] = []
         self.tasks = 0
+        self._active = 0  # requests running in this actor's tasks
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._stats_lock = threading.Lock()
         self.init_error: BaseException | None = None
@@ -190,10 +191,14 @@ class StageActor:
         several (each then splits its products over its share of them): many of a
         model's ops are too small to split, so two requests at once keep two cores
         busier than one request split in two."""
-        self.tasks += 1
+        threads = self.threads or 1
+        with self._stats_lock:  # tasks may overlap (``stage_tasks``): count what runs now
+            self.tasks += 1
+            self._active += len(requests)
+            active = self._active
         n_out = len(self.spec.outputs)
-        workers = min(self.threads or 1, len(requests))
-        width = max(1, (self.threads or 1) // workers)
+        workers = min(threads, len(requests))
+        width = max(1, threads // min(threads, active))
 
         def one(j: int) -> list[Any]:
             carried = [pick(flat, entries[j]) for entries in layout]
@@ -205,18 +210,23 @@ class StageActor:
             except SegmentRunError as e:
                 return [FailedValue(e)] * n_out
 
-        if workers > 1:
-            results = list(self._workers().map(one, range(len(requests))))
-        else:
-            results = [one(j) for j in range(len(requests))]
+        try:
+            if workers > 1:
+                results = list(self._workers().map(one, range(len(requests))))
+            else:
+                results = [one(j) for j in range(len(requests))]
+        finally:
+            with self._stats_lock:
+                self._active -= len(requests)
         columns = [list(column) for column in zip(*results)] if n_out else []
         return columns[0] if n_out == 1 else tuple(columns)
 
     def _workers(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=self.threads or 1, thread_name_prefix="stage-request")
-        return self._pool
+        with self._stats_lock:  # one pool, whichever overlapping task asks first
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=self.threads or 1, thread_name_prefix="stage-request")
+            return self._pool
 
     def _run(self, request: int, carried: list[Any], width: int | None = None) -> list[Any]:
         spec = self.spec

@@ -3,14 +3,16 @@
     python bench/bench_serve.py                       # bench/models.py's mlp, 3 rounds
     python bench/bench_serve.py --rounds 5 --requests 300 --json bench/results/serve.json
 
-Four targets serve the same model, one request of ``--rows`` rows at a time, from
+Five targets serve the same model, one request of ``--rows`` rows at a time, from
 1, 8 and 32 concurrent clients (threads with keep-alive connections, msgpack bodies):
 
 * ``in-process``: our session's ``run`` called from the client threads (no HTTP);
 * ``ours``: ``actors.serve.build_app`` with dynamic batching (``max_batch_size`` 32);
 * ``ours-nobatch``: the same app with ``max_batch_size=1``;
 * ``ort-serve``: a hand-written Serve deployment over onnxruntime (msgpack in and out,
-  no batching: what one writes by hand).
+  no batching: what one writes by hand);
+* ``serve-floor``: a Serve deployment that reads the request and returns a fixed reply,
+  no model: what any Serve app pays for the HTTP proxy and the hop to its replica.
 
 All apps run at once on one local Ray; each round measures every target at every
 concurrency in turn, so load from other jobs hits them alike; the tables give the
@@ -115,6 +117,23 @@ def ort_deployment(model_path: str, threads: int):
     return OrtModel.bind(model_path)
 
 
+def floor_deployment(reply: bytes):
+    """Serve's own floor: a deployment that reads the request and returns a fixed reply
+    (no decoding, no model), which every Serve app pays on top of its work."""
+    from ray import serve
+
+    @serve.deployment(max_ongoing_requests=64, ray_actor_options={"num_cpus": 1},
+                      logging_config={"enable_access_log": False})
+    class Floor:
+        async def __call__(self, request):
+            from starlette.responses import Response
+
+            await request.body()
+            return Response(reply, media_type="application/msgpack")
+
+    return Floor.bind()
+
+
 def load(fn: Callable[[], Any], concurrency: int, requests: int) -> dict[str, float]:
     """p50/p99 latency (ms) and requests/s of ``requests`` calls from ``concurrency`` threads."""
     per_thread = max(requests // concurrency, 2)
@@ -193,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.NamedTemporaryFile(suffix=".onnx", delete=False)
     tmp.write(model)
     tmp.close()
+    # in process at the threads a replica runs with (it reserves one CPU: `build_app`)
+    session = InferenceSession(model, ["cpu"], intra_op_num_threads=args.blas_threads)
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": ROOT, **env}})
     port = free_port()
@@ -200,23 +221,30 @@ def main(argv: list[str] | None = None) -> int:
     apps = {"ours": build_app(tmp.name, ["cpu"], name="ours", max_batch_size=32),
             "ours-nobatch": build_app(tmp.name, ["cpu"], name="nobatch", max_batch_size=1),
             "ort-serve": ort_deployment(tmp.name, args.blas_threads)}
+    from actors.transport.wire import decode_response, encode_request, encode_response
+
+    apps["serve-floor"] = floor_deployment(encode_response(
+        dict(zip(session.graph.outputs, session.run(None, feed))), "floor"))
     serve.run_many([serve.RunTarget(a, name=n, route_prefix=f"/{n}") for n, a in apps.items()])
-    session = InferenceSession(model, ["cpu"])
-    model_of = {"ours": "ours", "ours-nobatch": "nobatch", "ort-serve": "ort"}
+    model_of = {"ours": "ours", "ours-nobatch": "nobatch", "ort-serve": "ort",
+                "serve-floor": "floor"}
     clients = {n: InferenceClient(f"http://127.0.0.1:{port}/{n}", model_of[n]) for n in apps}
-    from actors.transport.wire import decode_response, encode_request
+    body = encode_request(feed)
 
-    ort_body, ort_client = encode_request(feed), clients["ort-serve"]
+    def raw_call(name: str, model_name: str) -> Callable[[], Any]:
+        client = clients[name]
 
-    def ort_call():
-        reply = ort_client._request("POST", "/v2/models/ort/infer", ort_body,
+        def call():
+            reply = client._request("POST", f"/v2/models/{model_name}/infer", body,
                                     {"content-type": "application/msgpack"})[2]
-        return decode_response(reply).tensors
+            return decode_response(reply).tensors
+        return call
 
     calls = {"in-process": lambda: dict(zip(session.graph.outputs, session.run(None, feed))),
              "ours": lambda: clients["ours"].infer(feed),
              "ours-nobatch": lambda: clients["ours-nobatch"].infer(feed),
-             "ort-serve": ort_call}
+             "ort-serve": raw_call("ort-serve", "ort"),
+             "serve-floor": raw_call("serve-floor", "floor")}
     ref = session.run(None, feed)[0]
     for fn in calls.values():  # warm up, and check every target answers the same
         for _ in range(20):
@@ -247,7 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     added = med[f"ours@{c1}"]["p50_ms"] - med[f"in-process@{c1}"]["p50_ms"]
     top = levels[-1]
     gain = med[f"ours@{top}"]["rps"] / med[f"ours-nobatch@{top}"]["rps"]
-    print(f"\np50 added over in-process at concurrency {c1}: {added:.2f} ms (goal <= 2 ms)")
+    floor = med[f"serve-floor@{c1}"]["p50_ms"]
+    print(f"\np50 added over in-process at concurrency {c1}: {added:.2f} ms (goal <= 2 ms); "
+          f"Serve's own floor (a deployment returning a fixed reply): {floor:.2f} ms, so ours "
+          f"adds {med[f'ours@{c1}']['p50_ms'] - floor - med[f'in-process@{c1}']['p50_ms']:.2f} ms "
+          f"over floor + in-process")
     print(f"dynamic batching at concurrency {top}: {gain:.2f}x the throughput of no batching "
           f"(goal >= 2x)")
     if args.json:

@@ -3,13 +3,14 @@ builder's arguments and a replica's resources, the protocol codec (pure: no ray.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from actors.batching import BatchRule, run_jobs
+from actors.batching import BatchRule, Job, RunQueue, run_jobs
 from actors.oip import (
     HEADER_LENGTH,
     ProtocolError,
@@ -91,6 +92,9 @@ def test_app_builder_reads_serve_run_arguments(tmp_path):
 
 
 def test_replica_resources_come_from_the_plan():
+    import ray
+
+    started_before = ray.is_initialized()  # another test file's session Ray, if any
     m = mlp(8, layers=1)
     assert replica_resources(m, ["cpu"], {}).ray_actor_options == {"num_cpus": 1, "num_gpus": 0}
     # a fallback to cpu (hetero off, Relu excluded): the replica needs no GPU
@@ -105,11 +109,15 @@ def test_replica_resources_come_from_the_plan():
                                               {"CPU": 0.25}]
     assert staged.session_options == {"hetero": True, "stages": [1], "executor": "ray",
                                       "placement_group": "current"}
+    # a replica that runs its plan itself splits a run over the CPUs it reserved
+    assert replica_resources(m, ["cpu"], {}).session_options["intra_op_num_threads"] == 1
+    assert replica_resources(m, ["cpu"], {}, num_cpus=2).session_options == \
+        {"intra_op_num_threads": 2}
+    assert replica_resources(m, ["cpu"], {"intra_op_num_threads": 3}, num_cpus=2)\
+        .session_options["intra_op_num_threads"] == 3
     assert build_app(m, ["cpu"]).\
         _bound_deployment._deployment_config.max_ongoing_requests >= 64
-    import ray
-
-    assert not ray.is_initialized(), "planning a replica must not start a Ray here"
+    assert ray.is_initialized() == started_before, "planning a replica must not start a Ray here"
 
 
 def test_protocol_roundtrip_and_refusals():
@@ -151,3 +159,76 @@ def test_protocol_roundtrip_and_refusals():
                           "data": [[1, 2], [3, 4]]}]}
     assert parse_infer_request(json.dumps(nested).encode(), None).inputs[0][1].tolist() == [
         [1, 2], [3, 4]]
+
+
+def _queue_jobs(rows_and_keys):
+    return [Job({"x": np.full((r, 2), i, np.float32)}, ["y"], r, (k,))
+            for i, (r, k) in enumerate(rows_and_keys)]
+
+
+def test_run_queue_stacks_what_waits_while_a_run_is_busy():
+    runs: list[list[int]] = []
+    gate = asyncio.Event()
+
+    async def run(jobs):
+        runs.append([int(j.feed["x"][0, 0]) for j in jobs])
+        if len(runs) == 1:
+            await gate.wait()  # the first run is busy while the others arrive
+        return [[j.feed["x"] + 1] for j in jobs]
+
+    async def main():
+        q = RunQueue(run, max_rows=4)
+        jobs = _queue_jobs([(1, "a"), (2, "a"), (1, "b"), (1, "a"), (2, "a"), (1, "a")])
+        jobs.append(Job({"x": np.full((3, 2), 6, np.float32)}, ["y"], None, ("a",)))
+        first = asyncio.ensure_future(q.submit(jobs[0]))
+        await asyncio.sleep(0)
+        rest = [asyncio.ensure_future(q.submit(j)) for j in jobs[1:]]
+        await asyncio.sleep(0)
+        assert q.busy == 1 and runs == [[0]]  # an idle queue ran the lone request at once
+        gate.set()
+        results = await asyncio.gather(first, *rest)
+        return jobs, results, q
+
+    jobs, results, q = asyncio.run(main())
+    # one key and at most 4 rows a run, in arrival order; the unstackable job alone
+    assert runs == [[0], [1, 3], [2], [4, 5], [6]] and q.runs == 5
+    for job, result in zip(jobs, results):
+        np.testing.assert_array_equal(result[0], job.feed["x"] + 1)
+
+
+def test_run_queue_answers_a_broken_run_and_keeps_running():
+    calls = []
+
+    async def run(jobs):
+        calls.append(len(jobs))
+        if len(calls) == 1:
+            raise RuntimeError("the pool is gone")
+        return [["ok"] for _ in jobs]
+
+    async def main():
+        q = RunQueue(run, max_rows=8, runners=2)
+        broken = await q.submit(_queue_jobs([(1, "a")])[0])
+        after = await asyncio.gather(*(q.submit(j) for j in _queue_jobs([(1, "a")] * 3)))
+        return broken, after
+
+    broken, after = asyncio.run(main())
+    assert isinstance(broken, RuntimeError) and "pool is gone" in str(broken)
+    assert after == [["ok"]] * 3
+
+
+def test_run_queue_wait_fills_a_batch():
+    runs = []
+
+    async def run(jobs):
+        runs.append(len(jobs))
+        return [[None] for _ in jobs]
+
+    async def main():
+        q = RunQueue(run, max_rows=8, wait_s=0.05)
+        jobs = _queue_jobs([(1, "a")] * 3)
+        first = asyncio.ensure_future(q.submit(jobs[0]))
+        await asyncio.sleep(0.01)  # within the wait: joins the first request's run
+        await asyncio.gather(first, *(q.submit(j) for j in jobs[1:]))
+
+    asyncio.run(main())
+    assert runs == [3]
