@@ -107,6 +107,7 @@ class StageActor:
         self.spans: list[dict[str, Any]] = []
         self.tasks = 0
         self._active = 0  # requests running in this actor's tasks
+        self._serial = threading.Lock()  # a one-thread stage runs one group at a time
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._stats_lock = threading.Lock()
         self.init_error: BaseException | None = None
@@ -192,6 +193,13 @@ class StageActor:
         model's ops are too small to split, so two requests at once keep two cores
         busier than one request split in two."""
         threads = self.threads or 1
+        if threads == 1:  # one thread: nothing idles at a group's tail, so no overlap
+            with self._serial:
+                return self._run_group_now(requests, layout, flat, threads)
+        return self._run_group_now(requests, layout, flat, threads)
+
+    def _run_group_now(self, requests: list[int], layout: Layout, flat: Sequence[Any],
+                       threads: int) -> Any:
         with self._stats_lock:  # tasks may overlap (``stage_tasks``): count what runs now
             self.tasks += 1
             self._active += len(requests)
