@@ -412,8 +412,8 @@ def build_app(
     came (0: it takes what has queued while the previous batch ran, so a lone request
     waits for nothing). ``max_concurrent_runs``: session runs in flight in a replica
     (default 1 for a plan the replica runs itself, so requests that come meanwhile
-    wait and stack; 4 for a plan on pipelined stage actors). ``access_log``: Serve's log line per request (off: it costs
-    a replica about a millisecond a request). ``num_cpus``: what the replica itself
+    wait and stack; 4 for a plan on pipelined stage actors). ``access_log``: Serve's
+    log line per request (off: it costs a replica about a millisecond a request). ``num_cpus``: what the replica itself
     reserves, and (unless ``intra_op_num_threads`` is given) the threads a run in it
     splits its work over. Other keywords are session options.
 
@@ -427,6 +427,8 @@ def build_app(
         log.warning("a %d MB model given as bytes travels in the deployment's config "
                     "through Ray's GCS (512 MB a message, every app together): pass a path "
                     "readable where the replicas run", len(model) >> 20)
+    if max_concurrent_runs is not None and int(max_concurrent_runs) < 1:
+        raise ValueError(f"max_concurrent_runs must be at least 1, got {max_concurrent_runs!r}")
     name = name or model_name(model)
     res = replica_resources(model, providers, session_options, num_cpus)
     spec = ServeSpec(model, list(providers) if providers is not None else None, name,

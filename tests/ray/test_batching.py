@@ -117,6 +117,8 @@ def test_replica_resources_come_from_the_plan():
         .session_options["intra_op_num_threads"] == 3
     assert build_app(m, ["cpu"]).\
         _bound_deployment._deployment_config.max_ongoing_requests >= 64
+    with pytest.raises(ValueError, match="max_concurrent_runs must be at least 1"):
+        build_app(m, ["cpu"], max_concurrent_runs=0)
     assert ray.is_initialized() == started_before, "planning a replica must not start a Ray here"
 
 
