@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -38,6 +38,9 @@ class CostModel:
     #: the host threads ``flops_per_s`` was measured with (large products split over
     #: them); None: a device's rate, which host threads do not change
     threads: int | None = None
+    #: the same host measured at one thread, when it was: a segment's cost at both
+    #: thread counts gives the part of it that more threads shorten (`annotate_costs`)
+    single: "CostModel | None" = None
 
     def node_seconds(self, flops: float, nbytes: float) -> float:
         return flops / self.flops_per_s + nbytes / self.bytes_per_s + self.per_node_s
@@ -100,7 +103,7 @@ def _probe_host() -> CostModel:
     kernels/_threads.py), an element-wise pass, and a tiny op."""
     import time
 
-    from hetero_exec.kernels._threads import run_threads, split_width
+    from hetero_exec.kernels._threads import intra_op_threads, run_threads, split_width
 
     def best(fn, reps: int) -> float:
         fn()
@@ -116,14 +119,23 @@ def _probe_host() -> CostModel:
     b = rng.standard_normal((512, 512)).astype(np.float32)
     with run_threads():
         gemm = best(lambda: a @ b, 5)
+    width = split_width()
+    gemm1 = gemm
+    if width > 1:
+        with intra_op_threads(1), run_threads():
+            gemm1 = best(lambda: a @ b, 5)
     x = np.ones(1 << 18, np.float32)
     stream = best(lambda: np.tanh(x) * x, 5)  # reads 2, writes 2: a kernel's passes
     tiny = np.ones(4, np.float32)
     per_op = best(lambda: [np.add(tiny, tiny) for _ in range(100)], 3) / 100
-    return CostModel(flops_per_s=2 * 256 * 512 * 512 / gemm, bytes_per_s=4 * x.nbytes / stream,
-                     # our run loop and the kernel's Python around the ufunc
-                     per_node_s=per_op + 3e-6, link_bytes_per_s=4 * x.nbytes / stream,
-                     link_latency_s=0.0, threads=split_width())
+    flops = 2 * 256 * 512 * 512
+    model = CostModel(flops_per_s=flops / gemm, bytes_per_s=4 * x.nbytes / stream,
+                      # our run loop and the kernel's Python around the ufunc
+                      per_node_s=per_op + 3e-6, link_bytes_per_s=4 * x.nbytes / stream,
+                      link_latency_s=0.0, threads=width)
+    if width > 1:
+        model.single = replace(model, flops_per_s=flops / gemm1, threads=1)
+    return model
 
 
 def provider_cost_model(provider: Provider, given: CostModel | None = None) -> CostModel:
@@ -153,28 +165,36 @@ def calibrate(session: Any, feed: dict[str, Any], runs: int = 3) -> CostModel:
     on ``feed`` (its actual shapes give each node's FLOPs and bytes)."""
     from hetero_exec.exec.chain import move_value
     from hetero_exec.exec.profiling import timed_execute
+    from hetero_exec.kernels._threads import intra_op_threads, run_threads, split_width
 
     graph = session._build.graph
-    best: dict[Any, float] = {}
-    for _ in range(runs):
-        env, where = dict(feed), {}
-        for cs in session._executor.segments:
-            prov = cs.provider
-            args = [move_value(env.get(n), where.get(n), prov) if where.get(n) is not prov
-                    else env.get(n) for n, _ in cs.plan.input_slots]
-            outs, timings = timed_execute(cs.plan, args)
-            env.update(zip(cs.plan.output_names, outs))
-            where.update((n, prov) for n in cs.plan.output_names)
-            for node, sec in timings:
-                best[node] = min(best.get(node, sec), sec)
     bounds = _symbols_from(graph, {k: tuple(np.shape(v)) for k, v in feed.items()})
-    samples = []
-    for node, sec in best.items():
-        nbytes = sum(value_bytes(graph, n, bounds) for n in node.inputs + node.outputs if n)
-        samples.append((node_flops(graph, node, bounds), float(nbytes), sec))
-    from hetero_exec.kernels._threads import split_width
 
-    return CostModel.calibrate(graph, samples, threads=split_width())
+    def fit(threads: int | None) -> CostModel:
+        best: dict[Any, float] = {}
+        with intra_op_threads(threads), run_threads():  # as a run at that width does
+            width = split_width()
+            for _ in range(runs):
+                env, where = dict(feed), {}
+                for cs in session._executor.segments:
+                    prov = cs.provider
+                    args = [move_value(env.get(n), where.get(n), prov) if where.get(n) is not prov
+                            else env.get(n) for n, _ in cs.plan.input_slots]
+                    outs, timings = timed_execute(cs.plan, args)
+                    env.update(zip(cs.plan.output_names, outs))
+                    where.update((n, prov) for n in cs.plan.output_names)
+                    for node, sec in timings:
+                        best[node] = min(best.get(node, sec), sec)
+        samples = []
+        for node, sec in best.items():
+            nbytes = sum(value_bytes(graph, n, bounds) for n in node.inputs + node.outputs if n)
+            samples.append((node_flops(graph, node, bounds), float(nbytes), sec))
+        return CostModel.calibrate(graph, samples, threads=width)
+
+    model = fit(None)
+    if model.threads and model.threads > 1:  # and at one thread, for stages on fewer cores
+        model.single = fit(1)
+    return model
 
 
 def _symbols_from(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
@@ -377,6 +397,23 @@ def _stage_need(graph: Graph, stage: Sequence[Node], bounds: dict[str, int]) -> 
     return weights + peak
 
 
+def _threaded_part(graph: Graph, nodes: Sequence[Node], bounds: dict[str, int],
+                   model: CostModel, cost: float) -> float:
+    """The seconds of ``cost`` (at ``model.threads``) that more threads shorten.
+
+    With the host measured at one thread too (``model.single``), Amdahl's law through
+    both: t(1) = s + p and t(w) = s + p/w give p/w, whatever the kernels split (products,
+    our pool's blocks) and however well; else the products' seconds, as if they split
+    perfectly."""
+    w, single = model.threads, model.single
+    if not w:
+        return 0.0
+    if single is None or w <= 1:
+        return sum(model.product_seconds(node_flops(graph, n, bounds)) for n in nodes)
+    one = sum(node_cost(graph, n, bounds, single) for n in nodes)
+    return min(cost, max(0.0, (one - cost) / (w - 1)))
+
+
 def cost_bounds(graph: Graph, bounds: dict[str, int]) -> dict[str, int]:
     """``bounds`` with every other symbol at 1, for estimates only (admission never
     guesses): a batch or sequence dim without a bound is costed as one."""
@@ -400,8 +437,7 @@ def annotate_costs(plan: Any, bounds: dict[str, int], cost_model: CostModel | No
     for seg in plan.segments:
         model = provider_cost_model(seg.provider, cost_model)
         seg.compute_cost = sum(node_cost(graph, n, estimate, model) for n in seg.nodes)
-        seg.product_cost = sum(model.product_seconds(node_flops(graph, n, estimate))
-                               for n in seg.nodes)
+        seg.product_cost = _threaded_part(graph, seg.nodes, estimate, model, seg.compute_cost)
         seg.cost_threads = model.threads
         transfer = sum(model.seam_seconds(seam_bytes.get(i, 0)) for i in seg.inputs if i in seam_bytes)
         seg.predicted_cost = seg.compute_cost + transfer
