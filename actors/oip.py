@@ -312,17 +312,9 @@ def infer_response(model: str, version: str, req: InferRequest,
     binary_of = {o.name: o.binary for o in req.outputs or ()}
     tensors, blobs = [], []
     for name, arr in outputs:
-        arr = np.asarray(arr)
-        t: dict[str, Any] = {"name": name, "datatype": datatype_name(arr.dtype),
-                             "shape": list(arr.shape)}
         binary = binary_of.get(name)
-        if binary if binary is not None else req.binary_output:
-            blob = _to_binary(arr)
-            t["parameters"] = {"binary_data_size": len(blob)}
-            blobs.append(blob)
-        else:
-            t["data"] = _to_json(arr)
-        tensors.append(t)
+        tensors.append(_tensor(name, np.asarray(arr),
+                               binary if binary is not None else req.binary_output, blobs))
     head: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": tensors}
     if req.id is not None:
         head["id"] = req.id
@@ -330,6 +322,20 @@ def infer_response(model: str, version: str, req: InferRequest,
     if not blobs:
         return body, {"content-type": JSON}
     return b"".join([body, *blobs]), {"content-type": BINARY, HEADER_LENGTH: str(len(body))}
+
+
+def _tensor(name: str, arr: np.ndarray, binary: bool, blobs: list[bytes]) -> dict[str, Any]:
+    """One tensor's JSON entry: its data inline, or (``binary``) its bytes appended to
+    ``blobs`` with their size in the entry's parameters."""
+    t: dict[str, Any] = {"name": name, "datatype": datatype_name(arr.dtype),
+                         "shape": list(arr.shape)}
+    if binary:
+        blob = _to_binary(arr)
+        t["parameters"] = {"binary_data_size": len(blob)}
+        blobs.append(blob)
+    else:
+        t["data"] = _to_json(arr)
+    return t
 
 
 def _to_binary(arr: np.ndarray) -> bytes:
@@ -359,17 +365,8 @@ def infer_request_body(inputs: Sequence[tuple[str, np.ndarray]], outputs: Sequen
     >>> int(headers[HEADER_LENGTH]) == len(body) - 8  # the JSON header, then 8 raw bytes
     True
     """
-    tensors, blobs = [], []
-    for name, arr in inputs:
-        t: dict[str, Any] = {"name": name, "datatype": datatype_name(arr.dtype),
-                             "shape": list(arr.shape)}
-        if binary:
-            blob = _to_binary(arr)
-            t["parameters"] = {"binary_data_size": len(blob)}
-            blobs.append(blob)
-        else:
-            t["data"] = _to_json(arr)
-        tensors.append(t)
+    blobs: list[bytes] = []
+    tensors = [_tensor(name, arr, binary, blobs) for name, arr in inputs]
     head: dict[str, Any] = {"inputs": tensors}
     if outputs is not None:
         head["outputs"] = [{"name": n, "parameters": {"binary_data": binary}} for n in outputs]
