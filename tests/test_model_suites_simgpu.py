@@ -7,24 +7,11 @@ as on cpu (test_model_suites.py)."""
 from __future__ import annotations
 
 import logging
-import os
 
 import onnx
 import pytest
 
-from tests.backend_cases import known_failures
-from tests.model_suites import KINDS, collect, run_model_case
-
-KNOWN = known_failures(os.path.join(os.path.dirname(__file__), "model_suites_known_failures.txt"))
-CASES = {f"{kind}/{c.name}": c for kind in KINDS for c in collect(kind)}
-
-
-def _params():
-    for name in sorted(CASES):
-        marks = [pytest.mark.xfail(reason=KNOWN[name], strict=True)] if name in KNOWN else []
-        if CASES[name].kind == "real":
-            marks.append(pytest.mark.slow)
-        yield pytest.param(name, id=name, marks=marks)
+from tests.model_suites import CASES, case_params, run_model_case
 
 
 def _middle_op(path: str) -> str:
@@ -32,7 +19,7 @@ def _middle_op(path: str) -> str:
     return nodes[len(nodes) // 2].op_type if len(nodes) >= 2 else ""
 
 
-@pytest.mark.parametrize("case_name", list(_params()))
+@pytest.mark.parametrize("case_name", case_params())
 def test_model_case_mixed_simgpu(case_name: str) -> None:
     case = CASES[case_name]
     excluded = _middle_op(case.model_path)
