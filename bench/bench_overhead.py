@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.bench_cpu import environment, print_environment  # noqa: E402
+from bench.bench_cpu import environment, interleaved, print_environment  # noqa: E402
 from bench.models import loop_if, tiny_ops  # noqa: E402
 
 LOOP_TRIPS = 64
@@ -50,20 +50,6 @@ LOOP_BODY_NODES = 9
 #: calling thread, so it is the same work either way
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 clock = time.perf_counter
-
-
-def timed(fns, runs: int, warmup: int) -> list[list[float]]:
-    """Seconds per call of each fn, called in turn ``warmup + runs`` times."""
-    for _ in range(warmup):
-        for fn in fns:
-            fn()
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(runs):
-        for fn, ts in zip(fns, times):
-            t = clock()
-            fn()
-            ts.append(clock() - t)
-    return times
 
 
 def ort_session(data: bytes):
@@ -81,8 +67,8 @@ def measure(data: bytes, feed: dict, runs: int, warmup: int) -> dict[str, Any]:
     ours = InferenceSession(data, providers=["cpu"])
     theirs = ort_session(data)
     a, b = ours.run(None, feed), theirs.run(None, feed)
-    t_ours, t_ort = timed([lambda: ours.run(None, feed), lambda: theirs.run(None, feed)],
-                          runs, warmup)
+    t_ours, t_ort = interleaved([lambda: ours.run(None, feed), lambda: theirs.run(None, feed)],
+                                runs, warmup, clock)
     return {"ours_s": statistics.median(t_ours), "ort_s": statistics.median(t_ort),
             "max_abs_diff": max(float(np.abs(np.asarray(x) - y).max()) for x, y in zip(a, b))}
 
