@@ -201,22 +201,25 @@ def _nhwc_core(xh, w, b, s, k, oh, ow):
     return out
 
 
-def nhwc_taps(x, w, b, s):
-    k = w.shape[-1]
+def _nhwc_padded(x, k, s):
+    """x (NCHW) as a zero-padded NHWC array, with the output's height and width."""
     p, oh, ow = _geometry(x, k, s)
     n, c, h, wd = x.shape
     xh = np.zeros((n, h + 2 * p, wd + 2 * p, c), x.dtype)
     xh[:, p:p + h, p:p + wd] = x.transpose(0, 2, 3, 1)
+    return xh, oh, ow
+
+
+def nhwc_taps(x, w, b, s):
+    k = w.shape[-1]
+    xh, oh, ow = _nhwc_padded(x, k, s)
     return np.ascontiguousarray(_nhwc_core(xh, w, b, s, k, oh, ow).transpose(0, 3, 1, 2))
 
 
 def make_nhwc_native(x, w, b, s):
     """The padded NHWC input prepared outside the timing (a block already channels-last)."""
     k = w.shape[-1]
-    p, oh, ow = _geometry(x, k, s)
-    n, c, h, wd = x.shape
-    xh = np.zeros((n, h + 2 * p, wd + 2 * p, c), x.dtype)
-    xh[:, p:p + h, p:p + wd] = x.transpose(0, 2, 3, 1)
+    xh, oh, ow = _nhwc_padded(x, k, s)
 
     def native(x_, w_, b_, s_):
         return _nhwc_core(xh, w, b, s, k, oh, ow).transpose(0, 3, 1, 2)
