@@ -45,10 +45,6 @@ class RayOptions:
     device_num_gpus: float = 1.0  # GPUs a device's bundle reserves (shared by its stages)
     #: BLAS threads per stage actor (None: the node's cores over the stages on it)
     stage_threads: int | None = None
-    #: actor tasks a stage runs at once: the next group starts on the stage's threads
-    #: while the last requests of the one before finish (1: one task at a time; a
-    #: compiled graph always runs one)
-    stage_tasks: int = 2
     #: None: a placement group of the plan's own; "current": the bundles 1.. of the
     #: placement group the caller runs in (a Serve replica's ``placement_group_bundles``)
     placement_group: str | None = None
@@ -90,8 +86,6 @@ class RayOptions:
             raise ProviderError(f"stage_num_cpus must be above 0, got {opts.stage_num_cpus!r}")
         if opts.stage_threads is not None and int(opts.stage_threads) < 1:
             raise ProviderError(f"stage_threads must be at least 1, got {opts.stage_threads!r}")
-        if int(opts.stage_tasks) < 1:
-            raise ProviderError(f"stage_tasks must be at least 1, got {opts.stage_tasks!r}")
         if opts.placement_group not in (None, "current"):
             raise ProviderError(
                 f"placement_group must be None or 'current', got {opts.placement_group!r}"

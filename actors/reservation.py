@@ -325,8 +325,6 @@ class Reservation:
                 num_gpus=slot.num_gpus,
                 max_restarts=self.opts.max_restarts,
                 max_task_retries=0,
-                # a threaded actor: tasks overlap, so a group's tail does not idle a core
-                max_concurrency=1 if self.opts.ray_compiled else int(self.opts.stage_tasks),
                 scheduling_strategy=strategy,
                 runtime_env=self.runtime_env or None,
             )

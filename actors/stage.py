@@ -106,8 +106,6 @@ class StageActor:
         self.profile = profile
         self.spans: list[dict[str, Any]] = []
         self.tasks = 0
-        self._active = 0  # requests running in this actor's tasks
-        self._serial = threading.Lock()  # a one-thread stage runs one group at a time
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._stats_lock = threading.Lock()
         self.init_error: BaseException | None = None
@@ -192,21 +190,10 @@ class StageActor:
         several (each then splits its products over its share of them): many of a
         model's ops are too small to split, so two requests at once keep two cores
         busier than one request split in two."""
-        threads = self.threads or 1
-        if threads == 1:  # one thread: nothing idles at a group's tail, so no overlap
-            with self._serial:
-                return self._run_group_now(requests, layout, flat, threads)
-        return self._run_group_now(requests, layout, flat, threads)
-
-    def _run_group_now(self, requests: list[int], layout: Layout, flat: Sequence[Any],
-                       threads: int) -> Any:
-        with self._stats_lock:  # tasks may overlap (``stage_tasks``): count what runs now
-            self.tasks += 1
-            self._active += len(requests)
-            active = self._active
+        self.tasks += 1
         n_out = len(self.spec.outputs)
-        workers = min(threads, len(requests))
-        width = max(1, threads // min(threads, active))
+        workers = min(self.threads or 1, len(requests))
+        width = max(1, (self.threads or 1) // workers)
 
         def one(j: int) -> list[Any]:
             carried = [pick(flat, entries[j]) for entries in layout]
@@ -218,23 +205,18 @@ class StageActor:
             except SegmentRunError as e:
                 return [FailedValue(e)] * n_out
 
-        try:
-            if workers > 1:
-                results = list(self._workers().map(one, range(len(requests))))
-            else:
-                results = [one(j) for j in range(len(requests))]
-        finally:
-            with self._stats_lock:
-                self._active -= len(requests)
+        if workers > 1:
+            results = list(self._workers().map(one, range(len(requests))))
+        else:
+            results = [one(j) for j in range(len(requests))]
         columns = [list(column) for column in zip(*results)] if n_out else []
         return columns[0] if n_out == 1 else tuple(columns)
 
     def _workers(self) -> concurrent.futures.ThreadPoolExecutor:
-        with self._stats_lock:  # one pool, whichever overlapping task asks first
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=self.threads or 1, thread_name_prefix="stage-request")
-            return self._pool
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=self.threads or 1, thread_name_prefix="stage-request")
+        return self._pool
 
     def _run(self, request: int, carried: list[Any], width: int | None = None) -> list[Any]:
         spec = self.spec

@@ -179,9 +179,6 @@ def test_options_are_checked():
         RayOptions.parse({"stage_num_cpus": 0})
     with pytest.raises(ProviderError, match="placement_group"):
         RayOptions.parse({"placement_group": "mine"})
-    assert RayOptions.parse({}).stage_tasks == 2
-    with pytest.raises(ProviderError, match="stage_tasks must be at least 1"):
-        RayOptions.parse({"stage_tasks": 0})
 
 
 def test_typed_errors_cross_pickling():
