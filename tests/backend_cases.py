@@ -70,6 +70,24 @@ def assert_similar(ref: Any, out: Any, rtol: float, atol: float, where: str = ""
     np.testing.assert_allclose(out, ref, rtol=rtol, atol=atol, err_msg=where)
 
 
+def is_random_output(reason: str | None) -> bool:
+    """A known failure whose output is a random draw (Bernoulli): its expected data are one
+    draw of another generator, so an exact comparison passes by chance now and then
+    (each of 10 draws matches with probability p^2 + (1-p)^2). Such cases are checked by
+    what every draw must be instead (`assert_draws`), not marked xfail."""
+    return bool(reason) and reason.startswith("random output")
+
+
+def assert_draws(ref: Any, out: Any, where: str = "") -> None:
+    """A Bernoulli draw like ``ref``: the same shape and dtype, every value 0 or 1."""
+    ref = np.asarray(ref)
+    assert hasattr(out, "dtype"), f"{where}: expected an array, got {type(out).__name__}"
+    out = np.asarray(out)
+    np.testing.assert_array_equal(out.shape, ref.shape, err_msg=f"{where}: shape")
+    assert out.dtype == ref.dtype, f"{where}: dtype {out.dtype} != {ref.dtype}"
+    assert np.isin(out, (0, 1)).all(), f"{where}: draws outside {{0, 1}}: {out}"
+
+
 def to_value(v: Any) -> Any:
     """Case data may be protos (TensorProto, SequenceProto, ...): make them values."""
     import onnx
@@ -88,10 +106,11 @@ def to_value(v: Any) -> Any:
     return v
 
 
-def run_case(case: Any, providers: list | None = None, **options: Any) -> None:
+def run_case(case: Any, providers: list | None = None, random_output: bool = False,
+             **options: Any) -> None:
     """Run every data set of one case through an InferenceSession's plain run() (as
     onnxruntime code calls it: sequences, maps and optionals come back too); raise on
-    mismatch."""
+    mismatch (``random_output``: on a draw that no Bernoulli draw could be)."""
     from hetero_exec import InferenceSession
 
     sess = InferenceSession(case.model, providers=providers, **options)
@@ -103,4 +122,7 @@ def run_case(case: Any, providers: list | None = None, **options: Any) -> None:
         got = sess.run(outputs_decl, feed)
         assert len(got) == len(expected)
         for name, e, g in zip(outputs_decl, expected, got):
-            assert_similar(e, g, case.rtol, case.atol, where=f"output {name!r}")
+            if random_output:
+                assert_draws(e, g, where=f"output {name!r}")
+            else:
+                assert_similar(e, g, case.rtol, case.atol, where=f"output {name!r}")
