@@ -31,6 +31,10 @@ Forms:
   a (K*U + 1, T) band (the bias in the last row), as a session runs it (path and band
   chosen at compile time, BLAS held at one thread);
 * ``colband_blas2``: the same with the BLAS at its default threads;
+* ``native``: the compiled kernel (kernels/native/depthwise.py), the path a session takes
+  when numba is installed: the padded input copied once per channel into the stride's
+  phase planes, one vectorized multiply-add over the output plane per tap, its channels
+  split over the run's threads;
 * ``onnxruntime``: a one-node onnxruntime session (spinning off), for scale.
 
     python bench/bench_conv.py                    # all shapes, all forms
@@ -284,22 +288,21 @@ def make_band_adds(x, w, b, s):
     return run
 
 
-def _session_conv(x, w, b, s, hold: bool):
-    """Conv as a session compiles it: the specialize hook's function (path and band cache)."""
+def _session_conv(x, w, b, s, hold: bool, kind: str = "depthwise"):
+    """Conv as a session runs it (path ``kind`` forced, its band cached), inside a run's
+    hold on the BLAS (``hold``) or with the BLAS at its default threads."""
     from hetero_exec.kernels._threads import single_blas_thread
-    from hetero_exec.kernels.registry import KnownInput, lookup
+    from hetero_exec.kernels.conv import ConvPath, _conv_full
 
     k = w.shape[-1]
     attrs = dict(group=x.shape[1], kernel_shape=[k, k], pads=[k // 2] * 4, strides=[s, s])
-    kdef = lookup("", "Conv", 17)
-    fn = kdef.specialize(np, attrs, [KnownInput(x.shape, x.dtype), KnownInput(w.shape, w.dtype, w),
-                                     KnownInput(b.shape, b.dtype, b)])
+    path = ConvPath(kind)
 
     def ours(x_, w_, b_, s_):
         if not hold:
-            return fn(np, x_, w, b, **attrs)[0]
+            return _conv_full(np, x_, w, b, path=path, **attrs)
         with single_blas_thread():
-            return fn(np, x_, w, b, **attrs)[0]
+            return _conv_full(np, x_, w, b, path=path, **attrs)
 
     return ours
 
@@ -310,6 +313,14 @@ def make_colband(x, w, b, s):
 
 def make_colband_blas2(x, w, b, s):
     return _session_conv(x, w, b, s, hold=False)
+
+
+def make_native(x, w, b, s):
+    from hetero_exec.kernels import native
+
+    if not native.available():
+        raise SystemExit(f"form native: {native.unavailable_reason()}")
+    return _session_conv(x, w, b, s, hold=True, kind="depthwise_native")
 
 
 def make_onnxruntime(x, w, b, s):
@@ -344,7 +355,7 @@ FORMS: dict[str, Callable] = {
 }
 FACTORIES: dict[str, Callable] = {
     "nhwc_taps_native": make_nhwc_native, "band_adds": make_band_adds, "colband": make_colband,
-    "colband_blas2": make_colband_blas2, "onnxruntime": make_onnxruntime,
+    "colband_blas2": make_colband_blas2, "native": make_native, "onnxruntime": make_onnxruntime,
 }
 
 

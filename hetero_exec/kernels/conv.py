@@ -13,6 +13,11 @@ of the kernel table) from its attributes and weight shape, see `choose_path`:
   Numpy's element-wise passes (one multiply and one add per kernel tap) run at a few
   GB/s here; the BLAS does the taps in registers, at the price of U/K times the
   arithmetic (bench/bench_conv.py measures the forms);
+* ``depthwise_native`` (the same nodes, float32/float64, when the compiled kernels of
+  kernels/native are available): per channel, the padded input copied once into the
+  stride's phase planes, then one vectorized multiply-add over the output plane per
+  tap, with the bias and the activation on the way out (kernels/native/depthwise.py);
+  other dtypes take the ``depthwise`` path;
 * ``depthwise_taps`` (other array modules, 3-D, channel multipliers): the sum over kernel
   taps of per-channel scaled strided slices, accumulated in place;
 * ``im2col`` (everything else, groups included): the padded input viewed through
@@ -30,7 +35,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from hetero_exec.kernels import _threads
+from hetero_exec.kernels import _threads, native
 from hetero_exec.kernels._common import host_ints
 from hetero_exec.kernels._nn_common import (
     SCRATCH_KEEP,
@@ -53,17 +58,19 @@ _GEMM_COLS = 1024
 #: widest output tile of the depthwise column-band path (bench/bench_conv.py)
 _BAND_TILE = 16
 
-PATHS = ("pointwise", "depthwise", "depthwise_taps", "im2col")
+PATHS = ("pointwise", "depthwise", "depthwise_native", "depthwise_taps", "im2col")
 
 
 # --------------------------------------------------------------------------- path choice
 
 
-def choose_path(numpy_arrays: bool, w_shape: Sequence[int], group: int, pads_zero: bool) -> str:
+def choose_path(numpy_arrays: bool, w_shape: Sequence[int], group: int, pads_zero: bool,
+                compiled: bool = False) -> str:
     """The Conv path for weights of ``w_shape`` (M, C/group, *K): see the module docstring.
+    ``compiled``: the compiled kernels (kernels/native) may be used.
 
-    >>> choose_path(True, (32, 1, 3, 3), 32, False)
-    'depthwise'
+    >>> choose_path(True, (32, 1, 3, 3), 32, False), choose_path(True, (32, 1, 3, 3), 32, False, True)
+    ('depthwise', 'depthwise_native')
     >>> choose_path(False, (32, 1, 3, 3), 32, False), choose_path(True, (64, 32, 1, 1), 1, True)
     ('depthwise_taps', 'pointwise')
     >>> choose_path(True, (64, 8, 3, 3), 4, False)
@@ -73,7 +80,7 @@ def choose_path(numpy_arrays: bool, w_shape: Sequence[int], group: int, pads_zer
     K = tuple(w_shape[2:])
     if group > 1 and Cg == 1:
         if numpy_arrays and M == group and len(K) in (1, 2):
-            return "depthwise"
+            return "depthwise_native" if compiled else "depthwise"
         return "depthwise_taps"
     if all(k == 1 for k in K) and pads_zero:
         return "pointwise"
@@ -111,7 +118,9 @@ def _pads_zero(auto_pad: str, pads) -> bool:
 
 
 def _path_for(xp, W, group: int, auto_pad: str, pads) -> ConvPath:
-    return ConvPath(choose_path(is_numpy(xp), W.shape, group, _pads_zero(auto_pad, pads)))
+    numpy_arrays = is_numpy(xp)
+    return ConvPath(choose_path(numpy_arrays, W.shape, group, _pads_zero(auto_pad, pads),
+                                numpy_arrays and native.available()))
 
 
 # --------------------------------------------------------------------------- pointwise
@@ -238,6 +247,65 @@ def _depthwise_band(xp, X, W, B, strides, dilations, pb, pe, out_sp, path: ConvP
     return out
 
 
+#: the dtypes kernels/native/depthwise.py is compiled for
+_NATIVE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_NO_ACT = (0, 0.0, 0.0)
+
+
+def _native_activation(activation) -> tuple[int, float, float] | None:
+    """The compiled epilogue's (code, p0, p1) for ``activation`` ("", "Relu", or
+    fused.epilogue_activation's callable), or None when it has none."""
+    if isinstance(activation, str):
+        return native.epilogue_code(activation)
+    name = getattr(activation, "activation", None)
+    return None if name is None else native.epilogue_code(name, activation.params)
+
+
+def _native_epilogue(xp, Y, B, Z, act) -> None:
+    """act(Y + B[channel] + Z) in place on a fresh (N, M, *S) product, by the compiled
+    epilogue, its rows split over our threads."""
+    ep = native.module("epilogue")
+    N, M = Y.shape[:2]
+    Y3 = Y.reshape(N, M, -1)
+    if Y3.shape[2] == 0:
+        return
+    b = np.zeros(0, Y.dtype) if B is None else np.ascontiguousarray(B, dtype=Y.dtype)
+    z = np.zeros((0, 0, 0), Y.dtype) if Z is None else \
+        np.ascontiguousarray(Z, dtype=Y.dtype).reshape(Y3.shape)
+    code, p0, p1 = act
+
+    def rows(r0: int, r1: int) -> None:
+        ep.channels(Y3, b, z, code, p0, p1, r0, r1)
+
+    _threads.parallel_for(xp, N * M, rows, 8.0 * Y.size, least=4)
+
+
+def _depthwise_native(xp, X, W, B, strides, dilations, pb, out_sp, act):
+    """Depthwise conv (multiplier 1, 1-D or 2-D) by the compiled kernel, its channels
+    split over our threads; ``act`` is `_native_activation`'s triple."""
+    dw = native.module("depthwise")
+    if X.ndim == 3:  # 1-D: one row of height 1
+        X, W = X[:, :, None], W[:, :, None]
+        strides, dilations, pb, out_sp = [1, *strides], [1, *dilations], [0, *pb], [1, *out_sp]
+        flat = True
+    else:
+        flat = False
+    N, C = X.shape[:2]
+    X = np.ascontiguousarray(X)
+    Wk = np.ascontiguousarray(W.reshape((C,) + W.shape[2:]))
+    Bk = np.zeros(C, X.dtype) if B is None else np.ascontiguousarray(B, dtype=X.dtype)
+    out = np.empty((N, C) + tuple(out_sp), dtype=X.dtype)
+    (sh, sw), (dh, dwl) = strides, dilations
+    code, p0, p1 = act
+
+    def channels(c0: int, c1: int) -> None:
+        dw.depthwise2d(X, Wk, Bk, out, sh, sw, dh, dwl, pb[0], pb[1], code, p0, p1, c0, c1)
+
+    taps = math.prod(W.shape[2:])
+    _threads.parallel_for(xp, C, channels, 2.0 * out.size * taps, least=8)
+    return out.reshape(out.shape[:2] + (out.shape[3],)) if flat else out
+
+
 # --------------------------------------------------------------------------- im2col
 
 
@@ -349,6 +417,31 @@ def _conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp, Z=None, a
     kind = path.kind
     if kind == "pointwise" and (any(pb) or any(pe)):
         kind = "im2col"  # a pointwise node whose auto_pad pads after all
+    if kind == "depthwise_native" and not is_numpy(xp):
+        kind = "depthwise_taps"  # compiled for host memory only
+    compiled = is_numpy(xp) and X.dtype in _NATIVE_DTYPES and native.available()
+    act = _native_activation(activation) if compiled else None  # None: numpy applies it
+    if kind == "depthwise_native" and compiled:
+        if act is not None and Z is None:  # bias and activation on the way out
+            return _depthwise_native(xp, X, W, B, strides, dilations, pb, out_sp, act)
+        Y = _depthwise_native(xp, X, W, B, strides, dilations, pb, out_sp, _NO_ACT)
+        if act is not None:  # the residual comes before the activation
+            _native_epilogue(xp, Y, None, Z, act)
+        else:
+            _epilogue(xp, Y, Z, activation)
+        return Y
+    if kind == "depthwise_native":
+        kind = "depthwise"  # a dtype it is not compiled for
+    if kind in ("pointwise", "im2col") and compiled and (B is not None or Z is not None):
+        # the bias, residual (and activation, when compiled) in one pass after the products
+        if kind == "pointwise":
+            Y = _pointwise(xp, X, W, None, strides, group, out_sp)
+        else:
+            Y = _im2col(xp, X, W, None, strides, dilations, pb, pe, group, out_sp)
+        _native_epilogue(xp, Y, B, Z, _NO_ACT if act is None else act)
+        if act is None:
+            _epilogue(xp, Y, None, activation)
+        return Y
     if kind == "depthwise":
         Y = _depthwise_band(xp, X, W, B, strides, dilations, pb, pe, out_sp, path,
                             W if key_w is None else key_w, B if key_b is None else key_b)
@@ -370,7 +463,8 @@ def _conv_full(xp, X, W, B, auto_pad="NOTSET", dilations=None, group=1, kernel_s
     out_sp, pb, pe = conv_geometry(X.shape[2:], K, strides, dilations, pads, auto_pad)
     out_dtype = X.dtype
     if path is None:
-        path = ConvPath(choose_path(is_numpy(xp), W.shape, group, not any(pb) and not any(pe)))
+        path = ConvPath(choose_path(is_numpy(xp), W.shape, group, not any(pb) and not any(pe),
+                                    is_numpy(xp) and native.available()))
     cdt = acc_dtype(xp, out_dtype)
     if cdt == np.float16 and path.kind == "depthwise_taps":
         # element-wise sums over the taps: no BLAS accumulates them wider, so float32

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from hetero_exec.kernels import _threads, native
 from hetero_exec.kernels.registry import kernel
 
 
@@ -436,10 +437,28 @@ def _gelu_tanh_f32_into(xp, x, out, t, z):
         xp.divide(x, out, out=out)
 
 
+def _native_unary(x, activation: str):
+    """``activation`` of a float32/float64 numpy array by the compiled epilogue (one pass),
+    split over our threads."""
+    ep = native.module("epilogue")
+    flat = np.ascontiguousarray(x).reshape(-1)
+    out = np.empty_like(flat)
+    code, p0, p1 = native.epilogue_code(activation)
+
+    def part(i0: int, i1: int) -> None:
+        ep.unary(flat, out, code, p0, p1, i0, i1)
+
+    _threads.parallel_for(np, flat.size, part, 20.0 * flat.size, least=4096)
+    return out.reshape(x.shape)
+
+
 @kernel("Gelu", 20)
 def Gelu(xp, x, approximate="none"):
     if x.ndim == 0:  # numpy makes scalars of 0-d results; the in-place steps need arrays
         return (Gelu(xp, x.reshape(1), approximate)[0].reshape(()),)
+    if (xp is np and approximate != "tanh" and x.dtype in (np.float32, np.float64) and x.size
+            and native.available()):
+        return (_native_unary(x, "Gelu"),)
     if x.dtype == np.float64:
         fn = _gelu_tanh if approximate == "tanh" else _gelu_erf
         return (_blockwise(xp, lambda v: fn(xp, v), x, x.dtype),)

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
+from hetero_exec.kernels import _threads, native
 from hetero_exec.kernels._threads import PARALLEL_FLOPS, matmul
 from hetero_exec.kernels.elementwise import Gelu
 from hetero_exec.kernels.linalg import _float_operands
@@ -21,8 +22,9 @@ from hetero_exec.kernels.registry import kernel
 FUSED_DOMAIN = "hetero_exec"
 
 #: what `activate` applies in place; ``activation_params`` are (min, max) for Clip and
-#: (alpha, beta) for HardSigmoid
-ACTIVATIONS = frozenset({"", "Relu", "Clip", "HardSigmoid", "HardSwish", "SiLU", "Tanh", "Sigmoid"})
+#: (alpha, beta) for HardSigmoid; Gelu is erf GELU, GeluTanh the tanh one
+ACTIVATIONS = frozenset({"", "Relu", "Clip", "HardSigmoid", "HardSwish", "SiLU", "Tanh", "Sigmoid",
+                         "Gelu", "GeluTanh"})
 
 
 def _sigmoid_into(xp, t):
@@ -56,6 +58,8 @@ def activate(xp, Y, activation: str, params: Sequence[float] | None = None, op: 
         xp.tanh(Y, out=Y)
     elif activation == "Sigmoid":
         _sigmoid_into(xp, Y)
+    elif activation in ("Gelu", "GeluTanh"):
+        Y[...] = Gelu(xp, Y, "tanh" if activation == "GeluTanh" else "none")[0]
     elif activation == "SiLU":
         t = xp.empty_like(Y)
         with np.errstate(over="ignore"):  # exp(-y) -> inf gives y / inf = 0, as wanted
@@ -89,6 +93,7 @@ def epilogue_activation(activation: str, params: Sequence[float] | None = None):
         activate(xp, Y, activation, params, "FusedConv")
 
     apply.__name__ = activation
+    apply.activation, apply.params = activation, params  # for compiled epilogues
     return apply
 
 
@@ -98,6 +103,30 @@ def _hard_sigmoid(xp, Y, alpha, beta, out=None):
     xp.maximum(t, 0, out=t)
     xp.minimum(t, 1, out=t)
     return t
+
+
+_NATIVE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _native_code(xp, Y, activation: str, params) -> tuple[int, float, float] | None:
+    """The compiled epilogue's code for ``activation`` on the numpy array Y, or None."""
+    if xp is not np or Y.dtype not in _NATIVE_DTYPES or Y.size == 0:
+        return None
+    return native.epilogue_code(activation, params)
+
+
+def _native_last_axis(xp, Y, bias, act) -> None:
+    """act(Y + bias) in place, bias (K,) along Y's last axis (or None), compiled, the
+    rows split over our threads."""
+    ep = native.module("epilogue")
+    Y2 = Y.reshape(-1, Y.shape[-1])
+    b = np.zeros(0, Y.dtype) if bias is None else np.ascontiguousarray(bias, dtype=Y.dtype)
+    code, p0, p1 = act
+
+    def rows(r0: int, r1: int) -> None:
+        ep.last_axis(Y2, b, code, p0, p1, r0, r1)
+
+    _threads.parallel_for(xp, Y2.shape[0], rows, 8.0 * Y.size, least=4)
 
 
 @kernel("FusedMatMul", since=1, domain=FUSED_DOMAIN)
@@ -111,9 +140,13 @@ def FusedMatMul(xp, A, B, bias=None, activation="", activation_params=None):
         shape = ()
     else:
         shape = None
-    if bias is not None:
-        Y += bias.astype(Y.dtype, copy=False)
-    activate(xp, Y, activation, activation_params, "FusedMatMul")
+    act = _native_code(xp, Y, activation, activation_params)
+    if act is not None and (bias is None or bias.shape == Y.shape[-1:]) and Y.flags.c_contiguous:
+        _native_last_axis(xp, Y, bias, act)
+    else:
+        if bias is not None:
+            Y += bias.astype(Y.dtype, copy=False)
+        activate(xp, Y, activation, activation_params, "FusedMatMul")
     if shape is not None:
         Y = Y.reshape(shape)
     if back is not None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from hetero_exec.kernels import registry
+from hetero_exec.kernels import native, registry
 from hetero_exec.kernels.conv import ConvPath, _band_tile, _conv_full, choose_path
 from tests.conftest import to_numpy
 from tests.kernels._ref import check, reference
@@ -64,6 +64,50 @@ def test_depthwise_band(xp, xs, k, attrs, bias):
     c = xs[1]
     w = f32(c, 1, *k, seed=1)
     forced(xp, "depthwise", f32(*xs), w, f32(c, seed=2) if bias else None, group=c, **attrs)
+
+
+needs_native = pytest.mark.skipif(not native.available(),
+                                  reason=f"compiled kernels off: {native.unavailable_reason()}")
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("xs, k, attrs", DEPTHWISE)
+def test_depthwise_native(xs, k, attrs, bias, dtype):
+    c = xs[1]
+    x, w = f32(*xs).astype(dtype), f32(c, 1, *k, seed=1).astype(dtype)
+    forced(np, "depthwise_native", x, w, f32(c, seed=2).astype(dtype) if bias else None,
+           group=c, **attrs)
+
+
+@needs_native
+def test_depthwise_native_reads_strided_inputs():
+    """A non-contiguous input (a channel slice) and a float16 one (computed in float32)."""
+    x = f32(2, 12, 9, 9)[:, ::2]
+    forced(np, "depthwise_native", x, f32(6, 1, 3, 3, seed=1), f32(6, seed=2), group=6,
+           pads=[1, 1, 1, 1], strides=[2, 2])
+    x16, w16 = f32(2, 4, 9, 9).astype(np.float16), f32(4, 1, 3, 3, seed=1).astype(np.float16)
+    want = reference("Conv", [x16, w16], group=4, pads=[1, 1, 1, 1])[0]
+    got = _conv_full(np, x16, w16, None, group=4, pads=[1, 1, 1, 1],
+                     path=ConvPath("depthwise_native"))
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_native_off_by_environment(monkeypatch):
+    from hetero_exec.kernels.conv import _path_for
+
+    monkeypatch.setenv(native.ENV, "0")
+    native.reset()
+    try:
+        assert not native.available() and native.ENV in native.unavailable_reason()
+        assert _path_for(np, np.zeros((8, 1, 3, 3)), 8, "NOTSET", [1, 1, 1, 1]).kind == "depthwise"
+    finally:
+        monkeypatch.delenv(native.ENV)
+        native.reset()
+    want = "depthwise_native" if native.available() else "depthwise"
+    assert _path_for(np, np.zeros((8, 1, 3, 3)), 8, "NOTSET", [1, 1, 1, 1]).kind == want
 
 
 @pytest.mark.parametrize("xs, k, attrs", [
@@ -151,6 +195,8 @@ def test_im2col(xp, xs, ws, attrs, bias):
 @pytest.mark.parametrize("kind, xs, ws, attrs", [
     ("depthwise", (3, 24, 12, 12), (24, 1, 3, 3), {"group": 24, "pads": [1, 1, 1, 1]}),
     ("depthwise", (1, 24, 9, 9), (24, 1, 7, 7), {"group": 24, "pads": [3, 3, 3, 3]}),
+    pytest.param("depthwise_native", (3, 24, 12, 12), (24, 1, 3, 3),
+                 {"group": 24, "pads": [1, 1, 1, 1], "strides": [2, 2]}, marks=needs_native),
     ("pointwise", (3, 8, 40, 40), (16, 8, 1, 1), {}),
     ("im2col", (5, 6, 9, 9), (8, 6, 3, 3), {"pads": [1, 1, 1, 1]}),  # wide GEMMs
     ("im2col", (3, 4, 36, 36), (6, 2, 3, 3), {"group": 2, "strides": [1, 2]}),  # per image
@@ -170,6 +216,9 @@ def test_paths_split_over_threads(monkeypatch, kind, xs, ws, attrs):
 
 def test_choose_path():
     assert choose_path(True, (8, 1, 3, 3), 8, False) == "depthwise"
+    assert choose_path(True, (8, 1, 3, 3), 8, False, compiled=True) == "depthwise_native"
+    assert choose_path(True, (16, 1, 3, 3), 8, False, compiled=True) == "depthwise_taps"
+    assert choose_path(False, (8, 1, 3, 3), 8, False, compiled=True) == "depthwise_taps"
     assert choose_path(True, (8, 1, 7), 8, False) == "depthwise"  # 1-D
     assert choose_path(True, (8, 1, 3, 3, 3), 8, False) == "depthwise_taps"  # 3-D
     assert choose_path(True, (16, 1, 3, 3), 8, False) == "depthwise_taps"  # multiplier 2
@@ -216,6 +265,12 @@ def _conv_model(weight_input: bool = False):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), ws
 
 
+def chain_close(got, want):
+    """Four float32 convs chained: outputs near 1e3, so a near-zero one carries ~1e-4 of
+    rounding either way (the float32 reference is off the float64 one by as much)."""
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=1e-6 * np.abs(want).max())
+
+
 def _session(model):
     from hetero_exec.session import InferenceSession
 
@@ -232,12 +287,12 @@ def test_session_chooses_paths_at_compile_time():
 
     model, _ = _conv_model()
     sess = _session(model)
-    assert [p.kind for p in _paths(sess)] == ["depthwise", "pointwise", "im2col", "im2col"]
+    dw = "depthwise_native" if native.available() else "depthwise"
+    assert [p.kind for p in _paths(sess)] == [dw, "pointwise", "im2col", "im2col"]
     ref = ReferenceEvaluator(model)
     for n in (1, 3):
         x = f32(n, 8, 12, 12, seed=n)
-        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0],
-                                   rtol=RTOL, atol=ATOL)
+        chain_close(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0])
 
 
 def test_weights_fed_at_run_time_rebuild_the_band():
@@ -248,8 +303,7 @@ def test_weights_fed_at_run_time_rebuild_the_band():
     x = f32(2, 8, 12, 12)
     for seed in (1, 2):
         w = f32(8, 1, 3, 3, seed=seed)
-        np.testing.assert_allclose(sess.run(None, {"x": x, "w_dw": w})[0],
-                                   ref.run(None, {"x": x, "w_dw": w})[0], rtol=RTOL, atol=ATOL)
+        chain_close(sess.run(None, {"x": x, "w_dw": w})[0], ref.run(None, {"x": x, "w_dw": w})[0])
 
 
 def test_concurrent_runs_keep_their_own_buffers():
@@ -262,8 +316,7 @@ def test_concurrent_runs_keep_their_own_buffers():
     futures = [sess.run_async(None, {"x": x}) for x in xs]
     wait(futures)
     for x, f in zip(xs, futures):
-        np.testing.assert_allclose(f.result()[0], ref.run(None, {"x": x})[0], rtol=RTOL,
-                                   atol=ATOL)
+        chain_close(f.result()[0], ref.run(None, {"x": x})[0])
 
 
 def test_a_failing_specialize_hook_falls_back(monkeypatch, caplog):
@@ -313,3 +366,45 @@ def test_fused_conv_residual_and_activation(xp, kind, ws, attrs):
     np.testing.assert_allclose(to_numpy(got), np.maximum(conv, 0), rtol=RTOL, atol=ATOL)
     with pytest.raises(ValueError, match="unsupported activation"):
         FusedConv(xp, xp.asarray(x), xp.asarray(w), None, None, "Mish", **attrs)
+
+
+def _act_reference(name, params, y):
+    if name == "Relu":
+        return np.maximum(y, 0)
+    if name == "Clip":
+        return np.minimum(np.maximum(y, params[0]), params[1])
+    if name in ("HardSigmoid", "HardSwish"):
+        a, b = params if name == "HardSigmoid" else (1 / 6, 0.5)
+        hs = np.clip(y * a + b, 0, 1)
+        return hs if name == "HardSigmoid" else y * hs
+    if name == "SiLU":
+        return y / (1 + np.exp(-y))
+    if name == "Sigmoid":
+        return 1 / (1 + np.exp(-y))
+    assert name == "Tanh"
+    return np.tanh(y)
+
+
+@needs_native
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("name, params", [
+    ("Relu", None), ("Clip", (0.0, 6.0)), ("Clip", (-1.0, np.inf)), ("HardSigmoid", (0.3, 0.4)),
+    ("HardSwish", None), ("SiLU", None), ("Sigmoid", None), ("Tanh", None),
+])
+def test_depthwise_native_epilogue(name, params, residual):
+    """The compiled epilogue (bias, activation) and a residual added before it, against
+    the reference Conv and numpy's formula; NaN stays NaN through Relu and Clip."""
+    from hetero_exec.kernels.fused import epilogue_activation
+
+    x, w, b = f32(2, 6, 9, 9), f32(6, 1, 3, 3, seed=1), f32(6, seed=2)
+    x[0, 0, 4, 4] = np.nan
+    z = f32(2, 6, 5, 5, seed=3) if residual else None
+    attrs = {"group": 6, "pads": [1, 1, 1, 1], "strides": [2, 2]}
+    conv = reference("Conv", [x, w, b], **attrs)[0] + (0 if z is None else z)
+    act = name if name == "Relu" else epilogue_activation(name, params)
+    got = _conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath("depthwise_native"),
+                     **attrs)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = _act_reference(name, params, conv)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    assert np.isnan(got).sum() == np.isnan(want).sum() > 0

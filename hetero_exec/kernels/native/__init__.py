@@ -1,0 +1,132 @@
+"""Compiled CPU kernels (numba), for the few ops numpy cannot do at memory speed.
+
+numpy runs one pass over memory per operation and has no fused multiply-add, so an op
+that is a chain of small element-wise steps (a depthwise convolution is a sum of K*K
+scaled shifted copies) runs at a fraction of the machine's speed however it is written
+(bench/bench_conv.py measures the numpy forms). The kernels here are the cpu provider's
+own fast paths, like cuDNN's are CuPy's: the array-module kernels stay the definition,
+run everywhere else, and are what these are tested against.
+
+Without numba, or with ``HETERO_EXEC_NATIVE=0``, `available` is False with the reason,
+and every op keeps its numpy path. Kernels are compiled on first use and cached on disk
+(numba's ``cache=True``), so a process after the first loads them in milliseconds; they
+release the GIL and run single-threaded, split over threads by the caller
+(kernels/_threads.parallel_for).
+
+numba keys a cached function on its own file only, so a kernel that inlines code from
+another file of this package would keep running the old code after that file changed
+(it did, here: a stale depthwise kernel ran at half speed). `module` therefore drops the
+package's cache whenever the hash of its sources differs from the one recorded beside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import logging
+import os
+import threading
+from pathlib import Path
+from types import ModuleType
+
+log = logging.getLogger(__name__)
+
+#: set to "0" (or "false", "off", "no") to run the numpy paths only
+ENV = "HETERO_EXEC_NATIVE"
+
+#: the compiled epilogues' activation codes (native/epilogue.py): kernels/fused.py's
+#: activations that need no exp. Compiled code calls libm's scalar exp and tanh (4-30 ns
+#: a value here), where numpy has SIMD loops (0.5 ns): SiLU, Sigmoid, Tanh and tanh GELU
+#: stay with numpy, after a compiled bias pass.
+ACT_CODES = {"": 0, "Relu": 1, "Clip": 2, "HardSigmoid": 3, "HardSwish": 4, "Gelu": 8}
+#: (min, max) / (alpha, beta) when an activation comes without its parameters
+ACT_DEFAULTS = {"Clip": (float("-inf"), float("inf")), "HardSigmoid": (0.2, 0.5),
+                "HardSwish": (1.0 / 6.0, 0.5)}
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def unavailable_reason() -> str | None:
+    """Why the compiled kernels are not used, or None when they are (decided once per
+    process, `reset` decides again)."""
+    try:
+        return _state["reason"]  # type: ignore[return-value]
+    except KeyError:
+        pass
+    with _lock:
+        if "reason" not in _state:
+            _state["reason"] = _find_reason()
+            if _state["reason"]:
+                log.info("compiled cpu kernels off: %s; numpy paths only", _state["reason"])
+    return _state["reason"]  # type: ignore[return-value]
+
+
+def _find_reason() -> str | None:
+    value = os.environ.get(ENV, "")
+    if value.strip().lower() in ("0", "false", "off", "no"):
+        return f"{ENV}={value!r}"
+    try:
+        importlib.import_module("numba")
+    except Exception as e:  # ImportError, or a numba that fails on this numpy
+        return f"numba is not importable ({type(e).__name__}: {e})"
+    return None
+
+
+def reset() -> None:
+    """Decide `available` again (after ``HETERO_EXEC_NATIVE`` changed)."""
+    with _lock:
+        _state.pop("reason", None)
+
+
+def available() -> bool:
+    """True when the compiled kernels can be used in this process."""
+    return unavailable_reason() is None
+
+
+def epilogue_code(activation: str, params=None) -> tuple[int, float, float] | None:
+    """``activation`` (with its parameters) as the compiled epilogues' (code, p0, p1), or
+    None when they lack it or are unavailable."""
+    code = ACT_CODES.get(activation)
+    if code is None or not available():
+        return None
+    p0, p1 = params if params else ACT_DEFAULTS.get(activation, (0.0, 0.0))
+    return code, float(p0), float(p1)
+
+
+def module(name: str) -> ModuleType:
+    """The kernel module ``hetero_exec.kernels.native.<name>``, imported (and its
+    functions compiled lazily by numba) on first use. Only call when `available`."""
+    if "checked" not in _state:
+        with _lock:
+            if "checked" not in _state:
+                _drop_stale_cache(Path(__file__).parent)
+                _state["checked"] = True
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def _drop_stale_cache(here: Path) -> None:
+    """Delete numba's cache files of this package when its sources changed since they
+    were written (see the module docstring). Best effort: a cache that cannot be read
+    or removed only costs a compile."""
+    digest = hashlib.sha256()
+    for src in sorted(here.glob("*.py")):
+        digest.update(src.name.encode() + b"\0" + src.read_bytes())
+    want = digest.hexdigest()
+    cache = here / "__pycache__"
+    stamp = cache / "native-sources.sha256"
+    try:
+        if stamp.read_text().strip() == want:
+            return
+    except OSError:
+        pass
+    try:
+        cache.mkdir(exist_ok=True)
+        for f in list(cache.glob("*.nbi")) + list(cache.glob("*.nbc")):
+            f.unlink(missing_ok=True)
+        tmp = cache / f"native-sources.{os.getpid()}.tmp"
+        tmp.write_text(want + "\n")
+        tmp.replace(stamp)  # atomic: a concurrent process sees the old stamp or this one
+        log.debug("compiled cpu kernels: sources changed, cache dropped")
+    except OSError as e:  # a read-only install: numba falls back to its user cache dir
+        log.debug("compiled cpu kernels: cache not checked (%s)", e)

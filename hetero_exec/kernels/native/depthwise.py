@@ -1,0 +1,104 @@
+"""Depthwise convolution (one input channel per group, multiplier 1), compiled.
+
+Per channel, the input is copied once into a zeroed buffer laid out as the stride's
+phases (sh*sw sub-images of the padded plane, one per (row, column) residue); then every
+kernel tap is one contiguous multiply-add over the whole output plane (rows of the phase
+width, the few extra columns cropped at the end), which LLVM vectorizes. Small planes
+stack a block of images per phase, so that a tap's run is long enough to amortise its
+set-up. The bias, the activation (native/epilogue.py) and the crop happen in one pass on
+the way out.
+
+Indexing goes through slices, whose loop indices start at 0: an index numba cannot
+prove non-negative gets a wrap-around branch that stops the vectorizer (3-10x here).
+Measured against the numpy forms in bench/bench_conv.py (``native``).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from hetero_exec.kernels.native.epilogue import _zero, act_row
+
+#: floats of a stack of images per phase (small planes share one run per tap)
+_STACK = 4096
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy")
+def _store(acc, wq, out, code, p0, p1):
+    """out[oh, k] = act(acc[oh * wq + k]): the crop and the activation in one pass."""
+    OH, OW = out.shape
+    zero = _zero(acc)
+    for oh in range(OH):
+        act_row(acc[oh * wq:oh * wq + OW], zero, out[oh], code, p0, p1)
+
+
+# "contract" only: a multiply-add rounds once (as onnxruntime's FMA kernels do), no
+# other reassociation
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy",
+            fastmath={"contract"})
+def depthwise2d(x, w, b, out, sh, sw, dh, dw, pt, pl, code, p0, p1, c0, c1):
+    """out[n, c] = act(b[c] + sum over (i, j) of w[c, i, j] * xpad[n, c, oh*sh + i*dh,
+    ow*sw + j*dw]) for channels [c0, c1); x (N, C, H, W), w (C, KH, KW), b (C,) (zeros
+    for no bias), out (N, C, OH, OW), all C-contiguous and of one float dtype; pt, pl the
+    top and left pads (the bottom and right ones follow from the shapes)."""
+    N, C, H, W = x.shape
+    OH, OW = out.shape[2], out.shape[3]
+    KH, KW = w.shape[1], w.shape[2]
+    # each phase plane: enough rows and columns for every tap's shifted read of the
+    # output plane, and at least the padded input's share (so the copy fits)
+    hq = max(OH + ((KH - 1) * dh) // sh, (pt + H + sh - 1) // sh)
+    wq = max(OW + ((KW - 1) * dw) // sw, (pl + W + sw - 1) // sw)
+    plane = hq * wq
+    # small planes: a block of images stacked in each phase, read by one run per tap
+    # (the rows between two images' outputs computed and dropped); big ones: one image
+    nb = max(1, min(N, _STACK // plane))
+    tall = nb * plane
+    phases = sh * sw
+    # one more stack of zeros: the last rows of a tap's run may spill past its phase
+    buf = np.zeros((phases + 1) * tall, dtype=x.dtype)
+    bufp = buf[:phases * tall].reshape(phases, nb, hq, wq)
+    acc = np.empty(((nb - 1) * hq + OH) * wq, dtype=x.dtype)
+    for n0 in range(0, N, nb):
+        n1 = min(N, n0 + nb)
+        L = ((n1 - n0 - 1) * hq + OH) * wq  # the tall output plane, dropped rows included
+        a_ = acc[:L]
+        for c in range(c0, c1):
+            for n in range(n0, n1):
+                xc = x[n, c]
+                if sh == 1 and sw == 1:  # one phase: a row copy each, the cheapest form
+                    for h in range(H):
+                        base = (n - n0) * plane + (h + pt) * wq + pl
+                        dst = buf[base:base + W]
+                        xr = xc[h]
+                        for k in range(W):
+                            dst[k] = xr[k]
+                else:
+                    for a in range(sh):  # phase (a, e): padded rows a mod sh, columns e mod sw
+                        h0 = (a - pt) % sh
+                        if h0 >= H:
+                            continue
+                        nr = (H - 1 - h0) // sh + 1
+                        r0 = (h0 + pt) // sh
+                        for e in range(sw):
+                            w0 = (e - pl) % sw
+                            if w0 >= W:
+                                continue
+                            ncol = (W - 1 - w0) // sw + 1
+                            q0 = (w0 + pl) // sw
+                            bufp[a * sw + e, n - n0, r0:r0 + nr, q0:q0 + ncol] = \
+                                xc[h0::sh, w0::sw]
+            bias = b[c]
+            for k in range(L):
+                a_[k] = bias
+            for i in range(KH):
+                ri = i * dh
+                for j in range(KW):
+                    rj = j * dw
+                    wt = w[c, i, j]
+                    off = ((ri % sh) * sw + rj % sw) * tall + (ri // sh) * wq + rj // sw
+                    src = buf[off:off + L]
+                    for k in range(L):
+                        a_[k] += wt * src[k]
+            for n in range(n0, n1):
+                _store(acc[(n - n0) * plane:], wq, out[n, c], code, p0, p1)

@@ -1,0 +1,152 @@
+"""Epilogues, compiled: a fresh product's bias, residual and activation in one pass.
+
+numpy spends a pass over memory per step (bias add, then each step of the activation:
+two for Clip, ~25 for float32 erf GELU); here each value is read and written once.
+One loop per activation, each over an inlined scalar function, so that the loops
+vectorize: a branch on the activation inside the loop, or Python's division semantics
+(a zero-divisor check per division; hence ``error_model="numpy"``), stop LLVM's
+vectorizer (7x on the GELU here). The activation codes are kernels/native.ACT_CODES.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba.extending import overload
+
+# float32 erf as kernels/elementwise._erf_f32_into computes it (Eigen's rational,
+# clamp then clip); highest degree first
+_P = (2.2905065861350646e-4, 3.4082910107109506e-3, 5.0955695062380861e-2,
+      1.8520832239976145e-1, 1.128379143519084)
+_Q = (-1.1791602954361697e-7, 2.3547966471313185e-5, 1.0179625278914885e-3,
+      1.4070470171167667e-2, 1.1098505178285362e-1, 4.9746925110067538e-1, 1.0)
+_F = np.float32
+P0, P1, P2, P3, P4 = (_F(c) for c in _P)
+Q0, Q1, Q2, Q3, Q4, Q5, Q6 = (_F(c) for c in _Q)
+_CLAMP, _ONE, _HALF, _RSQRT2 = _F(4.5), _F(1), _F(0.5), _F(1 / math.sqrt(2))
+
+
+@numba.njit(inline="always", error_model="numpy")
+def _relu(v):
+    return 0 if v < 0 else v  # v < 0 is False for NaN: NaN stays, as np.maximum's
+
+
+@numba.njit(inline="always", error_model="numpy")
+def _clip(v, lo, hi):  # max then min, as Clip (lo > hi gives hi)
+    v = lo if v < lo else v
+    return hi if v > hi else v
+
+
+@numba.njit(inline="always", error_model="numpy")
+def _hard_sigmoid(v, alpha, beta):
+    t = v * alpha + beta
+    t = 0 if t < 0 else t
+    return 1 if t > 1 else t
+
+
+@numba.njit(inline="always", error_model="numpy")
+def _gelu_erf_f32(x):
+    """0.5 x (1 + erf(x / sqrt 2)) in float32, erf by the rational above."""
+    t = x * _RSQRT2
+    t = -_CLAMP if t < -_CLAMP else (_CLAMP if t > _CLAMP else t)
+    z = t * t
+    p = (((P0 * z + P1) * z + P2) * z + P3) * z + P4
+    q = (((((Q0 * z + Q1) * z + Q2) * z + Q3) * z + Q4) * z + Q5) * z + Q6
+    e = t * p / q
+    e = -_ONE if e < -_ONE else (_ONE if e > _ONE else e)
+    return _HALF * x * (_ONE + e)
+
+
+@numba.njit(inline="always", error_model="numpy")
+def _gelu_erf_f64(x):
+    return 0.5 * x * (1.0 + math.erf(x * 0.7071067811865476))
+
+
+def _gelu_erf(x):
+    """GELU (erf) of a scalar: the float32 rational in float32, libm's erf in float64."""
+    raise NotImplementedError  # only called compiled, through the overload below
+
+
+@overload(_gelu_erf, inline="always")
+def _gelu_erf_typed(x):
+    if x == numba.types.float32:
+        return lambda x: _gelu_erf_f32(x)
+    return lambda x: _gelu_erf_f64(x)
+
+
+def _zero(a):
+    """A zero of array ``a``'s dtype (compiled only)."""
+    raise NotImplementedError
+
+
+@overload(_zero, inline="always")
+def _zero_typed(a):
+    dtype = a.dtype
+    return lambda a: dtype(0)
+
+
+# inlined into its callers: a call per row costs ~40 ns here (array arguments, refcounts)
+@numba.njit(inline="always", boundscheck=False, error_model="numpy")
+def act_row(row, bias, o, code, p0, p1):
+    """o[k] = act(row[k] + bias) (row and o may be the same array)."""
+    n = o.shape[0]
+    if code == 0:
+        for k in range(n):
+            o[k] = row[k] + bias
+    elif code == 1:
+        for k in range(n):
+            o[k] = _relu(row[k] + bias)
+    elif code == 2:
+        for k in range(n):
+            o[k] = _clip(row[k] + bias, p0, p1)
+    elif code == 3:
+        for k in range(n):
+            o[k] = _hard_sigmoid(row[k] + bias, p0, p1)
+    elif code == 4:
+        for k in range(n):
+            v = row[k] + bias
+            o[k] = v * _hard_sigmoid(v, p0, p1)
+    else:  # 8
+        for k in range(n):
+            o[k] = _gelu_erf(row[k] + bias)
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy")
+def channels(y, b, z, code, p0, p1, r0, r1):
+    """y[n, m, :] = act(y[n, m, :] + b[m] + z[n, m, :]) for rows n*M + m in [r0, r1):
+    an NCHW product (N, M, L) in place; b of size M or 0 (no bias), z of y's shape or
+    empty (no residual)."""
+    N, M, L = y.shape
+    has_b, has_z = b.shape[0] > 0, z.size > 0
+    for r in range(r0, r1):
+        n, m = r // M, r % M
+        row = y[n, m]
+        if has_z:
+            zr = z[n, m]
+            for k in range(L):
+                row[k] += zr[k]
+        act_row(row, b[m] if has_b else _zero(b), row, code, p0, p1)
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy")
+def last_axis(y, b, code, p0, p1, r0, r1):
+    """y[r, :] = act(y[r, :] + b) for rows [r0, r1) of a (R, K) product in place; b of
+    size K or 0 (no bias)."""
+    K = y.shape[1]
+    if b.shape[0] == 0:
+        for r in range(r0, r1):
+            act_row(y[r], _zero(y), y[r], code, p0, p1)
+        return
+    for r in range(r0, r1):
+        row = y[r]
+        for k in range(K):
+            row[k] += b[k]
+        act_row(row, _zero(y), row, code, p0, p1)
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy")
+def unary(x, o, code, p0, p1, i0, i1):
+    """o[i] = act(x[i]) for i in [i0, i1) of two 1-D arrays."""
+    act_row(x[i0:i1], _zero(x), o[i0:i1], code, p0, p1)

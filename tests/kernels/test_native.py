@@ -1,0 +1,123 @@
+"""The compiled cpu kernels (kernels/native): their cache guard, the switch that turns
+them off, and the epilogues and GELU against numpy formulas (the depthwise kernel is in
+test_conv_paths.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from hetero_exec.kernels import native
+from hetero_exec.kernels.elementwise import Gelu
+from hetero_exec.kernels.fused import FusedMatMul, epilogue_activation
+
+needs_native = pytest.mark.skipif(not native.available(),
+                                  reason=f"compiled kernels off: {native.unavailable_reason()}")
+
+
+def test_stale_cache_is_dropped_when_a_source_changes(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    cache = tmp_path / "__pycache__"
+    cache.mkdir()
+    (cache / "a.f-1.py311.nbi").write_text("old")
+    native._drop_stale_cache(tmp_path)
+    assert not (cache / "a.f-1.py311.nbi").exists()  # no stamp yet: dropped
+    (cache / "a.f-1.py311.nbc").write_text("new")
+    native._drop_stale_cache(tmp_path)
+    assert (cache / "a.f-1.py311.nbc").exists()  # same sources: kept
+    (tmp_path / "b.py").write_text("y = 2\n")  # another file of the package changed
+    native._drop_stale_cache(tmp_path)
+    assert not (cache / "a.f-1.py311.nbc").exists()
+    assert len(list(cache.glob("*.tmp"))) == 0
+
+
+def test_off_by_environment(monkeypatch):
+    monkeypatch.setenv(native.ENV, "off")
+    native.reset()
+    try:
+        assert not native.available() and "off" in native.unavailable_reason()
+        assert native.epilogue_code("Relu") is None
+        x = np.linspace(-3, 3, 50, dtype=np.float32)
+        np.testing.assert_allclose(Gelu(np, x)[0], _gelu_ref(x), rtol=1e-6, atol=1e-6)
+    finally:
+        monkeypatch.delenv(native.ENV)
+        native.reset()
+
+
+def _gelu_ref(x):
+    x64 = np.asarray(x, np.float64)
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+    return 0.5 * x64 * (1 + erf(x64 / math.sqrt(2)))
+
+
+@needs_native
+@pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-6), (np.float64, 1e-12)])
+def test_gelu(dtype, tol):
+    x = np.concatenate([np.linspace(-12, 12, 4000),
+                        [0.0, -0.0, 1e-30, -1e-30, 1e30, -1e30, np.inf, -np.inf, np.nan, 0.5]])
+    x = x.astype(dtype).reshape(-1, 1, 10)[::-1]  # odd shape, a reversed (strided) view
+    got = Gelu(np, x)[0]
+    assert got.dtype == dtype and got.shape == x.shape
+    want = _gelu_ref(x)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=tol, atol=tol)
+    assert got[x == np.inf].tolist() == [np.inf]
+
+
+def _act_ref(name, params, y):
+    if name == "":
+        return y
+    if name == "Relu":
+        return np.maximum(y, 0)
+    if name == "Clip":
+        return np.minimum(np.maximum(y, params[0]), params[1])
+    if name in ("HardSigmoid", "HardSwish"):
+        a, b = params if name == "HardSigmoid" else (1 / 6, 0.5)
+        hs = np.clip(y * a + b, 0, 1)
+        return hs if name == "HardSigmoid" else y * hs
+    if name == "SiLU":
+        return y / (1 + np.exp(-y))
+    assert name == "Gelu"
+    return _gelu_ref(y)
+
+
+ACTS = [("", None), ("Relu", None), ("Clip", (0.0, 6.0)), ("HardSigmoid", (0.3, 0.4)),
+        ("HardSwish", None), ("Gelu", None), ("SiLU", None)]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("name, params", ACTS)
+def test_fused_matmul_epilogue(name, params, bias):
+    """activation(A @ B + bias) along the last axis, compiled or not (SiLU stays numpy)."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((3, 7, 16)).astype(np.float32)
+    b = (rng.standard_normal((16, 24)) * 0.5).astype(np.float32)
+    c = rng.standard_normal(24).astype(np.float32) if bias else None
+    want = _act_ref(name, params, (a.astype(np.float64) @ b) + (0 if c is None else c))
+    got = FusedMatMul(np, a, b, c, name, params)[0]
+    assert got.dtype == np.float32 and got.shape == (3, 7, 24)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind, ws, attrs", [
+    ("pointwise", (6, 4, 1, 1), {}),
+    ("im2col", (6, 2, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),
+])
+@pytest.mark.parametrize("name, params", ACTS)
+def test_conv_epilogue(kind, ws, attrs, name, params):
+    """FusedConv's bias + residual + activation after the products, compiled or not."""
+    from hetero_exec.kernels.conv import ConvPath, _conv_full
+    from tests.kernels._ref import reference
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 4, 7, 7)).astype(np.float32)
+    w = (rng.standard_normal(ws) * 0.5).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    z = rng.standard_normal((2, 6, 7, 7)).astype(np.float32)
+    want = _act_ref(name, params, reference("Conv", [x, w, b], **attrs)[0].astype(np.float64) + z)
+    act = name if name in ("", "Relu") else epilogue_activation(name, params)
+    got = _conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath(kind), **attrs)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
