@@ -87,6 +87,8 @@ def conv_act(act: str, opset: int = 17, expose: str | None = None, residual: boo
                   h.make_node("Mul", [last, "g"], ["y"])]
     elif act == "silu":
         nodes += [h.make_node("Sigmoid", [last], ["g"]), h.make_node("Mul", ["g", last], ["y"])]
+    elif act == "gelu":
+        nodes += _gelu_nodes(last, "y", "erf", inits)
     outputs = [vi("y", F, Y4)] + ([vi(expose, F, Y4)] if expose else [])
     return model(nodes, inputs, outputs, inits, opset=opset)
 
@@ -102,12 +104,13 @@ def _conv_feed(residual=False, cap=False):
 
 @pytest.mark.parametrize("act,opset", [
     ("clip_inputs", 13), ("clip_attrs", 10), ("relu_min", 17), ("hardsigmoid", 17),
-    ("hardswish", 14), ("mul_hardsigmoid", 17), ("silu", 17)])
+    ("hardswish", 14), ("mul_hardsigmoid", 17), ("silu", 17), ("gelu", 17)])
 def test_conv_bn_activation(act, opset):
     sess = check(conv_act(act, opset), _conv_feed(), {"FusedConv": 1}, total=1)
     node = sess.placement.segments[0].nodes[0]
     want = {"clip_inputs": "Clip", "clip_attrs": "Clip", "relu_min": "Clip", "hardsigmoid": "HardSigmoid",
-            "hardswish": "HardSwish", "mul_hardsigmoid": "HardSwish", "silu": "SiLU"}[act]
+            "hardswish": "HardSwish", "mul_hardsigmoid": "HardSwish", "silu": "SiLU",
+            "gelu": "Gelu"}[act]
     assert node.attrs["activation"].s.decode() == want and node.name == "conv"
 
 
@@ -133,6 +136,54 @@ def test_matmul_bias_silu():
              h.make_node("Sigmoid", ["a"], ["g"]), h.make_node("Mul", ["a", "g"], ["y"])]
     m = model(nodes, [vi("x", F, [3, 5, 16])], [vi("y", F, [3, 5, 12])], inits)
     check(m, {"x": rand(3, 5, 16)}, {"FusedMatMul": 1}, total=1)
+
+
+def _gelu_nodes(x: str, y: str, form: str, inits: list) -> list:
+    """GELU of ``x`` as the exporters write it: "erf" (torch's nn.GELU), "tanh" (gelu_new),
+    or opset 20's Gelu ("op20")."""
+    if form == "op20":
+        return [h.make_node("Gelu", [x], [y])]
+    if form == "erf":
+        inits += [init("r2", np.float32(1 / math.sqrt(2))), init("one", np.float32(1)),
+                  init("half", np.float32(0.5))]
+        return [h.make_node("Mul", [x, "r2"], ["gd"]), h.make_node("Erf", ["gd"], ["ge"]),
+                h.make_node("Add", ["ge", "one"], ["ga"]), h.make_node("Mul", [x, "ga"], ["gm"]),
+                h.make_node("Mul", ["gm", "half"], [y])]
+    inits += [init("three", np.float32(3)), init("c", np.float32(0.044715)),
+              init("k", np.float32(math.sqrt(2 / math.pi))), init("one", np.float32(1)),
+              init("half", np.float32(0.5))]
+    return [h.make_node("Pow", [x, "three"], ["gp"]), h.make_node("Mul", ["gp", "c"], ["gc"]),
+            h.make_node("Add", [x, "gc"], ["gi"]), h.make_node("Mul", ["gi", "k"], ["gu"]),
+            h.make_node("Tanh", ["gu"], ["gt"]), h.make_node("Mul", [x, "half"], ["gh"]),
+            h.make_node("Add", ["gt", "one"], ["g1"]), h.make_node("Mul", ["gh", "g1"], [y])]
+
+
+@pytest.mark.parametrize("form, want", [("erf", "Gelu"), ("tanh", "GeluTanh"), ("op20", "Gelu")])
+def test_matmul_bias_gelu(form, want):
+    """The MLP of ViT/BERT/ConvNeXt/Whisper: MatMul + bias + GELU -> one FusedMatMul whose
+    activation is the GELU (after fusions/gelu.py made it a FusedGelu)."""
+    rng = np.random.default_rng(5)
+    inits = [init("w", rng.standard_normal((16, 24)).astype(np.float32) * 0.5),
+             init("b", rng.standard_normal(24).astype(np.float32))]
+    nodes = [h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Add", ["m", "b"], ["a"])]
+    nodes += _gelu_nodes("a", "y", form, inits)
+    m = model(nodes, [vi("x", F, [3, 5, 16])], [vi("y", F, [3, 5, 24])], inits,
+              opset=20 if form == "op20" else 17)
+    sess = check(m, {"x": rand(3, 5, 16) * 2}, {"FusedMatMul": 1}, total=1)
+    node = sess.placement.segments[0].nodes[0]
+    assert node.attrs["activation"].s.decode() == want
+
+
+def test_gelu_read_elsewhere_stays_apart_from_the_matmul():
+    """The product is also an output: MatMul + bias fuse, the GELU stays a FusedGelu."""
+    rng = np.random.default_rng(5)
+    inits = [init("w", rng.standard_normal((16, 24)).astype(np.float32) * 0.5),
+             init("b", rng.standard_normal(24).astype(np.float32))]
+    nodes = [h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Add", ["m", "b"], ["a"])]
+    nodes += _gelu_nodes("a", "y", "erf", inits)
+    m = model(nodes, [vi("x", F, [3, 5, 16])], [vi("y", F, [3, 5, 24]), vi("a", F, [3, 5, 24])],
+              inits)
+    check(m, {"x": rand(3, 5, 16)}, {"FusedMatMul": 1, "FusedGelu": 1}, total=2)
 
 
 # --- LayerNorm / RMSNorm ---------------------------------------------------------------------
@@ -541,15 +592,17 @@ def test_matmul_silu_without_a_bias():
 
 # --- where they fire in the real-architecture benchmark models -------------------------------
 
-#: fused ops each architecture's export must get (both spellings)
+#: fused ops each architecture's export must get (both spellings); their GELUs end up
+#: as the activation of the MLP's FusedMatMul (or of a FusedConv)
 ARCH_FUSED = {
     "mobilenetv2": {"FusedConv"},
-    "convnext": {"FusedLayerNorm", "FusedMatMul", "FusedGelu"},
-    "vit": {"FusedMatMul", "FusedAttention", "FusedGelu"},
+    "convnext": {"FusedLayerNorm", "FusedMatMul"},
+    "vit": {"FusedMatMul", "FusedAttention"},
     "llama": {"FusedRMSNorm", "FusedRotary", "FusedAttention", "FusedMatMul"},
-    "swin": {"FusedMatMul", "FusedAttention", "FusedGelu"},
-    "whisper": {"FusedMatMul", "FusedAttention", "FusedGelu"},
+    "swin": {"FusedMatMul", "FusedAttention"},
+    "whisper": {"FusedMatMul", "FusedAttention"},
 }
+GELU_ARCHS = {"convnext", "vit", "swin", "whisper"}
 
 
 @pytest.mark.parametrize("arch", list(ARCH_FUSED))
@@ -563,6 +616,9 @@ def test_arch_models_get_their_fusions(arch, spelling):
     fuse(graph)
     ops = {n.op_type for n in graph.nodes}
     assert ARCH_FUSED[arch] <= ops, sorted(ops)
+    acts = {n.attrs["activation"].s.decode() for n in graph.nodes if "activation" in n.attrs}
+    if arch in GELU_ARCHS:
+        assert "Gelu" in acts and "FusedGelu" not in ops, (sorted(ops), acts)
     if spelling == "ts" and arch != "mobilenetv2":  # no norm left written out
         assert "Sqrt" not in ops and "Erf" not in ops
 

@@ -6,9 +6,10 @@ One module per family, run in this order by `fuse`:
 
 * layout: Transpose/Reshape chains that cancel; Identity, inference Dropout and no-op
   Casts dropped (so the chains below see through them);
-* conv: BatchNormalization folded into Conv; Conv [+ residual Add] [+ activation];
-* norm: LayerNorm and RMSNorm written out as primitives;
+* conv: BatchNormalization folded into Conv;
 * gelu: the erf and tanh GELU chains;
+* conv: Conv [+ residual Add] [+ activation (GELU included)];
+* norm: LayerNorm and RMSNorm written out as primitives;
 * rotary: Llama's rotate_half rotary embedding;
 * attention: MatMul-[scale]-[Where]-[Add mask]-Softmax-MatMul;
 * matmul: MatMul + bias [+ activation], Gemm [+ activation].
@@ -46,10 +47,11 @@ log = logging.getLogger(__name__)
 Fusion = Callable[[Graph, "Region | None"], "Graph | None"]
 
 #: in order: layout first (it exposes the others' chains); the BatchNormalization fold
-#: must see plain Convs; rotary before attention (Q and K come out of it); matmul last
+#: must see plain Convs; gelu before conv and matmul (its FusedGelu becomes their
+#: activation); rotary before attention (Q and K come out of it); matmul last
 #: (attention's MatMuls are not bias products)
 FUSIONS: tuple[Fusion, ...] = (
-    cancel_layout, fold_batchnorm, fuse_conv, fuse_norms, fuse_gelu, fuse_rotary,
+    cancel_layout, fold_batchnorm, fuse_gelu, fuse_conv, fuse_norms, fuse_rotary,
     fuse_attention, fuse_matmul)
 
 

@@ -4,7 +4,9 @@ in the spellings the exporters write after them:
 * ``Relu``; ``Relu -> Min(6)`` (the dynamo exporter's relu6) and ``Clip(0, 6)`` (the
   TorchScript exporter's) become ``Clip``;
 * ``HardSigmoid``, ``HardSwish``, and ``x * HardSigmoid(x)`` with torch's 1/6, 0.5;
-* SiLU: ``x * Sigmoid(x)`` (both exporters); Tanh and Sigmoid.
+* SiLU: ``x * Sigmoid(x)`` (both exporters); Tanh and Sigmoid;
+* GELU: the fusion pass's ``FusedGelu`` (fusions/gelu.py runs first) and opset 20's
+  ``Gelu``, as ``Gelu`` (erf) or ``GeluTanh``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 from onnx import helper
 
 from hetero_exec.ir.graph import Node
+from hetero_exec.kernels.fused import FUSED_DOMAIN
 from hetero_exec.placement.fusions.rewriter import Rewriter, attr, near, other, str_attr
 
 
@@ -45,9 +48,15 @@ def match_activation(rw: Rewriter, y: str) -> Activation | None:
     if sum(1 for i in node.inputs if i == y) != 1 or node.inputs[0] != y:
         return None
     out = node.outputs[0] if len(node.outputs) == 1 else None
-    if out is None or not rw.mine(node) or node.canonical_domain != "ai.onnx":
+    if out is None or not rw.mine(node) or node.subgraphs:
         return None
     op = node.op_type
+    if (op == "FusedGelu" and node.domain == FUSED_DOMAIN) or (
+            op == "Gelu" and node.canonical_domain == "ai.onnx"):
+        tanh = attr(node, "approximate", "none") == "tanh"
+        return Activation([node], out, "GeluTanh" if tanh else "Gelu")
+    if node.canonical_domain != "ai.onnx":
+        return None
     if op == "Relu":
         capped = _min_after(rw, out)
         if capped is not None:
