@@ -75,8 +75,9 @@ def activate(xp, Y, activation: str, params: Sequence[float] | None = None, op: 
 def product(xp, a, b, out=None):
     """a @ b: a large product split over our threads (kernels/_threads.matmul), a small one
     straight to the BLAS (the split's bookkeeping costs microseconds)."""
-    if a.ndim >= 2 and b.ndim >= 2 and 2.0 * a.size * b.shape[-1] >= PARALLEL_FLOPS:
-        return matmul(xp, a, b, out=out)
+    if a.ndim >= 2 and b.ndim >= 2 and (2.0 * a.size * b.shape[-1] >= PARALLEL_FLOPS
+                                        or (a.ndim > 2 and b.ndim == 2)):
+        return matmul(xp, a, b, out=out)  # (its batch dims folded into one GEMM)
     return xp.matmul(a, b, out=out) if out is not None else xp.matmul(a, b)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hetero_exec.kernels import _threads, native
 from hetero_exec.kernels._common import norm_axis, np_dtype
 from hetero_exec.kernels._nn_common import acc_dtype
 from hetero_exec.kernels.fused import FUSED_DOMAIN
@@ -117,6 +118,47 @@ def _normalized_rows(xp, X, axis, stash_type, scale):
     return X.reshape(rows, cols), sdt, sc, rows, cols
 
 
+def _compiled(xp, X2, sdt, rows: int, cols: int) -> bool:
+    """Whether the compiled row kernels (kernels/native/norm.py) take this norm: numpy,
+    a float32/float64 input normalised in its own dtype, and something to normalise."""
+    return (xp is np and X2.dtype == sdt and sdt in (np.float32, np.float64) and rows > 0
+            and cols > 0 and native.available())
+
+
+def _row_vector(v, cols: int, dtype):
+    return np.zeros(0, dtype) if v is None else np.ascontiguousarray(v, dtype=dtype).reshape(cols)
+
+
+def _native_layer_norm(X2, sc, bi, epsilon: float):
+    rows, cols = X2.shape
+    X2 = np.ascontiguousarray(X2)
+    k = native.module("norm")
+    s, b = _row_vector(sc, cols, X2.dtype), _row_vector(bi, cols, X2.dtype)
+    Y = np.empty_like(X2)
+    mean = np.empty(rows, X2.dtype)
+    inv = np.empty(rows, X2.dtype)
+
+    def part(r0: int, r1: int) -> None:
+        k.layer_norm(X2, s, b, float(epsilon), Y, mean, inv, r0, r1)
+
+    _threads.parallel_for(np, rows, part, 8.0 * X2.size, least=8)
+    return Y, mean, inv
+
+
+def _native_rms_norm(X2, sc, epsilon: float):
+    rows, cols = X2.shape
+    X2 = np.ascontiguousarray(X2)
+    k = native.module("norm")
+    s = _row_vector(sc, cols, X2.dtype)
+    Y = np.empty_like(X2)
+
+    def part(r0: int, r1: int) -> None:
+        k.rms_norm(X2, s, float(epsilon), Y, r0, r1)
+
+    _threads.parallel_for(np, rows, part, 4.0 * X2.size, least=8)
+    return Y
+
+
 @kernel("LayerNormalization", since=17)
 def LayerNormalization(xp, X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1, *,
                        num_outputs=1):
@@ -124,6 +166,13 @@ def LayerNormalization(xp, X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1
     X2, sdt, sc, rows, cols = _normalized_rows(xp, X, axis, stash_type, Scale)
     bi = None if B is None else _trailing(xp, B, X.shape[axis:], cols, sdt)
     dt = X.dtype
+    if _compiled(xp, X2, sdt, rows, cols):
+        Y, mean, inv = _native_layer_norm(X2, sc, bi, epsilon)
+        outs = (Y.reshape(X.shape),)
+        if num_outputs > 1:
+            stat_shape = X.shape[:axis] + (1,) * (X.ndim - axis)
+            outs += (mean.reshape(stat_shape), inv.reshape(stat_shape))
+        return outs[:max(num_outputs, 1)]
     Y = xp.empty((rows, cols), dtype=sdt)
     mean = xp.empty((rows, 1), dtype=sdt)
     inv = xp.empty((rows, 1), dtype=sdt)
@@ -154,6 +203,8 @@ def RMSNormalization(xp, X, scale, axis=-1, epsilon=1e-5, stash_type=1):
     axis = norm_axis(axis, X.ndim)
     X2, sdt, sc, rows, cols = _normalized_rows(xp, X, axis, stash_type, scale)
     dt = X.dtype
+    if _compiled(xp, X2, sdt, rows, cols):
+        return (_native_rms_norm(X2, sc, epsilon).reshape(X.shape),)
     Y = xp.empty((rows, cols), dtype=sdt)
     for r0, r1 in _row_blocks(xp, rows, cols, sdt.itemsize):
         xb = X2[r0:r1].astype(sdt, copy=False)

@@ -121,3 +121,51 @@ def test_conv_epilogue(kind, ws, attrs, name, params):
     act = name if name in ("", "Relu") else epilogue_activation(name, params)
     got = _conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath(kind), **attrs)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, axis, with_scale, with_bias", [
+    ((4, 7, 33), -1, True, True), ((4, 7, 33), 1, True, False), ((1, 5), -1, False, False),
+    ((3, 2, 8), -1, False, True)])
+def test_layer_norm(shape, axis, with_scale, with_bias, dtype):
+    """LayerNormalization (and its mean / inverse deviation outputs) by the row kernel."""
+    from tests.kernels._ref import check
+
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
+    tail = shape[axis:]
+    scale = rng.standard_normal(tail).astype(dtype) if with_scale else np.ones(tail, dtype)
+    bias = rng.standard_normal(tail).astype(dtype) if with_bias else None
+    if dtype == np.float32:
+        check(np, "LayerNormalization", [x, scale, bias], opset=17, rtol=1e-5, atol=1e-5,
+              n_outputs=3, axis=axis, epsilon=1e-3)
+        return
+    # float64 stash (11): beyond onnx.reference, so against the formula
+    from hetero_exec.kernels.norm import LayerNormalization
+
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    inv = 1 / np.sqrt(((x - mean) ** 2).mean(axis=axes, keepdims=True) + 1e-3)
+    want = (x - mean) * inv * scale + (0 if bias is None else bias)
+    got = LayerNormalization(np, x, scale, bias, axis=axis, epsilon=1e-3, stash_type=11,
+                             num_outputs=3)
+    for g, w in zip(got, (want, mean, inv)):
+        assert g.dtype == dtype and g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rms_norm(dtype):
+    from hetero_exec.kernels.norm import RMSNormalization
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 5, 24)).astype(dtype)
+    scale = rng.standard_normal(24).astype(dtype)
+    want = x / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True) + 1e-6) * scale
+    for s in (scale, None):
+        got = RMSNormalization(np, x, s, epsilon=1e-6, stash_type=0)[0]
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, want if s is not None else want / scale, rtol=1e-5,
+                                   atol=1e-5)
