@@ -33,6 +33,25 @@ def _store(acc, wq, out, code, p0, p1):
         act_row(acc[oh * wq:oh * wq + OW], zero, out[oh], code, p0, p1)
 
 
+@numba.njit(inline="always", boundscheck=False, error_model="numpy", fastmath={"contract"})
+def _row_taps(acc, src, wr, L, KW):
+    """acc[k] += sum over j of wr[j] * src[k + j], for KW = 3 or 7 (stride and dilation 1
+    along the row)."""
+    # one slice per tap (an index k + j could be negative to numba: a wrap-around branch)
+    if KW == 3:
+        w0, w1, w2 = wr[0], wr[1], wr[2]
+        s0, s1, s2 = src[0:L], src[1:L + 1], src[2:L + 2]
+        for k in range(L):
+            acc[k] += w0 * s0[k] + w1 * s1[k] + w2 * s2[k]
+    else:
+        w0, w1, w2, w3, w4, w5, w6 = wr[0], wr[1], wr[2], wr[3], wr[4], wr[5], wr[6]
+        s0, s1, s2, s3 = src[0:L], src[1:L + 1], src[2:L + 2], src[3:L + 3]
+        s4, s5, s6 = src[4:L + 4], src[5:L + 5], src[6:L + 6]
+        for k in range(L):
+            acc[k] += (w0 * s0[k] + w1 * s1[k] + w2 * s2[k] + w3 * s3[k] + w4 * s4[k]
+                       + w5 * s5[k] + w6 * s6[k])
+
+
 # "contract" only: a multiply-add rounds once (as onnxruntime's FMA kernels do), no
 # other reassociation
 @numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy",
@@ -93,6 +112,20 @@ def depthwise2d(x, w, b, out, sh, sw, dh, dw, pt, pl, code, p0, p1, c0, c1):
                 a_[k] = bias
             for i in range(KH):
                 ri = i * dh
+                if sw == 1 and dw == 1 and (KW == 3 or KW == 7):
+                    # a kernel row's taps in one pass: a third (a seventh) of the loops
+                    # and of the traffic to the sums
+                    off = (ri % sh) * tall + (ri // sh) * wq
+                    _row_taps(a_, buf[off:off + L + KW - 1], w[c, i], L, KW)
+                    continue
+                if sw == 2 and dw == 1 and KW == 3:  # taps 0 and 2 in phase 0, 1 in phase 1
+                    off = (ri % sh) * sw * tall + (ri // sh) * wq
+                    e0, e1 = buf[off:off + L + 1], buf[off + tall:off + tall + L]
+                    w0, w1, w2 = w[c, i, 0], w[c, i, 1], w[c, i, 2]
+                    s2 = e0[1:L + 1]
+                    for k in range(L):
+                        a_[k] += w0 * e0[k] + w1 * e1[k] + w2 * s2[k]
+                    continue
                 for j in range(KW):
                     rj = j * dw
                     wt = w[c, i, j]
