@@ -250,6 +250,8 @@ def _depthwise_band(xp, X, W, B, strides, dilations, pb, pe, out_sp, path: ConvP
 #: the dtypes kernels/native/depthwise.py is compiled for
 _NATIVE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _NO_ACT = (0, 0.0, 0.0)
+#: output planes of at most this many pixels run channels-last (bench/bench_conv.py)
+_CHANNELS_LAST_PLANE = 64
 
 
 def _native_activation(activation) -> tuple[int, float, float] | None:
@@ -297,9 +299,14 @@ def _depthwise_native(xp, X, W, B, strides, dilations, pb, out_sp, act):
     out = np.empty((N, C) + tuple(out_sp), dtype=X.dtype)
     (sh, sw), (dh, dwl) = strides, dilations
     code, p0, p1 = act
+    if math.prod(out_sp) <= _CHANNELS_LAST_PLANE:  # small planes: along the channels
+        Wt = np.ascontiguousarray(Wk.transpose(1, 2, 0))
+        fn, Wk = dw.depthwise2d_cl, Wt
+    else:
+        fn = dw.depthwise2d
 
     def channels(c0: int, c1: int) -> None:
-        dw.depthwise2d(X, Wk, Bk, out, sh, sw, dh, dwl, pb[0], pb[1], code, p0, p1, c0, c1)
+        fn(X, Wk, Bk, out, sh, sw, dh, dwl, pb[0], pb[1], code, p0, p1, c0, c1)
 
     taps = math.prod(W.shape[2:])
     _threads.parallel_for(xp, C, channels, 2.0 * out.size * taps, least=8)

@@ -82,6 +82,18 @@ def test_depthwise_native(xs, k, attrs, bias, dtype):
 
 
 @needs_native
+@pytest.mark.parametrize("plane", [0, 10**9])  # every plane planar / every one channels-last
+@pytest.mark.parametrize("xs, k, attrs", DEPTHWISE)
+def test_depthwise_native_layouts(monkeypatch, xs, k, attrs, plane):
+    from hetero_exec.kernels import conv
+
+    monkeypatch.setattr(conv, "_CHANNELS_LAST_PLANE", plane)
+    c = xs[1]
+    forced(np, "depthwise_native", f32(*xs), f32(c, 1, *k, seed=1), f32(c, seed=2), group=c,
+           **attrs)
+
+
+@needs_native
 def test_depthwise_native_reads_strided_inputs():
     """A non-contiguous input (a channel slice) and a float16 one (computed in float32)."""
     x = f32(2, 12, 9, 9)[:, ::2]
@@ -197,6 +209,8 @@ def test_im2col(xp, xs, ws, attrs, bias):
     ("depthwise", (1, 24, 9, 9), (24, 1, 7, 7), {"group": 24, "pads": [3, 3, 3, 3]}),
     pytest.param("depthwise_native", (3, 24, 12, 12), (24, 1, 3, 3),
                  {"group": 24, "pads": [1, 1, 1, 1], "strides": [2, 2]}, marks=needs_native),
+    pytest.param("depthwise_native", (2, 40, 6, 6), (40, 1, 3, 3),  # channels-last
+                 {"group": 40, "pads": [1, 1, 1, 1]}, marks=needs_native),
     ("pointwise", (3, 8, 40, 40), (16, 8, 1, 1), {}),
     ("im2col", (5, 6, 9, 9), (8, 6, 3, 3), {"pads": [1, 1, 1, 1]}),  # wide GEMMs
     ("im2col", (3, 4, 36, 36), (6, 2, 3, 3), {"group": 2, "strides": [1, 2]}),  # per image

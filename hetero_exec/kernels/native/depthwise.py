@@ -6,7 +6,8 @@ kernel tap is one contiguous multiply-add over the whole output plane (rows of t
 width, the few extra columns cropped at the end), which LLVM vectorizes. Small planes
 stack a block of images per phase, so that a tap's run is long enough to amortise its
 set-up. The bias, the activation (native/epilogue.py) and the crop happen in one pass on
-the way out.
+the way out. Planes of a few pixels (MobileNet's 8x8 and 4x4 tails) run channels-last
+instead (`depthwise2d_cl`): there the per-channel set-up costs more than the taps.
 
 Indexing goes through slices, whose loop indices start at 0: an index numba cannot
 prove non-negative gets a wrap-around branch that stops the vectorizer (3-10x here).
@@ -135,3 +136,51 @@ def depthwise2d(x, w, b, out, sh, sw, dh, dw, pt, pl, code, p0, p1, c0, c1):
                         a_[k] += wt * src[k]
             for n in range(n0, n1):
                 _store(acc[(n - n0) * plane:], wq, out[n, c], code, p0, p1)
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy",
+            fastmath={"contract"})
+def depthwise2d_cl(x, wt, b, out, sh, sw, dh, dw, pt, pl, code, p0, p1, c0, c1):
+    """`depthwise2d` for small planes, computed channels-last: the channels [c0, c1) of
+    each image are copied into a zero-padded (Hp, Wp, C) buffer, and each output pixel
+    is a sum of KH*KW products along the (long, contiguous) channel axis with the tap's
+    weight row ``wt[i, j]`` ((KH, KW, C), the weights transposed), so that the per-channel
+    set-up that dominates a 4x4 or 8x8 plane is paid per pixel instead."""
+    N, C, H, W = x.shape
+    OH, OW = out.shape[2], out.shape[3]
+    KH, KW = wt.shape[0], wt.shape[1]
+    cb = c1 - c0
+    hp = max(pt + H, (OH - 1) * sh + (KH - 1) * dh + 1)
+    wp = max(pl + W, (OW - 1) * sw + (KW - 1) * dw + 1)
+    buf = np.zeros((hp, wp, cb), dtype=x.dtype)
+    acc = np.empty(cb, dtype=x.dtype)
+    res = np.empty((OH, OW, cb), dtype=x.dtype)
+    bias = b[c0:c1]
+    zero = _zero(acc)
+    for n in range(N):
+        for c in range(cb):
+            xc = x[n, c0 + c]
+            for h in range(H):
+                xr = xc[h]
+                br = buf[h + pt]
+                for q in range(W):
+                    br[q + pl, c] = xr[q]
+        for oh in range(OH):
+            for ow in range(OW):
+                for k in range(cb):
+                    acc[k] = bias[k]
+                for i in range(KH):
+                    brow = buf[oh * sh + i * dh]
+                    for j in range(KW):
+                        src = brow[ow * sw + j * dw]
+                        wr = wt[i, j, c0:c1]
+                        for k in range(cb):
+                            acc[k] += wr[k] * src[k]
+                act_row(acc, zero, res[oh, ow], code, p0, p1)
+        for c in range(cb):
+            oc = out[n, c0 + c]
+            for oh in range(OH):
+                orow = oc[oh]
+                rr = res[oh]
+                for q in range(OW):
+                    orow[q] = rr[q, c]

@@ -69,11 +69,17 @@ def _gelu_erf(x):
     raise NotImplementedError  # only called compiled, through the overload below
 
 
-@overload(_gelu_erf, inline="always")
+@overload(_gelu_erf)
 def _gelu_erf_typed(x):
-    if x == numba.types.float32:
-        return lambda x: _gelu_erf_f32(x)
-    return lambda x: _gelu_erf_f64(x)
+    return _gelu_erf_f32_call if x == numba.types.float32 else _gelu_erf_f64_call
+
+
+def _gelu_erf_f32_call(x):
+    return _gelu_erf_f32(x)
+
+
+def _gelu_erf_f64_call(x):
+    return _gelu_erf_f64(x)
 
 
 def _zero(a):
