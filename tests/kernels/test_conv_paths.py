@@ -201,6 +201,36 @@ def test_im2col(xp, xs, ws, attrs, bias):
            **attrs)
 
 
+@pytest.fixture
+def numpy_paths(monkeypatch):
+    """The compiled kernels off (as without numba): the numpy paths run on numpy."""
+    monkeypatch.setenv(native.ENV, "0")
+    native.reset()
+    yield
+    monkeypatch.delenv(native.ENV)
+    native.reset()
+
+
+@pytest.mark.parametrize("kind, xs, ws, attrs", [
+    ("im2col", (2, 6, 9, 9), (4, 6, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ("im2col", (2, 6, 10, 9), (9, 2, 3, 2), {"group": 3, "pads": [1, 0, 2, 1], "strides": [2, 1]}),
+    ("im2col", (2, 3, 40, 40), (4, 3, 3, 3), {"auto_pad": "VALID"}),
+    ("pointwise", (2, 6, 8, 8), (4, 6, 1, 1), {}),
+])
+def test_numpy_columns_and_epilogues(numpy_paths, kind, xs, ws, attrs):
+    """Without the compiled kernels: numpy's im2col and its bias / residual / activation."""
+    from hetero_exec.kernels.fused import epilogue_activation
+
+    assert not native.available()
+    x, w, b = f32(*xs), f32(*ws, seed=1), f32(ws[0], seed=2)
+    forced(np, kind, x, w, b, **attrs)
+    conv = reference("Conv", [x, w, b], **attrs)[0]
+    z = f32(*conv.shape, seed=3)
+    got = _conv_full(np, x, w, b, Z=z, activation=epilogue_activation("Clip", (0.0, 6.0)),
+                     path=ConvPath(kind), **attrs)
+    np.testing.assert_allclose(got, np.clip(conv + z, 0, 6), rtol=RTOL, atol=ATOL)
+
+
 # --------------------------------------------------------------------------- threads
 
 
