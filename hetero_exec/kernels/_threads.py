@@ -299,9 +299,10 @@ def parallel_for(xp, n: int, work: Callable[[int, int], None], flops: float,
     channels), each part doing its own copies and products; else one call here. Parts
     must write disjoint outputs."""
     helpers = None
-    width = split_width()
-    if xp is np and _holds and flops >= PARALLEL_FLOPS and n >= 2 * least and width > 1:
-        helpers = _helpers()
+    # the cheap tests first: most calls (a lone run's, or small work) stop there
+    if xp is np and _holds and flops >= PARALLEL_FLOPS and n >= 2 * least:
+        width = split_width()
+        helpers = _helpers() if width > 1 else None
     if helpers is None:
         work(0, n)
         return

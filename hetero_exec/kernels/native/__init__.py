@@ -45,6 +45,7 @@ ACT_DEFAULTS = {"Clip": (float("-inf"), float("inf")), "HardSigmoid": (0.2, 0.5)
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}
+_modules: dict[str, ModuleType] = {}
 
 
 def unavailable_reason() -> str | None:
@@ -97,12 +98,14 @@ def epilogue_code(activation: str, params=None) -> tuple[int, float, float] | No
 def module(name: str) -> ModuleType:
     """The kernel module ``hetero_exec.kernels.native.<name>``, imported (and its
     functions compiled lazily by numba) on first use. Only call when `available`."""
-    if "checked" not in _state:
+    mod = _modules.get(name)
+    if mod is None:
         with _lock:
             if "checked" not in _state:
                 _drop_stale_cache(Path(__file__).parent)
                 _state["checked"] = True
-    return importlib.import_module(f"{__name__}.{name}")
+        mod = _modules[name] = importlib.import_module(f"{__name__}.{name}")
+    return mod
 
 
 def _drop_stale_cache(here: Path) -> None:
