@@ -3,15 +3,17 @@
     python bench/bench_data.py                       # bench/models.py's mlp, 8192 rows, 3 rounds
     python bench/bench_data.py --rows 16384 --rounds 5 --json bench/results/data.json
 
-Three pipelines read the same ``ray.data.from_numpy`` dataset and map it with
+Four pipelines read the same ``ray.data.from_numpy`` dataset and map it with
 ``batch_size`` rows per batch on ``--concurrency`` replicas:
 
 * ``infer``: ``actors.data.infer`` (our `HeteroPredictor`);
+* ``predictor``: `HeteroPredictor` through a plain ``map_batches`` with the by-hand
+  pipeline's arguments (what separates ``infer``'s arguments from the class's work);
 * ``by-hand``: a hand-written ``map_batches`` class over our own session (the
   overhead goal: ``infer`` within 5% of it);
 * ``ort``: the same hand-written class over onnxruntime.
 
-After one warm-up run of each, each round runs the three in turn, a different one
+After one warm-up run of each, each round runs the four in turn, a different one
 first each round (so load from other jobs hits them alike); each run includes its
 replicas' start-up, as a job's would; the table gives the median
 rows/s over rounds. BLAS and onnxruntime use ``--blas-threads`` threads per replica.
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import ray
 
-    from actors.data import infer
+    from actors.data import HeteroPredictor, infer
     from bench.models import MODELS, inputs
 
     model = MODELS[args.model]().SerializeToString()
@@ -101,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     pipelines = {
         "infer": lambda: infer(base, model, providers=["cpu"], batch_size=args.batch_size,
                                concurrency=args.concurrency),
+        "predictor": lambda: base.map_batches(
+            HeteroPredictor, fn_constructor_kwargs={"model": model, "providers": ["cpu"]},
+            **common),
         "by-hand": lambda: base.map_batches(OurSessionByHand, fn_constructor_args=(model,),
                                             **common),
         "ort": lambda: base.map_batches(OrtByHand, fn_constructor_args=(model, args.blas_threads),
@@ -112,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     names = list(pipelines)
     for r in range(args.rounds):
         row = {}
-        for name in names[r % 3:] + names[: r % 3]:  # each goes first in turn
+        k = r % len(names)
+        for name in names[k:] + names[:k]:  # each goes first in turn
             make = pipelines[name]
             t = time.perf_counter()
             n = consume(make())
