@@ -426,7 +426,8 @@ def _conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp, Z=None, a
         kind = "im2col"  # a pointwise node whose auto_pad pads after all
     if kind == "depthwise_native" and not is_numpy(xp):
         kind = "depthwise_taps"  # compiled for host memory only
-    compiled = is_numpy(xp) and X.dtype in _NATIVE_DTYPES and native.available()
+    compiled = (is_numpy(xp) and X.dtype in _NATIVE_DTYPES and native.available()
+                and (Z is None or tuple(Z.shape) == out_shape))  # a broadcast Z: numpy's add
     act = _native_activation(activation) if compiled else None  # None: numpy applies it
     if kind == "depthwise_native" and compiled:
         if act is not None and Z is None:  # bias and activation on the way out

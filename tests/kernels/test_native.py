@@ -169,3 +169,19 @@ def test_rms_norm(dtype):
         assert got.dtype == dtype
         np.testing.assert_allclose(got, want if s is not None else want / scale, rtol=1e-5,
                                    atol=1e-5)
+
+
+def test_conv_epilogue_broadcast_residual():
+    """A residual that only broadcasts to the output (not what the fusion makes, but a
+    FusedConv node may say so) takes numpy's add."""
+    from hetero_exec.kernels.conv import ConvPath, _conv_full
+    from tests.kernels._ref import reference
+
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 4, 5, 5)).astype(np.float32)
+    w = rng.standard_normal((6, 4, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    z = rng.standard_normal((1, 6, 1, 5)).astype(np.float32)
+    got = _conv_full(np, x, w, b, Z=z, activation="Relu", path=ConvPath("pointwise"))
+    want = np.maximum(reference("Conv", [x, w, b])[0] + z, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
