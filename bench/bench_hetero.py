@@ -5,6 +5,11 @@
    (sim-gpu kernels run on NumPy, so the ratio measures the heterogeneous machinery:
    segment dispatch and seam copies. Every segment gets its provider's fusions after
    placement, so both sides run fused kernels; a chain cut by a seam stays unfused.)
+   The compiled cpu kernels (kernels/native) are off by default here: sim-gpu's
+   segments run the array-module kernels over host memory (what a GPU would run its
+   own way), so with them on the ratio would weigh numba against numpy on the
+   "device" nodes rather than the heterogeneous machinery (``--native`` keeps them on:
+   1.32x on 2026-12-01, against 1.02-1.1x off).
 2. A 4-device sim-gpu split by each strategy: predicted slowest stage, seam bytes, and
    the measured per-stage time.
 
@@ -120,7 +125,14 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=1, help="rounds of the hetero table")
     ap.add_argument("--no-strategies", action="store_true", help="skip the multi-GPU table")
+    ap.add_argument("--native", action="store_true",
+                    help="keep the compiled cpu kernels on (see the module docstring)")
     args = ap.parse_args()
+    if not args.native:
+        from hetero_exec.kernels import native
+
+        os.environ[native.ENV] = "0"
+        native.reset()
     geomeans = []
     for _ in range(args.repeat):
         ratios = hetero_table(args.runs, args.batch)

@@ -253,10 +253,11 @@ def matmul(xp, a, b, out=None):
     at least PARALLEL_FLOPS is split over the calling thread and the idle helpers, by
     rows of ``a`` or columns of ``b``, whichever is longer (a busy helper, such as one
     working for a concurrent run, is skipped: its part runs here)."""
-    if (xp is np and a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous
+    if (a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous
             and (out is None or out.flags.c_contiguous)):
         # (..., M, K) @ (K, N): one (prod(...) * M, K) GEMM, not one per leading index
-        # (numpy's loop); 10-40% on transformer MLPs (bench/README.md)
+        # (numpy's loop; cuBLAS too prefers one large GEMM); 10-40% on transformer MLPs
+        # (bench/README.md)
         flat = matmul(xp, a.reshape(-1, a.shape[-1]), b,
                       None if out is None else out.reshape(-1, b.shape[-1]))
         return flat.reshape(a.shape[:-1] + (b.shape[-1],)) if out is None else out
