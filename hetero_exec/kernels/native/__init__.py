@@ -43,7 +43,7 @@ ACT_CODES = {"": 0, "Relu": 1, "Clip": 2, "HardSigmoid": 3, "HardSwish": 4, "Gel
 ACT_DEFAULTS = {"Clip": (float("-inf"), float("inf")), "HardSigmoid": (0.2, 0.5),
                 "HardSwish": (1.0 / 6.0, 0.5)}
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # the availability check imports a kernel module
 _state: dict[str, object] = {}
 _modules: dict[str, ModuleType] = {}
 
@@ -71,6 +71,16 @@ def _find_reason() -> str | None:
         importlib.import_module("numba")
     except Exception as e:  # ImportError, or a numba that fails on this numpy
         return f"numba is not importable ({type(e).__name__}: {e})"
+    try:  # a numba that imports but cannot compile here (LLVM, CPU) must not fail a run
+        import numpy as np
+
+        x = np.array([-1.0, 2.0], np.float32)
+        y = np.empty_like(x)
+        module("epilogue").unary(x, y, ACT_CODES["Relu"], 0.0, 0.0, 0, 2)
+        if y.tolist() != [0.0, 2.0]:
+            return f"numba's compiled Relu gave {y.tolist()} for [-1, 2]"
+    except Exception as e:
+        return f"numba cannot compile here ({type(e).__name__}: {e})"
     return None
 
 
