@@ -69,7 +69,8 @@ def choose_path(numpy_arrays: bool, w_shape: Sequence[int], group: int, pads_zer
     """The Conv path for weights of ``w_shape`` (M, C/group, *K): see the module docstring.
     ``compiled``: the compiled kernels (kernels/native) may be used.
 
-    >>> choose_path(True, (32, 1, 3, 3), 32, False), choose_path(True, (32, 1, 3, 3), 32, False, True)
+    >>> w = (32, 1, 3, 3)
+    >>> choose_path(True, w, 32, False), choose_path(True, w, 32, False, compiled=True)
     ('depthwise', 'depthwise_native')
     >>> choose_path(False, (32, 1, 3, 3), 32, False), choose_path(True, (64, 32, 1, 1), 1, True)
     ('depthwise_taps', 'pointwise')

@@ -66,3 +66,30 @@ def check(xp, op_type: str, inputs, opset: int = 21, rtol: float = 1e-5, atol: f
         else:
             np.testing.assert_array_equal(g, w)
     return got
+
+
+def activation_reference(name: str, params, y):
+    """What a fused op's ``activation`` (kernels/fused.ACTIVATIONS) gives, by numpy's
+    formulas in y's precision ("" is none; GELUs in float64)."""
+    import math
+
+    if name == "":
+        return y
+    if name == "Relu":
+        return np.maximum(y, 0)
+    if name == "Clip":
+        return np.minimum(np.maximum(y, params[0]), params[1])
+    if name in ("HardSigmoid", "HardSwish"):
+        a, b = params if name == "HardSigmoid" else (1 / 6, 0.5)
+        hs = np.clip(y * a + b, 0, 1)
+        return hs if name == "HardSigmoid" else y * hs
+    if name == "SiLU":
+        return y / (1 + np.exp(-y))
+    if name == "Sigmoid":
+        return 1 / (1 + np.exp(-y))
+    if name == "Tanh":
+        return np.tanh(y)
+    assert name == "Gelu", name
+    y64 = np.asarray(y, np.float64)
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+    return 0.5 * y64 * (1 + erf(y64 / math.sqrt(2)))

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from hetero_exec.kernels import native, registry
 from hetero_exec.kernels.conv import ConvPath, _band_tile, _conv_full, choose_path
 from tests.conftest import to_numpy
-from tests.kernels._ref import check, reference
+from tests.kernels._ref import activation_reference, check, reference
 
 RTOL, ATOL = 1e-4, 1e-4
 
@@ -412,23 +412,6 @@ def test_fused_conv_residual_and_activation(xp, kind, ws, attrs):
         FusedConv(xp, xp.asarray(x), xp.asarray(w), None, None, "Mish", **attrs)
 
 
-def _act_reference(name, params, y):
-    if name == "Relu":
-        return np.maximum(y, 0)
-    if name == "Clip":
-        return np.minimum(np.maximum(y, params[0]), params[1])
-    if name in ("HardSigmoid", "HardSwish"):
-        a, b = params if name == "HardSigmoid" else (1 / 6, 0.5)
-        hs = np.clip(y * a + b, 0, 1)
-        return hs if name == "HardSigmoid" else y * hs
-    if name == "SiLU":
-        return y / (1 + np.exp(-y))
-    if name == "Sigmoid":
-        return 1 / (1 + np.exp(-y))
-    assert name == "Tanh"
-    return np.tanh(y)
-
-
 @needs_native
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("name, params", [
@@ -449,6 +432,6 @@ def test_depthwise_native_epilogue(name, params, residual):
     got = _conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath("depthwise_native"),
                      **attrs)
     with np.errstate(over="ignore", invalid="ignore"):
-        want = _act_reference(name, params, conv)
+        want = activation_reference(name, params, conv)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
     assert np.isnan(got).sum() == np.isnan(want).sum() > 0

@@ -4,14 +4,13 @@ test_conv_paths.py)."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
 from hetero_exec.kernels import native
 from hetero_exec.kernels.elementwise import Gelu
 from hetero_exec.kernels.fused import FusedMatMul, epilogue_activation
+from tests.kernels._ref import activation_reference
 
 needs_native = pytest.mark.skipif(not native.available(),
                                   reason=f"compiled kernels off: {native.unavailable_reason()}")
@@ -47,9 +46,7 @@ def test_off_by_environment(monkeypatch):
 
 
 def _gelu_ref(x):
-    x64 = np.asarray(x, np.float64)
-    erf = np.vectorize(math.erf, otypes=[np.float64])
-    return 0.5 * x64 * (1 + erf(x64 / math.sqrt(2)))
+    return activation_reference("Gelu", None, x)
 
 
 @needs_native
@@ -67,23 +64,6 @@ def test_gelu(dtype, tol):
     assert got[x == np.inf].tolist() == [np.inf]
 
 
-def _act_ref(name, params, y):
-    if name == "":
-        return y
-    if name == "Relu":
-        return np.maximum(y, 0)
-    if name == "Clip":
-        return np.minimum(np.maximum(y, params[0]), params[1])
-    if name in ("HardSigmoid", "HardSwish"):
-        a, b = params if name == "HardSigmoid" else (1 / 6, 0.5)
-        hs = np.clip(y * a + b, 0, 1)
-        return hs if name == "HardSigmoid" else y * hs
-    if name == "SiLU":
-        return y / (1 + np.exp(-y))
-    assert name == "Gelu"
-    return _gelu_ref(y)
-
-
 ACTS = [("", None), ("Relu", None), ("Clip", (0.0, 6.0)), ("HardSigmoid", (0.3, 0.4)),
         ("HardSwish", None), ("Gelu", None), ("SiLU", None)]
 
@@ -96,7 +76,8 @@ def test_fused_matmul_epilogue(name, params, bias):
     a = rng.standard_normal((3, 7, 16)).astype(np.float32)
     b = (rng.standard_normal((16, 24)) * 0.5).astype(np.float32)
     c = rng.standard_normal(24).astype(np.float32) if bias else None
-    want = _act_ref(name, params, (a.astype(np.float64) @ b) + (0 if c is None else c))
+    product = a.astype(np.float64) @ b + (0 if c is None else c)
+    want = activation_reference(name, params, product)
     got = FusedMatMul(np, a, b, c, name, params)[0]
     assert got.dtype == np.float32 and got.shape == (3, 7, 24)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -117,7 +98,8 @@ def test_conv_epilogue(kind, ws, attrs, name, params):
     w = (rng.standard_normal(ws) * 0.5).astype(np.float32)
     b = rng.standard_normal(6).astype(np.float32)
     z = rng.standard_normal((2, 6, 7, 7)).astype(np.float32)
-    want = _act_ref(name, params, reference("Conv", [x, w, b], **attrs)[0].astype(np.float64) + z)
+    conv = reference("Conv", [x, w, b], **attrs)[0].astype(np.float64)
+    want = activation_reference(name, params, conv + z)
     act = name if name in ("", "Relu") else epilogue_activation(name, params)
     got = _conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath(kind), **attrs)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
