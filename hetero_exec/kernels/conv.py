@@ -16,8 +16,10 @@ of the kernel table) from its attributes and weight shape, see `choose_path`:
 * ``depthwise_native`` (the same nodes, float32/float64, when the compiled kernels of
   kernels/native are available): per channel, the padded input copied once into the
   stride's phase planes, then one vectorized multiply-add over the output plane per
-  tap, with the bias and the activation on the way out (kernels/native/depthwise.py);
-  other dtypes take the ``depthwise`` path;
+  tap, with the bias and the activation on the way out; planes of at most 64 pixels
+  channels-last instead (kernels/native/depthwise.py); other dtypes take the
+  ``depthwise`` path. The pointwise and im2col paths then add the bias and residual and
+  apply the activation in one compiled pass too (kernels/native/epilogue.py);
 * ``depthwise_taps`` (other array modules, 3-D, channel multipliers): the sum over kernel
   taps of per-channel scaled strided slices, accumulated in place;
 * ``im2col`` (everything else, groups included): the padded input viewed through
