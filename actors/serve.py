@@ -413,9 +413,10 @@ def build_app(
     waits for nothing). ``max_concurrent_runs``: session runs in flight in a replica
     (default 1 for a plan the replica runs itself, so requests that come meanwhile
     wait and stack; 4 for a plan on pipelined stage actors). ``access_log``: Serve's
-    log line per request (off: it costs a replica about a millisecond a request). ``num_cpus``: what the replica itself
-    reserves, and (unless ``intra_op_num_threads`` is given) the threads a run in it
-    splits its work over. Other keywords are session options.
+    log line per request (off: it costs a replica about a millisecond a request).
+    ``num_cpus``: what the replica itself reserves, and (unless ``intra_op_num_threads``
+    is given) the threads a run in it splits its work over. Other keywords are session
+    options.
 
     >>> serve.run(build_app("mlp.onnx", providers=["cpu"]))  # doctest: +SKIP
     """

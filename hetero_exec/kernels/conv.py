@@ -120,9 +120,10 @@ def _pads_zero(auto_pad: str, pads) -> bool:
     return auto_pad != "NOTSET" or not pads or not any(pads)
 
 
-def _path_for(xp, W, group: int, auto_pad: str, pads) -> ConvPath:
+def _path_for(xp, w_shape: Sequence[int], group: int, pads_zero: bool) -> ConvPath:
+    """A node's path on ``xp``, the compiled kernels included where they may run."""
     numpy_arrays = is_numpy(xp)
-    return ConvPath(choose_path(numpy_arrays, W.shape, group, _pads_zero(auto_pad, pads),
+    return ConvPath(choose_path(numpy_arrays, w_shape, group, pads_zero,
                                 numpy_arrays and native.available()))
 
 
@@ -250,8 +251,6 @@ def _depthwise_band(xp, X, W, B, strides, dilations, pb, pe, out_sp, path: ConvP
     return out
 
 
-#: the dtypes kernels/native/depthwise.py is compiled for
-_NATIVE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _NO_ACT = (0, 0.0, 0.0)
 #: output planes of at most this many pixels run channels-last (bench/bench_conv.py)
 _CHANNELS_LAST_PLANE = 64
@@ -277,12 +276,7 @@ def _native_epilogue(xp, Y, B, Z, act) -> None:
     b = np.zeros(0, Y.dtype) if B is None else np.ascontiguousarray(B, dtype=Y.dtype)
     z = np.zeros((0, 0, 0), Y.dtype) if Z is None else \
         np.ascontiguousarray(Z, dtype=Y.dtype).reshape(Y3.shape)
-    code, p0, p1 = act
-
-    def rows(r0: int, r1: int) -> None:
-        ep.channels(Y3, b, z, code, p0, p1, r0, r1)
-
-    _threads.parallel_for(xp, N * M, rows, 8.0 * Y.size, least=4)
+    native.split(ep.channels, N * M, Y3, b, z, *act, cost=8.0 * Y.size, least=4)
 
 
 def _depthwise_native(xp, X, W, B, strides, dilations, pb, out_sp, act):
@@ -300,19 +294,13 @@ def _depthwise_native(xp, X, W, B, strides, dilations, pb, out_sp, act):
     Wk = np.ascontiguousarray(W.reshape((C,) + W.shape[2:]))
     Bk = np.zeros(C, X.dtype) if B is None else np.ascontiguousarray(B, dtype=X.dtype)
     out = np.empty((N, C) + tuple(out_sp), dtype=X.dtype)
-    (sh, sw), (dh, dwl) = strides, dilations
-    code, p0, p1 = act
     if math.prod(out_sp) <= _CHANNELS_LAST_PLANE:  # small planes: along the channels
-        Wt = np.ascontiguousarray(Wk.transpose(1, 2, 0))
-        fn, Wk = dw.depthwise2d_cl, Wt
+        fn, Wk = dw.depthwise2d_cl, np.ascontiguousarray(Wk.transpose(1, 2, 0))
     else:
         fn = dw.depthwise2d
-
-    def channels(c0: int, c1: int) -> None:
-        fn(X, Wk, Bk, out, sh, sw, dh, dwl, pb[0], pb[1], code, p0, p1, c0, c1)
-
     taps = math.prod(W.shape[2:])
-    _threads.parallel_for(xp, C, channels, 2.0 * out.size * taps, least=8)
+    native.split(fn, C, X, Wk, Bk, out, *strides, *dilations, pb[0], pb[1], *act,
+                 cost=2.0 * out.size * taps, least=8)
     return out.reshape(out.shape[:2] + (out.shape[3],)) if flat else out
 
 
@@ -429,8 +417,8 @@ def _conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp, Z=None, a
         kind = "im2col"  # a pointwise node whose auto_pad pads after all
     if kind == "depthwise_native" and not is_numpy(xp):
         kind = "depthwise_taps"  # compiled for host memory only
-    compiled = (is_numpy(xp) and X.dtype in _NATIVE_DTYPES and native.available()
-                and (Z is None or tuple(Z.shape) == out_shape))  # a broadcast Z: numpy's add
+    # (a residual that only broadcasts to the output takes numpy's add)
+    compiled = native.takes(xp, X) and (Z is None or tuple(Z.shape) == out_shape)
     act = _native_activation(activation) if compiled else None  # None: numpy applies it
     if kind == "depthwise_native" and compiled:
         if act is not None and Z is None:  # bias and activation on the way out
@@ -474,8 +462,7 @@ def _conv_full(xp, X, W, B, auto_pad="NOTSET", dilations=None, group=1, kernel_s
     out_sp, pb, pe = conv_geometry(X.shape[2:], K, strides, dilations, pads, auto_pad)
     out_dtype = X.dtype
     if path is None:
-        path = ConvPath(choose_path(is_numpy(xp), W.shape, group, not any(pb) and not any(pe),
-                                    is_numpy(xp) and native.available()))
+        path = _path_for(xp, W.shape, group, not any(pb) and not any(pe))
     cdt = acc_dtype(xp, out_dtype)
     if cdt == np.float16 and path.kind == "depthwise_taps":
         # element-wise sums over the taps: no BLAS accumulates them wider, so float32
@@ -500,8 +487,8 @@ def _specialize(op: str):
         w = inputs[1] if len(inputs) > 1 else KnownInput()
         if w.shape is None or not all(isinstance(d, int) for d in w.shape):
             return None  # the weight's shape decides the path: choose at run time
-        path = _path_for(xp, w, kwargs.get("group", 1), kwargs.get("auto_pad", "NOTSET"),
-                         kwargs.get("pads"))
+        path = _path_for(xp, w.shape, kwargs.get("group", 1),
+                         _pads_zero(kwargs.get("auto_pad", "NOTSET"), kwargs.get("pads")))
         if op == "Conv":
             def conv(xp, X, W, B=None, **attrs):
                 return (_conv_full(xp, X, W, B, path=path, **attrs),)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetero_exec.kernels import _threads, native
+from hetero_exec.kernels import native
 from hetero_exec.kernels.registry import kernel
 
 
@@ -440,15 +440,10 @@ def _gelu_tanh_f32_into(xp, x, out, t, z):
 def _native_unary(x, activation: str):
     """``activation`` of a float32/float64 numpy array by the compiled epilogue (one pass),
     split over our threads."""
-    ep = native.module("epilogue")
     flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty_like(flat)
-    code, p0, p1 = native.epilogue_code(activation)
-
-    def part(i0: int, i1: int) -> None:
-        ep.unary(flat, out, code, p0, p1, i0, i1)
-
-    _threads.parallel_for(np, flat.size, part, 20.0 * flat.size, least=4096)
+    native.split(native.module("epilogue").unary, flat.size, flat, out,
+                 *native.epilogue_code(activation), cost=20.0 * flat.size, least=4096)
     return out.reshape(x.shape)
 
 
@@ -456,8 +451,7 @@ def _native_unary(x, activation: str):
 def Gelu(xp, x, approximate="none"):
     if x.ndim == 0:  # numpy makes scalars of 0-d results; the in-place steps need arrays
         return (Gelu(xp, x.reshape(1), approximate)[0].reshape(()),)
-    if (xp is np and approximate != "tanh" and x.dtype in (np.float32, np.float64) and x.size
-            and native.available()):
+    if approximate != "tanh" and x.size and native.takes(xp, x):
         return (_native_unary(x, "Gelu"),)
     if x.dtype == np.float64:
         fn = _gelu_tanh if approximate == "tanh" else _gelu_erf

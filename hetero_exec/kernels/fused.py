@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hetero_exec.kernels import _threads, native
+from hetero_exec.kernels import native
 from hetero_exec.kernels._threads import PARALLEL_FLOPS, matmul
 from hetero_exec.kernels.elementwise import Gelu
 from hetero_exec.kernels.linalg import _float_operands
@@ -106,28 +106,20 @@ def _hard_sigmoid(xp, Y, alpha, beta, out=None):
     return t
 
 
-_NATIVE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
 def _native_code(xp, Y, activation: str, params) -> tuple[int, float, float] | None:
     """The compiled epilogue's code for ``activation`` on the numpy array Y, or None."""
-    if xp is not np or Y.dtype not in _NATIVE_DTYPES or Y.size == 0:
+    if Y.size == 0 or not native.takes(xp, Y):
         return None
     return native.epilogue_code(activation, params)
 
 
-def _native_last_axis(xp, Y, bias, act) -> None:
+def _native_last_axis(Y, bias, act) -> None:
     """act(Y + bias) in place, bias (K,) along Y's last axis (or None), compiled, the
     rows split over our threads."""
-    ep = native.module("epilogue")
     Y2 = Y.reshape(-1, Y.shape[-1])
     b = np.zeros(0, Y.dtype) if bias is None else np.ascontiguousarray(bias, dtype=Y.dtype)
-    code, p0, p1 = act
-
-    def rows(r0: int, r1: int) -> None:
-        ep.last_axis(Y2, b, code, p0, p1, r0, r1)
-
-    _threads.parallel_for(xp, Y2.shape[0], rows, 8.0 * Y.size, least=4)
+    native.split(native.module("epilogue").last_axis, Y2.shape[0], Y2, b, *act,
+                 cost=8.0 * Y.size, least=4)
 
 
 @kernel("FusedMatMul", since=1, domain=FUSED_DOMAIN)
@@ -143,7 +135,7 @@ def FusedMatMul(xp, A, B, bias=None, activation="", activation_params=None):
         shape = None
     act = _native_code(xp, Y, activation, activation_params)
     if act is not None and (bias is None or bias.shape == Y.shape[-1:]) and Y.flags.c_contiguous:
-        _native_last_axis(xp, Y, bias, act)
+        _native_last_axis(Y, bias, act)
     else:
         if bias is not None:
             Y += bias.astype(Y.dtype, copy=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hetero_exec.kernels import _threads, native
+from hetero_exec.kernels import native
 from hetero_exec.kernels._common import norm_axis, np_dtype
 from hetero_exec.kernels._nn_common import acc_dtype
 from hetero_exec.kernels.fused import FUSED_DOMAIN
@@ -121,8 +121,7 @@ def _normalized_rows(xp, X, axis, stash_type, scale):
 def _compiled(xp, X2, sdt, rows: int, cols: int) -> bool:
     """Whether the compiled row kernels (kernels/native/norm.py) take this norm: numpy,
     a float32/float64 input normalised in its own dtype, and something to normalise."""
-    return (xp is np and X2.dtype == sdt and sdt in (np.float32, np.float64) and rows > 0
-            and cols > 0 and native.available())
+    return X2.dtype == sdt and rows > 0 and cols > 0 and native.takes(xp, X2)
 
 
 def _row_vector(v, cols: int, dtype):
@@ -132,30 +131,21 @@ def _row_vector(v, cols: int, dtype):
 def _native_layer_norm(X2, sc, bi, epsilon: float):
     rows, cols = X2.shape
     X2 = np.ascontiguousarray(X2)
-    k = native.module("norm")
     s, b = _row_vector(sc, cols, X2.dtype), _row_vector(bi, cols, X2.dtype)
     Y = np.empty_like(X2)
     mean = np.empty(rows, X2.dtype)
     inv = np.empty(rows, X2.dtype)
-
-    def part(r0: int, r1: int) -> None:
-        k.layer_norm(X2, s, b, float(epsilon), Y, mean, inv, r0, r1)
-
-    _threads.parallel_for(np, rows, part, 8.0 * X2.size, least=8)
+    native.split(native.module("norm").layer_norm, rows, X2, s, b, float(epsilon), Y, mean,
+                 inv, cost=8.0 * X2.size, least=8)
     return Y, mean, inv
 
 
 def _native_rms_norm(X2, sc, epsilon: float):
     rows, cols = X2.shape
     X2 = np.ascontiguousarray(X2)
-    k = native.module("norm")
-    s = _row_vector(sc, cols, X2.dtype)
     Y = np.empty_like(X2)
-
-    def part(r0: int, r1: int) -> None:
-        k.rms_norm(X2, s, float(epsilon), Y, r0, r1)
-
-    _threads.parallel_for(np, rows, part, 4.0 * X2.size, least=8)
+    native.split(native.module("norm").rms_norm, rows, X2, _row_vector(sc, cols, X2.dtype),
+                 float(epsilon), Y, cost=4.0 * X2.size, least=8)
     return Y
 
 

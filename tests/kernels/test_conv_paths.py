@@ -114,12 +114,12 @@ def test_native_off_by_environment(monkeypatch):
     native.reset()
     try:
         assert not native.available() and native.ENV in native.unavailable_reason()
-        assert _path_for(np, np.zeros((8, 1, 3, 3)), 8, "NOTSET", [1, 1, 1, 1]).kind == "depthwise"
+        assert _path_for(np, (8, 1, 3, 3), 8, False).kind == "depthwise"
     finally:
         monkeypatch.delenv(native.ENV)
         native.reset()
     want = "depthwise_native" if native.available() else "depthwise"
-    assert _path_for(np, np.zeros((8, 1, 3, 3)), 8, "NOTSET", [1, 1, 1, 1]).kind == want
+    assert _path_for(np, (8, 1, 3, 3), 8, False).kind == want
 
 
 @pytest.mark.parametrize("xs, k, attrs", [

@@ -28,6 +28,9 @@ import os
 import threading
 from pathlib import Path
 from types import ModuleType
+from typing import Any, Callable
+
+import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,9 @@ ACT_CODES = {"": 0, "Relu": 1, "Clip": 2, "HardSigmoid": 3, "HardSwish": 4, "Gel
 #: (min, max) / (alpha, beta) when an activation comes without its parameters
 ACT_DEFAULTS = {"Clip": (float("-inf"), float("inf")), "HardSigmoid": (0.2, 0.5),
                 "HardSwish": (1.0 / 6.0, 0.5)}
+
+#: the dtypes the kernels are compiled for
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 _lock = threading.RLock()  # the availability check imports a kernel module
 _state: dict[str, object] = {}
@@ -93,6 +99,20 @@ def reset() -> None:
 def available() -> bool:
     """True when the compiled kernels can be used in this process."""
     return unavailable_reason() is None
+
+
+def takes(xp, *arrays: Any) -> bool:
+    """Whether the compiled kernels may take these arrays: host (numpy) arrays of the
+    dtypes in `DTYPES`, and the kernels available."""
+    return xp is np and all(a.dtype in DTYPES for a in arrays) and available()
+
+
+def split(kernel: Callable[..., None], n: int, *args: Any, cost: float, least: int = 1) -> None:
+    """``kernel(*args, i0, i1)`` over [0, n), cut over our threads as a kernel's
+    independent blocks are (kernels/_threads.parallel_for; ``cost`` in its FLOPs)."""
+    from hetero_exec.kernels import _threads
+
+    _threads.parallel_for(np, n, lambda i0, i1: kernel(*args, i0, i1), cost, least)
 
 
 def epilogue_code(activation: str, params=None) -> tuple[int, float, float] | None:
