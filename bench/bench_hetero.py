@@ -10,10 +10,14 @@
    own way), so with them on the ratio would weigh numba against numpy on the
    "device" nodes rather than the heterogeneous machinery (``--native`` keeps them on:
    1.32x on 2026-12-01, against 1.02-1.1x off).
+   ``--sim host`` gives sim-gpu ``strict=False``: its segments then run the cpu's own
+   kernels (compiled ones too) on plain numpy arrays, still with a copy at every seam
+   and of every output, so the ratio is the machinery alone (1.07 on 2026-12-01: the
+   cut fusions and the copies; see bench/README.md).
 2. A 4-device sim-gpu split by each strategy: predicted slowest stage, seam bytes, and
    the measured per-stage time.
 
-    python bench/bench_hetero.py [--runs 15] [--batch 8] [--repeat 3]
+    python bench/bench_hetero.py [--runs 15] [--batch 8] [--repeat 3] [--sim host]
 """
 
 from __future__ import annotations
@@ -52,8 +56,9 @@ def interleaved(fns: dict, feed: dict, runs: int) -> dict[str, float]:
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
 
-def hetero_table(runs: int, batch: int) -> list[float]:
-    print(f"\n== heterogeneous (sim-gpu + cpu, in process) vs cpu-only, batch {batch} ==")
+def hetero_table(runs: int, batch: int, strict: bool = True) -> list[float]:
+    mode = "strict" if strict else "host kernels"
+    print(f"\n== heterogeneous (sim-gpu {mode} + cpu, in process) vs cpu-only, batch {batch} ==")
     print("(cpu ms: the cpu session with its fusion pass; unfused: optimize=False; hetero ms:\n"
           " the mixed session, each segment fused after placement)")
     print(f"{'model':10s} {'pins':24s} {'seams':>5s} {'seam MB/run':>11s} {'cpu ms':>8s} {'unfused':>8s} "
@@ -65,7 +70,7 @@ def hetero_table(runs: int, batch: int) -> list[float]:
         cpu = InferenceSession(model, providers=["cpu"])
         unfused = InferenceSession(model, providers=["cpu"], optimize=False)
         for pins in PINS[name]:
-            het = InferenceSession(model, providers=["sim-gpu", "cpu"], hetero=True,
+            het = InferenceSession(model, providers=[("sim-gpu", {"strict": strict}), "cpu"], hetero=True,
                                    affinity=[(p, "cpu") for p in pins])
             ref = cpu.run(None, feed)
             got = het.run(None, feed)
@@ -127,15 +132,20 @@ def main() -> int:
     ap.add_argument("--no-strategies", action="store_true", help="skip the multi-GPU table")
     ap.add_argument("--native", action="store_true",
                     help="keep the compiled cpu kernels on (see the module docstring)")
+    ap.add_argument("--sim", choices=("strict", "host"), default="strict",
+                    help="host: sim-gpu with strict=False, whose segments run the cpu's own "
+                         "kernels (compiled ones included) on plain numpy arrays, so the ratio "
+                         "is the machinery alone: dispatch, seam copies, cut fusions")
     args = ap.parse_args()
-    if not args.native:
+    strict = args.sim == "strict"
+    if strict and not args.native:
         from hetero_exec.kernels import native
 
         os.environ[native.ENV] = "0"
         native.reset()
     geomeans = []
     for _ in range(args.repeat):
-        ratios = hetero_table(args.runs, args.batch)
+        ratios = hetero_table(args.runs, args.batch, strict)
         geomeans.append(float(np.exp(np.mean(np.log(ratios)))))
     if args.repeat > 1:
         print(f"\ngeomean per round: {', '.join(f'{g:.3f}' for g in geomeans)}; "

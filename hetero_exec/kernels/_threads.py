@@ -18,6 +18,11 @@ So the executors enter `run_threads` around a run:
   leaves: the runs already keep the cores busy, and splitting their products too
   measured slower (bench/bench_threads.py, both tables).
 
+OpenBLAS's workers spin 2**28 cycles (~0.1 s of a core) after each call before they
+sleep. The first run shortens that to 2**20 (~0.4 ms: `_shorten_spin`), long enough to
+stay awake between one run's products, short enough to give the core back when the
+run ends: to the next stage actor on the node, to onnxruntime in a benchmark.
+
 `single_blas_thread` holds the BLAS at one thread whatever else runs; inside it the
 kernels split their large products and independent blocks over a small pool of our own
 (`matmul`, `parallel_for`), whose idle threads block instead of spinning: one thread per
@@ -52,6 +57,9 @@ log = logging.getLogger(__name__)
 PARALLEL_FLOPS = 16e6
 #: least rows (or columns) per part when a product is split
 _MIN_PART = 16
+#: OpenBLAS's idle workers spin 2**n cycles before they sleep (`_shorten_spin`)
+SPIN_ENV = "HETERO_EXEC_BLAS_THREAD_TIMEOUT"
+DEFAULT_SPIN_EXPONENT = 20
 
 _LOCK = threading.Lock()
 _depth = 0  # runs inside run_threads or single_blas_thread, all threads together
@@ -141,8 +149,44 @@ def _openblas(path: str) -> _Blas | None:
         set_ = getattr(dll, f"{pre}openblas_set_num_threads{suf}", None)
         if get is not None and set_ is not None:
             set_.argtypes, set_.restype, get.restype = [ctypes.c_int], None, ctypes.c_int
+            _shorten_spin(dll)
             return _Blas(get, set_)
     return None
+
+
+def _spin_exponent() -> int | None:
+    """The OpenBLAS thread timeout to apply (2**n cycles), or None to leave it alone: the
+    user's own OPENBLAS_THREAD_TIMEOUT always wins, and HETERO_EXEC_BLAS_THREAD_TIMEOUT
+    (4-30, or 0/off) replaces our default."""
+    if os.environ.get("OPENBLAS_THREAD_TIMEOUT", "").strip():
+        return None
+    raw = os.environ.get(SPIN_ENV, "").strip().lower()
+    if not raw:
+        return DEFAULT_SPIN_EXPONENT
+    if raw in ("0", "off", "no", "false"):
+        return None
+    try:
+        return min(30, max(4, int(raw)))
+    except ValueError:
+        log.warning("%s=%r is not a number (4-30) or off: OpenBLAS's spin left alone", SPIN_ENV, raw)
+        return None
+
+
+def _shorten_spin(dll: Any) -> None:
+    """OpenBLAS's idle workers spin for 2**28 cycles (~0.1 s, a whole core) after every
+    threaded call before they sleep; OPENBLAS_THREAD_TIMEOUT, read when the library loads,
+    is the only knob. Numpy has loaded it long before us, so: set the variable, have the
+    library read its environment again, and stop its workers, which the next threaded
+    call starts again with the short timeout. Done once, when the BLAS is first found."""
+    n = _spin_exponent()
+    read_env = getattr(dll, "openblas_read_env", None)
+    shutdown = getattr(dll, "blas_thread_shutdown_", None)
+    if n is None or read_env is None or shutdown is None:
+        return
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(n)  # child processes (Ray workers) inherit it
+    read_env()
+    shutdown()
+    log.debug("OpenBLAS workers now sleep after 2**%d idle cycles", n)
 
 
 def _blas_libs() -> list[_Blas]:

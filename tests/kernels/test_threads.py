@@ -193,3 +193,59 @@ def test_a_run_alone_gives_the_blas_its_width_and_overlapping_runs_hold_it(monke
     with run_threads():
         _threads.matmul(np, a, a)
     assert calls == []
+
+
+_IDLE_CPU = r"""
+import json, os, sys, time
+import numpy as np                       # numpy (and OpenBLAS) first, as in user scripts
+import onnx.helper as h
+from hetero_exec import InferenceSession
+from hetero_exec.kernels import _threads
+w = h.make_tensor("w", 1, [512, 512], np.ones(512 * 512, np.float32).tolist())
+g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                 [h.make_tensor_value_info("x", 1, [512, 512])],
+                 [h.make_tensor_value_info("y", 1, [512, 512])], [w])
+sess = InferenceSession(h.make_model(g), providers=["cpu"])
+x = np.ones((512, 512), np.float32)
+idle = []
+for _ in range(3):
+    sess.run(None, {"x": x})
+    c0 = time.process_time()
+    time.sleep(0.15)
+    idle.append(time.process_time() - c0)
+print(json.dumps({"idle_cpu_s": min(idle), "blas": _threads.blas_threads(),
+                  "timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT")}))
+"""
+
+
+def _idle_cpu(env_extra: dict) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_THREAD_TIMEOUT", _threads.SPIN_ENV, "OPENBLAS_NUM_THREADS",
+                        "OMP_NUM_THREADS")}
+    env.update(env_extra)
+    out = subprocess.run([sys.executable, "-c", _IDLE_CPU], env=env, capture_output=True,
+                         text=True, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_idle_blas_workers_sleep_soon_after_a_run():
+    """OpenBLAS's workers spin ~0.1 s (a whole core) after each threaded call; after ours
+    they sleep within 2**20 cycles, so a sleeping driver burns (almost) no CPU. With the
+    setting off the spin shows, which is what makes this test able to fail."""
+    if _threads.cores() < 2:
+        pytest.skip("one core: OpenBLAS runs no workers")
+    short = _idle_cpu({})
+    if short["blas"] is None or short["blas"] < 2:
+        pytest.skip("no threaded, controllable OpenBLAS here")
+    assert short["timeout"] == str(_threads.DEFAULT_SPIN_EXPONENT)
+    assert short["idle_cpu_s"] < 0.03, short
+    spinning = _idle_cpu({_threads.SPIN_ENV: "off"})
+    assert spinning["timeout"] is None
+    assert spinning["idle_cpu_s"] > 0.05, spinning
+    # the user's own setting wins over ours
+    assert _idle_cpu({"OPENBLAS_THREAD_TIMEOUT": "28"})["idle_cpu_s"] > 0.05
