@@ -205,6 +205,7 @@ class Compiler:
         host_nodes = host_step_nodes(graph, nodes) if self.device else set()
         host_slots: set[int] = set()  # slots holding host values in a device plan
         device_reads = {r for node in nodes if node not in host_nodes for r in node_reads(node)}
+        graph_inputs = set(graph.inputs)
         for name, arr in graph.initializers.items():
             if name not in wanted:
                 continue
@@ -215,7 +216,9 @@ class Compiler:
                     host_slots.add(s)
                 else:
                     template[s] = self.to_device(arr)
-            if name not in fed:
+            # a segment lists the initializers it reads among its inputs, but only an
+            # overridable one (also a graph input) can be fed: the others are constants
+            if name not in fed or name not in graph_inputs:
                 constants.add(s)
 
         host_copy: dict[int, int] = {}  # constant slot -> its host copy's slot
@@ -374,6 +377,10 @@ class Compiler:
             return False
         for s, v in zip(out_slots, outs):
             if s != TRASH_SLOT:
+                # a folded Transpose is a strided view; every run's readers would walk it
+                # across the cache lines (a relative position bias: 3x slower attention)
+                if isinstance(v, np.ndarray) and not v.flags.c_contiguous:
+                    v = np.ascontiguousarray(v)
                 template[s] = v
         return True
 

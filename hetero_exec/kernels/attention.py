@@ -16,6 +16,7 @@ import numpy as np
 
 from hetero_exec.kernels._common import np_dtype
 from hetero_exec.kernels.fused import FUSED_DOMAIN, product
+from hetero_exec.kernels.reduce import exp_scores_inplace
 from hetero_exec.kernels.registry import kernel
 
 _BLAS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -54,7 +55,7 @@ def _softmax_guarded(xp, x, inplace=False):
     m = xp.max(x, axis=-1, keepdims=True)
     m = xp.where(m == -math.inf, 0, m)
     e = xp.subtract(x, m, out=x if inplace else None)
-    xp.exp(e, out=e)
+    exp_scores_inplace(xp, e)
     s = xp.sum(e, axis=-1, keepdims=True)
     e /= xp.where(s == 0, 1, s)
     return e
@@ -362,7 +363,7 @@ _SCORE_BLOCK = 1 << 21
 def _softmax_last_inplace(xp, s):
     """Softmax over the last axis, written into ``s``: the Softmax kernel's arithmetic."""
     s -= xp.max(s, axis=-1, keepdims=True)
-    xp.exp(s, out=s)
+    exp_scores_inplace(xp, s)
     s /= xp.sum(s, axis=-1, keepdims=True)
     return s
 

@@ -273,9 +273,31 @@ def test_constant_subgraphs_are_folded():
         "const", "fold_add", "fold_mul", "fold_shape", "fold_reshape", "live_mul", "override_mul", "live_add"]
     for fold in (True, False):
         sess = InferenceSession(m, fold_constants=fold)
+        # the session's own plan, whose segment lists the initializers among its inputs
+        # (until 2026-12 that listing kept every one of them from folding)
+        steps = {s.node.name for s in sess._executor.segments[0].plan.steps}
+        assert steps.isdisjoint({"const", "fold_add", "fold_mul", "fold_shape", "fold_reshape"}) == fold, steps
         for feed in ({"x": np.array([1.5, -2.0], np.float32)},
                      {"x": np.array([1.5, -2.0], np.float32), "P": np.array([0.0, 1.0], np.float32)}):
             assert_outputs(sess.run(None, feed), ort_run(m, feed))
+
+
+def test_folded_transposes_are_contiguous():
+    """A folded Transpose of a weight is stored C-contiguous, not as a strided view that
+    every run's reader would walk across cache lines."""
+    w = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    m = model([helper.make_node("Transpose", ["W"], ["wt"], perm=[2, 0, 1], name="t"),
+               helper.make_node("Add", ["x", "wt"], ["y"], name="add")],
+              [vi("x", F, [4, 2, 3])], [vi("y", F, [4, 2, 3])], [init("W", w)])
+    for providers in (["cpu"], ["sim-gpu", "cpu"]):
+        sess = InferenceSession(m, providers=providers, hetero=len(providers) > 1,
+                                provider_options=[{"strict": False}, {}] if len(providers) > 1 else None)
+        plan = sess._executor.segments[0].plan
+        assert [s.node.name for s in plan.steps] == ["add"]
+        folded = plan.template[plan.slot_of["wt"]]
+        assert folded.flags.c_contiguous
+        x = np.ones((4, 2, 3), np.float32)
+        assert_outputs(sess.run(None, {"x": x}), ort_run(m, {"x": x}))
 
 
 def test_random_ops_are_not_folded():

@@ -184,3 +184,23 @@ def test_topk_old_opsets(xp):
 def test_det(xp):
     check(xp, "Det", [RNG.standard_normal((3, 3)).astype(np.float32)], rtol=1e-4)
     check(xp, "Det", [RNG.standard_normal((2, 3, 4, 4)).astype(np.float64)], rtol=1e-10)
+
+
+def test_softmax_gives_no_subnormals():
+    """Scores masked by -100 (Swin's shifted windows) have exps in float32's subnormal
+    range, on which every later multiply is ~100x slower: they come out as exact zeros,
+    the rest as the reference computes them."""
+    from hetero_exec.kernels.attention import _softmax_last_inplace
+    from hetero_exec.kernels.reduce import Softmax
+
+    x = np.array([[5.0, -95.0, -90.0, -82.0, -np.inf, 4.0, -100.0, 0.5] * 5,
+                  [-np.inf] * 39 + [1.0]], np.float32)
+    e = np.exp(x.astype(np.float64) - x.max(axis=-1, keepdims=True))
+    want = e / e.sum(axis=-1, keepdims=True)
+    tiny = np.finfo(np.float32).tiny
+    for got in (Softmax(np, x)[0], _softmax_last_inplace(np, x.copy())):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-37)
+        assert not np.any((got != 0) & (np.abs(got) < tiny)), got
+        assert got[0, 1] == 0 and got[0, 2] == 0  # exp(-100), exp(-95): subnormal, now 0
+    nan = np.array([[1.0, np.nan, 0.0]], np.float32)
+    assert np.isnan(Softmax(np, nan)[0]).all()
