@@ -451,8 +451,8 @@ def _native_unary(x, activation: str):
 def Gelu(xp, x, approximate="none"):
     if x.ndim == 0:  # numpy makes scalars of 0-d results; the in-place steps need arrays
         return (Gelu(xp, x.reshape(1), approximate)[0].reshape(()),)
-    if approximate != "tanh" and x.size and native.takes(xp, x):
-        return (_native_unary(x, "Gelu"),)
+    if x.size and native.takes(xp, x):
+        return (_native_unary(x, "GeluTanh" if approximate == "tanh" else "Gelu"),)
     if x.dtype == np.float64:
         fn = _gelu_tanh if approximate == "tanh" else _gelu_erf
         return (_blockwise(xp, lambda v: fn(xp, v), x, x.dtype),)

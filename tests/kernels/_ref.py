@@ -89,6 +89,10 @@ def activation_reference(name: str, params, y):
         return 1 / (1 + np.exp(-y))
     if name == "Tanh":
         return np.tanh(y)
+    if name == "GeluTanh":
+        y64 = np.asarray(y, np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):  # +-inf and 1e30 inputs
+            return 0.5 * y64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (y64 + 0.044715 * y64 ** 3)))
     assert name == "Gelu", name
     y64 = np.asarray(y, np.float64)
     erf = np.vectorize(math.erf, otypes=[np.float64])

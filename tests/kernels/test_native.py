@@ -50,14 +50,15 @@ def _gelu_ref(x):
 
 
 @needs_native
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-6), (np.float64, 1e-12)])
-def test_gelu(dtype, tol):
+def test_gelu(dtype, tol, approximate):
     x = np.concatenate([np.linspace(-12, 12, 4000),
                         [0.0, -0.0, 1e-30, -1e-30, 1e30, -1e30, np.inf, -np.inf, np.nan, 0.5]])
     x = x.astype(dtype).reshape(-1, 1, 10)[::-1]  # odd shape, a reversed (strided) view
-    got = Gelu(np, x)[0]
+    got = Gelu(np, x, approximate)[0]
     assert got.dtype == dtype and got.shape == x.shape
-    want = _gelu_ref(x)
+    want = activation_reference("GeluTanh" if approximate == "tanh" else "Gelu", None, x)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     finite = np.isfinite(want)
     np.testing.assert_allclose(got[finite], want[finite], rtol=tol, atol=tol)
@@ -65,7 +66,7 @@ def test_gelu(dtype, tol):
 
 
 ACTS = [("", None), ("Relu", None), ("Clip", (0.0, 6.0)), ("HardSigmoid", (0.3, 0.4)),
-        ("HardSwish", None), ("Gelu", None), ("SiLU", None)]
+        ("HardSwish", None), ("Gelu", None), ("GeluTanh", None), ("SiLU", None)]
 
 
 @pytest.mark.parametrize("bias", [False, True])
