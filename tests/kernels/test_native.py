@@ -66,13 +66,14 @@ def test_gelu(dtype, tol, approximate):
 
 
 ACTS = [("", None), ("Relu", None), ("Clip", (0.0, 6.0)), ("HardSigmoid", (0.3, 0.4)),
-        ("HardSwish", None), ("Gelu", None), ("GeluTanh", None), ("SiLU", None)]
+        ("HardSwish", None), ("Gelu", None), ("GeluTanh", None), ("SiLU", None),
+        ("Sigmoid", None), ("Tanh", None)]
 
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("name, params", ACTS)
 def test_fused_matmul_epilogue(name, params, bias):
-    """activation(A @ B + bias) along the last axis, compiled or not (SiLU stays numpy)."""
+    """activation(A @ B + bias) along the last axis, compiled (the dtype's) or numpy's."""
     rng = np.random.default_rng(1)
     a = rng.standard_normal((3, 7, 16)).astype(np.float32)
     b = (rng.standard_normal((16, 24)) * 0.5).astype(np.float32)
@@ -168,3 +169,25 @@ def test_conv_epilogue_broadcast_residual():
     got = _conv_full(np, x, w, b, Z=z, activation="Relu", path=ConvPath("pointwise"))
     want = np.maximum(reference("Conv", [x, w, b])[0] + z, 0)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", ["GeluTanh", "SiLU", "Sigmoid", "Tanh"])
+def test_compiled_tanh_family_special_values(name, dtype):
+    """The rational tanh behind tanh GELU, SiLU, Sigmoid and Tanh: within 1e-6 (absolute,
+    and relative for large values) of numpy's formulas, infinities and NaN as they give.
+    float32 SiLU is the exception, within 2.2e-6: below x = -16 its logistic rounds to 0,
+    where x * e^x is still up to -1.7e-6 (onnxruntime's rational logistic trades alike)."""
+    x = np.concatenate([np.linspace(-30, 30, 6001), [0.0, -0.0, 1e-30, 1e30, -1e30, 88.0, -88.0,
+                                                     np.inf, -np.inf, np.nan]]).astype(dtype)
+    out = np.empty_like(x)
+    code, p0, p1 = native.epilogue_code(name)
+    native.module("epilogue").unary(x, out, code, p0, p1, 0, x.size)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = activation_reference(name, None, x.astype(np.float64))
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+    finite = np.isfinite(want)
+    atol = 2.2e-6 if (name, dtype) == ("SiLU", np.float32) else 1e-6
+    np.testing.assert_allclose(out[finite], want[finite], rtol=1e-6, atol=atol)
+    np.testing.assert_array_equal(out[~finite & ~np.isnan(want)], want[~finite & ~np.isnan(want)])

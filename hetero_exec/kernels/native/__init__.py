@@ -42,7 +42,7 @@ ENV = "HETERO_EXEC_NATIVE"
 #: a value here), where numpy has SIMD loops (0.5 ns): SiLU, Sigmoid, Tanh and tanh GELU
 #: stay with numpy, after a compiled bias pass.
 ACT_CODES = {"": 0, "Relu": 1, "Clip": 2, "HardSigmoid": 3, "HardSwish": 4, "Gelu": 8,
-             "GeluTanh": 9}
+             "GeluTanh": 9, "SiLU": 10, "Sigmoid": 11, "Tanh": 12}
 #: (min, max) / (alpha, beta) when an activation comes without its parameters
 ACT_DEFAULTS = {"Clip": (float("-inf"), float("inf")), "HardSigmoid": (0.2, 0.5),
                 "HardSwish": (1.0 / 6.0, 0.5)}

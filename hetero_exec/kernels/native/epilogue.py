@@ -74,14 +74,19 @@ _K_TANH, _C_CUBE = _F(math.sqrt(2 / math.pi)), _F(0.044715)
 
 
 @numba.njit(inline="always", error_model="numpy")
-def _gelu_tanh_f32(x):
-    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) in float32, tanh by the rational."""
-    u = _K_TANH * (x + _C_CUBE * x * x * x)
+def _tanh_f32(u):
+    """tanh in float32 by the rational (NaN stays NaN: the clamps compare false)."""
     t = -_TCLAMP if u < -_TCLAMP else (_TCLAMP if u > _TCLAMP else u)
     z = t * t
     p = ((((((A13 * z + A11) * z + A9) * z + A7) * z + A5) * z + A3) * z + A1) * t
     q = ((B6 * z + B4) * z + B2) * z + B0
-    return _HALF * x * (_ONE + p / q)
+    return p / q
+
+
+@numba.njit(inline="always", error_model="numpy")
+def _gelu_tanh_f32(x):
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) in float32, tanh by the rational."""
+    return _HALF * x * (_ONE + _tanh_f32(_K_TANH * (x + _C_CUBE * x * x * x)))
 
 
 @numba.njit(inline="always", error_model="numpy")
@@ -89,22 +94,37 @@ def _gelu_tanh_f64(x):
     return 0.5 * x * (1.0 + math.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
 
 
-def _gelu_tanh(x):
-    """GELU (tanh) of a scalar: the float32 rational in float32, libm's tanh in float64."""
-    raise NotImplementedError  # only called compiled, through the overload below
+# the logistic as 0.5 + 0.5 tanh(x / 2): within 2e-7 of it, absolutely; below x = -16
+# it is 0 (so float32 SiLU there is 0, not x e^x >= -1.7e-6), as onnxruntime's rational
+# logistic trades accuracy in the far tail for one vectorized pass
+@numba.njit(inline="always", error_model="numpy")
+def _sigmoid_f32(x):
+    return _HALF + _HALF * _tanh_f32(_HALF * x)
 
 
-@overload(_gelu_tanh)
-def _gelu_tanh_typed(x):
-    return _gelu_tanh_f32_call if x == numba.types.float32 else _gelu_tanh_f64_call
+@numba.njit(inline="always", error_model="numpy")
+def _sigmoid_f64(x):
+    return 0.5 + 0.5 * math.tanh(0.5 * x)
 
 
-def _gelu_tanh_f32_call(x):
-    return _gelu_tanh_f32(x)
+def _by_dtype(f32, f64):
+    """A scalar function compiled as ``f32`` for float32 and ``f64`` for float64."""
+    def fn(x):
+        raise NotImplementedError  # only called compiled, through the overload below
+
+    def call32(x):
+        return f32(x)
+
+    def call64(x):
+        return f64(x)
+
+    overload(fn)(lambda x: call32 if x == numba.types.float32 else call64)
+    return fn
 
 
-def _gelu_tanh_f64_call(x):
-    return _gelu_tanh_f64(x)
+_gelu_tanh = _by_dtype(_gelu_tanh_f32, _gelu_tanh_f64)
+_sigmoid = _by_dtype(_sigmoid_f32, _sigmoid_f64)
+_tanh = _by_dtype(_tanh_f32, math.tanh)
 
 
 @numba.njit(inline="always", error_model="numpy")
@@ -165,9 +185,19 @@ def act_row(row, bias, o, code, p0, p1):
     elif code == 8:
         for k in range(n):
             o[k] = _gelu_erf(row[k] + bias)
-    else:  # 9
+    elif code == 9:
         for k in range(n):
             o[k] = _gelu_tanh(row[k] + bias)
+    elif code == 10:
+        for k in range(n):
+            v = row[k] + bias
+            o[k] = v * _sigmoid(v)
+    elif code == 11:
+        for k in range(n):
+            o[k] = _sigmoid(row[k] + bias)
+    else:  # 12
+        for k in range(n):
+            o[k] = _tanh(row[k] + bias)
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy")
