@@ -193,12 +193,79 @@ def test_pointwise(xp, xs, ws, attrs, bias):
     ((2, 6, 12), (4, 3, 3), {"group": 2, "pads": [1, 2], "strides": [2]}),  # 1-D
     ((1, 4, 5, 6, 7), (6, 2, 3, 2, 3), {"group": 2, "pads": [1, 0, 1, 1, 0, 1]}),  # 3-D
     ((2, 5, 7, 7), (3, 5, 1, 1), {"pads": [1, 1, 0, 0]}),  # a padded 1x1
-    ((2, 3, 40, 40), (4, 3, 3, 3), {"strides": [1, 1], "auto_pad": "VALID"}),  # per-image GEMMs
+    ((2, 3, 40, 40), (4, 3, 3, 3), {"dilations": [2, 2], "auto_pad": "VALID"}),  # per-image GEMMs
+    ((2, 3, 40, 40), (4, 3, 3, 3), {"dilations": [1, 2]}),  # the same, unpadded (no copy of x)
 ])
 @pytest.mark.parametrize("bias", [False, True])
 def test_im2col(xp, xs, ws, attrs, bias):
     forced(xp, "im2col", f32(*xs), f32(*ws, seed=1), f32(ws[0], seed=2) if bias else None,
            **attrs)
+
+
+SHIFT = [  # x, w, attrs: output planes of at least 784 pixels, stride and dilation 1
+    ((2, 6, 30, 30), (4, 6, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 3, 29, 31), (5, 3, 3, 3), {"pads": [0, 2, 1, 0]}),  # asymmetric
+    ((1, 4, 28, 28), (6, 4, 5, 5), {"pads": [2, 2, 2, 2]}),
+    ((2, 3, 32, 32), (4, 3, 3, 3), {"auto_pad": "VALID"}),
+    ((1, 2, 30, 30), (3, 2, 2, 4), {"auto_pad": "SAME_LOWER"}),  # even, uneven kernel
+    ((1, 5, 40, 24), (7, 5, 1, 3), {"pads": [0, 1, 0, 1]}),
+]
+SHIFT_FALLBACK = [  # asked for shift, computed by im2col
+    ((1, 4, 40, 40), (6, 4, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 4, 40, 40), (6, 2, 3, 3), {"pads": [1, 1, 1, 1], "group": 2}),
+    ((1, 4, 40, 40), (6, 4, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    ((2, 4, 12, 12), (6, 4, 3, 3), {"pads": [1, 1, 1, 1]}),  # 144 pixels: too few
+    ((2, 4, 900), (6, 4, 3), {"pads": [1, 1]}),  # 1-D
+]
+
+
+@pytest.fixture
+def shift_calls(monkeypatch):
+    """How many times the shift path ran (the real function, counted)."""
+    from hetero_exec.kernels import conv
+
+    calls, real = [], conv._shift
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(conv, "_shift", counted)
+    return calls
+
+
+@pytest.mark.parametrize("xs, ws, attrs", SHIFT + SHIFT_FALLBACK)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("kind", ["shift", "im2col"])  # im2col nodes take it where it fits
+def test_shift(shift_calls, kind, xs, ws, attrs, bias):
+    forced(np, kind, f32(*xs), f32(*ws, seed=1), f32(ws[0], seed=2) if bias else None, **attrs)
+    assert len(shift_calls) == ((xs, ws, attrs) in SHIFT)
+
+
+@pytest.mark.parametrize("xs, ws, attrs", SHIFT[:3])
+@pytest.mark.parametrize("name, params", [("Relu", None), ("Clip", (0.0, 6.0)), ("SiLU", None)])
+def test_shift_epilogue(shift_calls, xs, ws, attrs, name, params):
+    """The shift path's product, then the bias, residual and activation (compiled or not)."""
+    from hetero_exec.kernels.fused import epilogue_activation
+
+    x, w, b = f32(*xs), f32(*ws, seed=1), f32(ws[0], seed=2)
+    conv = reference("Conv", [x, w, b], **attrs)[0].astype(np.float64)
+    z = f32(*conv.shape, seed=3)
+    act = name if name == "Relu" else epilogue_activation(name, params)
+    got = _conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath("im2col"), **attrs)
+    np.testing.assert_allclose(got, activation_reference(name, params, conv + z), rtol=RTOL, atol=ATOL)
+    assert len(shift_calls) == 1
+
+
+def test_shift_weights_cache_follows_the_weights(shift_calls):
+    path = ConvPath("im2col")
+    x = f32(1, 3, 30, 30)
+    for seed in (1, 2, 2):
+        w = f32(4, 3, 3, 3, seed=seed)
+        got = _conv_full(np, x, w, None, pads=[1, 1, 1, 1], path=path)
+        np.testing.assert_allclose(got, reference("Conv", [x, w], pads=[1, 1, 1, 1])[0],
+                                   rtol=RTOL, atol=ATOL)
+    assert len(shift_calls) == 3
 
 
 @pytest.fixture
@@ -214,7 +281,8 @@ def numpy_paths(monkeypatch):
 @pytest.mark.parametrize("kind, xs, ws, attrs", [
     ("im2col", (2, 6, 9, 9), (4, 6, 3, 3), {"pads": [1, 1, 1, 1]}),
     ("im2col", (2, 6, 10, 9), (9, 2, 3, 2), {"group": 3, "pads": [1, 0, 2, 1], "strides": [2, 1]}),
-    ("im2col", (2, 3, 40, 40), (4, 3, 3, 3), {"auto_pad": "VALID"}),
+    ("im2col", (2, 3, 40, 40), (4, 3, 3, 3), {"auto_pad": "VALID", "dilations": [2, 1]}),
+    ("shift", (2, 3, 40, 40), (4, 3, 3, 3), {"auto_pad": "VALID"}),
     ("pointwise", (2, 6, 8, 8), (4, 6, 1, 1), {}),
 ])
 def test_numpy_columns_and_epilogues(numpy_paths, kind, xs, ws, attrs):
@@ -244,6 +312,7 @@ def test_numpy_columns_and_epilogues(numpy_paths, kind, xs, ws, attrs):
     ("pointwise", (3, 8, 40, 40), (16, 8, 1, 1), {}),
     ("im2col", (5, 6, 9, 9), (8, 6, 3, 3), {"pads": [1, 1, 1, 1]}),  # wide GEMMs
     ("im2col", (3, 4, 36, 36), (6, 2, 3, 3), {"group": 2, "strides": [1, 2]}),  # per image
+    ("shift", (3, 4, 30, 30), (6, 4, 3, 3), {"pads": [1, 1, 1, 1]}),
 ])
 def test_paths_split_over_threads(monkeypatch, kind, xs, ws, attrs):
     """Every split a run can make (images, channels, GEMM rows or columns), forced."""
