@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 #: products below this many FLOPs stay on the calling thread (a hand-off to the pool
 #: and back costs tens of microseconds; bench/README.md)
 PARALLEL_FLOPS = 16e6
+#: least work for a compiled kernel's split in a lone run (`parallel_for`'s ``alone``)
+ALONE_FLOPS = 4e6
 #: least rows (or columns) per part when a product is split
 _MIN_PART = 16
 #: OpenBLAS's idle workers spin 2**n cycles before they sleep (`_shorten_spin`)
@@ -337,15 +339,22 @@ def matmul(xp, a, b, out=None):
 
 
 def parallel_for(xp, n: int, work: Callable[[int, int], None], flops: float,
-                 least: int = 1) -> None:
+                 least: int = 1, alone: bool = False) -> None:
     """``work(i0, i1)`` over [0, n): on numpy inside `single_blas_thread` and for at least
     PARALLEL_FLOPS of work, the range is cut in parts of at least ``least`` items over
     the calling thread and the idle helpers (a kernel's independent blocks: images,
     channels), each part doing its own copies and products; else one call here. Parts
-    must write disjoint outputs."""
+    must write disjoint outputs.
+
+    ``alone``: work that calls no BLAS (the compiled kernels) is split in a run alone in
+    the process too, from ALONE_FLOPS: there the BLAS splits only the products, and
+    the other core would idle through the depthwise and epilogue passes between them
+    (MobileNetV2 and ConvNeXt at batch 8: 12-15% of a run, bench/README.md)."""
     helpers = None
     # the cheap tests first: most calls (a lone run's, or small work) stop there
-    if xp is np and _holds and flops >= PARALLEL_FLOPS and n >= 2 * least:
+    if xp is np and n >= 2 * least and (
+            (_holds and flops >= PARALLEL_FLOPS)
+            or (alone and _depth <= 1 and flops >= ALONE_FLOPS)):
         width = split_width()
         helpers = _helpers() if width > 1 else None
     if helpers is None:

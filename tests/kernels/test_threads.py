@@ -109,6 +109,44 @@ def test_parallel_for_covers_every_item_once(monkeypatch, busy):
     np.testing.assert_array_equal(seen, 1)
 
 
+def test_compiled_work_splits_in_a_lone_run_only():
+    """``alone`` work (the compiled kernels, which call no BLAS) is split over the helper
+    in a run alone in the process, and not while another run overlaps it: those runs
+    already keep the cores busy."""
+    if _threads.cores() < 2:
+        pytest.skip("one core: nothing to split over")
+
+    def parts_of(flops: float) -> set[str]:
+        names, lock = set(), threading.Lock()
+
+        def work(i0, i1):
+            with lock:
+                names.add(threading.current_thread().name)
+
+        _threads.parallel_for(np, 64, work, flops=flops, least=4, alone=True)
+        return names
+
+    with _threads.run_threads():
+        assert len(parts_of(_threads.ALONE_FLOPS)) == 2
+        assert len(parts_of(_threads.ALONE_FLOPS / 2)) == 1  # too little work
+    inside, leave = threading.Event(), threading.Event()
+
+    def other_run():
+        with _threads.run_threads():
+            inside.set()
+            leave.wait(10)
+
+    t = threading.Thread(target=other_run)
+    t.start()
+    try:
+        assert inside.wait(10)
+        with _threads.run_threads():
+            assert len(parts_of(_threads.ALONE_FLOPS * 100)) == 1
+    finally:
+        leave.set()
+        t.join()
+
+
 def test_parallel_for_errors_reach_the_caller(monkeypatch):
     monkeypatch.setattr(_threads, "PARALLEL_FLOPS", 0)
 

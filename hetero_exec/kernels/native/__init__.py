@@ -110,10 +110,11 @@ def takes(xp, *arrays: Any) -> bool:
 
 def split(kernel: Callable[..., None], n: int, *args: Any, cost: float, least: int = 1) -> None:
     """``kernel(*args, i0, i1)`` over [0, n), cut over our threads as a kernel's
-    independent blocks are (kernels/_threads.parallel_for; ``cost`` in its FLOPs)."""
+    independent blocks are (kernels/_threads.parallel_for; ``cost`` in its FLOPs), in a
+    run alone too: the compiled kernels call no BLAS."""
     from hetero_exec.kernels import _threads
 
-    _threads.parallel_for(np, n, lambda i0, i1: kernel(*args, i0, i1), cost, least)
+    _threads.parallel_for(np, n, lambda i0, i1: kernel(*args, i0, i1), cost, least, alone=True)
 
 
 def epilogue_code(activation: str, params=None) -> tuple[int, float, float] | None:
