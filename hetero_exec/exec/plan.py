@@ -276,6 +276,12 @@ class Compiler:
         for idx, (_, _, in_slots, cap_slots, *_rest) in enumerate(raw_steps):
             for s in in_slots + cap_slots:
                 last_use[s] = idx
+        # a constant that only folded nodes read (a weight whose transpose was folded) is
+        # not held beside what they made of it
+        held = set(output_slots) | {inner for _, inner in captures}
+        for s in constants:
+            if s not in last_use and s not in held:
+                template[s] = None
         release_at: dict[int, list[int]] = {}
         for s, idx in last_use.items():
             if s not in keep:

@@ -192,22 +192,31 @@ def _shorten_spin(dll: Any) -> None:
 
 
 def _blas_libs() -> list[_Blas]:
-    """The BLAS libraries numpy loaded, found by threadpoolctl (none without it)."""
-    global _libs
+    """The BLAS libraries numpy loaded, found by threadpoolctl (none without it); found
+    once, under the lock, so that OpenBLAS's workers are restarted once (`_shorten_spin`).
+    (That restart is what OpenBLAS's own fork handler does; like it, it assumes no other
+    thread is inside a threaded BLAS call at that moment: the first run of a session.)"""
     if _libs is None:
-        found: list[_Blas] = []
-        try:
-            from threadpoolctl import ThreadpoolController
-
-            for ctl in ThreadpoolController().select(user_api="blas").lib_controllers:
-                own = None
-                if ctl.internal_api == "openblas" and ctl.threading_layer != "openmp":
-                    own = _openblas(ctl.filepath)
-                found.append(own or _Blas(ctl.get_num_threads, ctl.set_num_threads))
-        except Exception as e:  # threadpoolctl missing or unable: leave the BLAS alone
-            log.debug("no BLAS thread control: %s", e)
-        _libs = found
+        with _LOCK:
+            if _libs is None:
+                _discover_blas()
     return _libs
+
+
+def _discover_blas() -> None:
+    global _libs
+    found: list[_Blas] = []
+    try:
+        from threadpoolctl import ThreadpoolController
+
+        for ctl in ThreadpoolController().select(user_api="blas").lib_controllers:
+            own = None
+            if ctl.internal_api == "openblas" and ctl.threading_layer != "openmp":
+                own = _openblas(ctl.filepath)
+            found.append(own or _Blas(ctl.get_num_threads, ctl.set_num_threads))
+    except Exception as e:  # threadpoolctl missing or unable: leave the BLAS alone
+        log.debug("no BLAS thread control: %s", e)
+    _libs = found
 
 
 def blas_threads() -> int | None:

@@ -296,6 +296,7 @@ def test_folded_transposes_are_contiguous():
         assert [s.node.name for s in plan.steps] == ["add"]
         folded = plan.template[plan.slot_of["wt"]]
         assert folded.flags.c_contiguous
+        assert plan.template[plan.slot_of["W"]] is None  # not held twice
         x = np.ones((4, 2, 3), np.float32)
         assert_outputs(sess.run(None, {"x": x}), ort_run(m, {"x": x}))
 
