@@ -106,8 +106,12 @@ def depthwise2d(x, w, b, out, sh, sw, dh, dw, pt, pl, code, p0, p1, c0, c1):
                                 continue
                             ncol = (W - 1 - w0) // sw + 1
                             q0 = (w0 + pl) // sw
-                            bufp[a * sw + e, n - n0, r0:r0 + nr, q0:q0 + ncol] = \
-                                xc[h0::sh, w0::sw]
+                            dst = bufp[a * sw + e, n - n0]
+                            for r in range(nr):  # explicit loops: numba's strided slice
+                                drow = dst[r0 + r, q0:q0 + ncol]  # copy is generic, slow
+                                srow = xc[h0 + r * sh, w0:w0 + (ncol - 1) * sw + 1]
+                                for k in range(ncol):
+                                    drow[k] = srow[k * sw]
             bias = b[c]
             for k in range(L):
                 a_[k] = bias
