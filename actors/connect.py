@@ -7,14 +7,22 @@ one ``ray start --head`` recorded on this host) is joined, with no ``num_cpus`` 
 to the machine rather than to the first plan, so later sessions of the same driver
 place too. A plan whose devices are all emulated (sim-gpu) gets logical GPUs on a
 local start.
+
+A local Ray started here is also cleaned up after: Ray's compiled-graph channels are
+named POSIX semaphores that the raylet creates (``/dev/shm/sem.obj<pid>-*`` and
+``sem.hdr<pid>-*``) and unlinks only when it exits cleanly, which ``ray.shutdown()``
+does not let it do. Once that raylet is gone, `forget_raylet_semaphores` removes what
+it left (at the driver's exit, after Ray's own shutdown).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
 import socket
+import time
 from typing import Any
 
 import ray
@@ -49,14 +57,82 @@ def ensure_ray(
     else:
         how, target = "started", "local"  # not a stale record's cluster, whatever it says
         kwargs = {**local_start_kwargs(demand or {}, logical_gpus), **kwargs}
+    started: dict[str, int | None] = {}
+    if how == "started":
+        atexit.register(_forget_started, started)
     try:
         log.info("%s Ray", "starting a local" if how == "started" else how.replace("joined", "joining"))
         ray.init(address=target, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
         where = "a local Ray" if how == "started" else f"the Ray cluster at {how.split()[-1]}"
         raise ActorError(f"could not connect to {where}: {e}") from e
+    if how == "started":
+        started["raylet"] = raylet_pid()
     log.info("Ray %s; resources: %s", how, ray.cluster_resources())
     return how
+
+
+SHM_DIR = "/dev/shm"
+
+
+def raylet_pid() -> int | None:
+    """The pid of the raylet this driver started (None when it joined a cluster, or
+    when Ray's private node API has changed)."""
+    try:
+        from ray._private import worker
+
+        node = worker._global_node
+        if node is None or not node.head:
+            return None
+        return int(node.all_processes["raylet"][0].process.pid)
+    except Exception:  # a private API: without it, nothing to clean up after
+        return None
+
+
+def forget_raylet_semaphores(pid: int | None, wait_s: float = 5.0) -> int:
+    """Unlink the compiled-graph semaphores that raylet ``pid`` left in /dev/shm, once
+    it has exited (waiting up to ``wait_s``); returns how many. Nothing else is
+    touched: the names carry the creating raylet's pid, and it is gone."""
+    if pid is None or not os.path.isdir(SHM_DIR):
+        return 0
+    deadline = time.monotonic() + wait_s
+    while _running(pid):
+        if time.monotonic() > deadline:
+            log.debug("raylet %d still runs: its semaphores stay", pid)
+            return 0
+        time.sleep(0.05)
+    prefixes = (f"sem.obj{pid}-", f"sem.hdr{pid}-")
+    removed = 0
+    for name in os.listdir(SHM_DIR):
+        if name.startswith(prefixes):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed += 1
+            except OSError:
+                pass
+    if removed:
+        log.debug("removed %d semaphores of the raylet %d", removed, pid)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, exited but not yet reaped, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _forget_started(started: dict[str, int | None]) -> None:
+    """At the exit of the driver that started a local Ray: shut it down (what Ray's own
+    exit handler would do next) so that the raylet is gone, then remove its semaphores."""
+    pid = started.get("raylet")
+    if pid is None:
+        return
+    if ray.is_initialized() and raylet_pid() == pid:
+        ray.shutdown()
+    forget_raylet_semaphores(pid)
 
 
 def discovered_cluster() -> str | None:

@@ -47,5 +47,9 @@ def ray_session():
                  log_to_driver=False,
                  object_store_memory=1 << 30,
                  runtime_env={"env_vars": {"PYTHONPATH": root}})
+    from actors.connect import forget_raylet_semaphores, raylet_pid
+
+    raylet = raylet_pid()
     yield ray
     ray.shutdown()
+    forget_raylet_semaphores(raylet)  # compiled-graph channels' semaphores (actors/connect.py)

@@ -134,3 +134,51 @@ def test_an_existing_cluster_is_joined_not_refused(head_node):
     assert report["how"].startswith("joined") and report["gcs"].endswith(f":{head_node}")
     assert report["cpus"] == 2.0  # the cluster's own, not what a local start would size
     assert report["ok"] and report["actors"] >= 2  # two sessions placed side by side
+
+
+def test_forget_raylet_semaphores_takes_only_a_dead_raylets(tmp_path):
+    from actors.connect import SHM_DIR, forget_raylet_semaphores
+
+    if not os.path.isdir(SHM_DIR):
+        pytest.skip("no /dev/shm")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    names = [f"sem.obj{dead.pid}-1", f"sem.hdr{dead.pid}-1", f"sem.obj{os.getpid()}-1"]
+    for n in names:
+        with open(os.path.join(SHM_DIR, n), "wb") as f:
+            f.write(b"\0" * 32)
+    try:
+        assert forget_raylet_semaphores(os.getpid(), wait_s=0.1) == 0  # alive: left alone
+        assert forget_raylet_semaphores(dead.pid) == 2
+        left = set(os.listdir(SHM_DIR))
+        assert names[0] not in left and names[1] not in left and names[2] in left
+    finally:
+        for n in names:
+            try:
+                os.unlink(os.path.join(SHM_DIR, n))
+            except OSError:
+                pass
+
+
+def test_a_driver_on_the_embedded_default_leaves_no_semaphores():
+    """Ray's compiled-graph channels are semaphores in /dev/shm that its raylet unlinks only
+    on a clean exit, which ray.shutdown() does not give it: the driver that started that
+    Ray removes them at its exit."""
+    from actors.connect import SHM_DIR
+
+    if not os.path.isdir(SHM_DIR):
+        pytest.skip("no /dev/shm")
+    from actors.connect import discovered_cluster
+
+    if discovered_cluster() is not None:
+        pytest.skip("a `ray start` cluster runs here: the driver would join it")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = ROOT
+    proc = subprocess.run([sys.executable, "-m", "tests.ray.compiled_exit_main"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    pid = report["raylet"]
+    assert pid is not None and report["semaphores"] > 0  # the channels had them
+    left = [n for n in os.listdir(SHM_DIR) if n.startswith((f"sem.obj{pid}-", f"sem.hdr{pid}-"))]
+    assert left == []
