@@ -101,18 +101,22 @@ def forget_raylet_semaphores(pid: int | None, wait_s: float = 5.0) -> int:
             log.debug("raylet %d still runs: its semaphores stay", pid)
             return 0
         time.sleep(0.05)
-    prefixes = (f"sem.obj{pid}-", f"sem.hdr{pid}-")
     removed = 0
-    for name in os.listdir(SHM_DIR):
-        if name.startswith(prefixes):
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-                removed += 1
-            except OSError:
-                pass
+    for name in raylet_semaphores(pid):
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+            removed += 1
+        except OSError:
+            pass
     if removed:
         log.debug("removed %d semaphores of the raylet %d", removed, pid)
     return removed
+
+
+def raylet_semaphores(pid: int) -> list[str]:
+    """The names in /dev/shm of the compiled-graph semaphores raylet ``pid`` created."""
+    prefixes = (f"sem.obj{pid}-", f"sem.hdr{pid}-")
+    return [name for name in os.listdir(SHM_DIR) if name.startswith(prefixes)]
 
 
 def _running(pid: int) -> bool:

@@ -12,8 +12,8 @@
    1.32x on 2026-12-01, against 1.02-1.1x off).
    ``--sim host`` gives sim-gpu ``strict=False``: its segments then run the cpu's own
    kernels (compiled ones too) on plain numpy arrays, still with a copy at every seam
-   and of every output, so the ratio is the machinery alone (1.07 on 2026-12-01: the
-   cut fusions and the copies; see bench/README.md).
+   and of every output, so the ratio is the machinery alone (1.038-1.039 in two runs on
+   2026-12-01: the cut fusions and the copies; see bench/README.md).
 2. A 4-device sim-gpu split by each strategy: predicted slowest stage, seam bytes, and
    the measured per-stage time.
 

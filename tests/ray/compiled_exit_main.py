@@ -8,11 +8,10 @@ the raylet it started and the compiled-graph semaphores that raylet holds meanwh
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 
-from actors.connect import SHM_DIR, raylet_pid
+from actors.connect import raylet_pid, raylet_semaphores
 from hetero_exec import InferenceSession
 from tests.ray.models import mlp
 
@@ -23,7 +22,7 @@ def main() -> None:
     for i in range(3):
         sess.run(None, {"x": np.full((2, 32), i, np.float32)})
     pid = raylet_pid()
-    held = [n for n in os.listdir(SHM_DIR) if pid is not None and n.startswith(f"sem.obj{pid}-")]
+    held = [] if pid is None else raylet_semaphores(pid)
     print(json.dumps({"raylet": pid, "semaphores": len(held)}), flush=True)
 
 

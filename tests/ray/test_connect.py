@@ -136,7 +136,7 @@ def test_an_existing_cluster_is_joined_not_refused(head_node):
     assert report["ok"] and report["actors"] >= 2  # two sessions placed side by side
 
 
-def test_forget_raylet_semaphores_takes_only_a_dead_raylets(tmp_path):
+def test_forget_raylet_semaphores_takes_only_a_dead_raylets():
     from actors.connect import SHM_DIR, forget_raylet_semaphores
 
     if not os.path.isdir(SHM_DIR):
@@ -164,12 +164,10 @@ def test_a_driver_on_the_embedded_default_leaves_no_semaphores():
     """Ray's compiled-graph channels are semaphores in /dev/shm that its raylet unlinks only
     on a clean exit, which ray.shutdown() does not give it: the driver that started that
     Ray removes them at its exit."""
-    from actors.connect import SHM_DIR
+    from actors.connect import SHM_DIR, discovered_cluster, raylet_semaphores
 
     if not os.path.isdir(SHM_DIR):
         pytest.skip("no /dev/shm")
-    from actors.connect import discovered_cluster
-
     if discovered_cluster() is not None:
         pytest.skip("a `ray start` cluster runs here: the driver would join it")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -180,5 +178,4 @@ def test_a_driver_on_the_embedded_default_leaves_no_semaphores():
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     pid = report["raylet"]
     assert pid is not None and report["semaphores"] > 0  # the channels had them
-    left = [n for n in os.listdir(SHM_DIR) if n.startswith((f"sem.obj{pid}-", f"sem.hdr{pid}-"))]
-    assert left == []
+    assert raylet_semaphores(pid) == []

@@ -37,10 +37,10 @@ log = logging.getLogger(__name__)
 #: set to "0" (or "false", "off", "no") to run the numpy paths only
 ENV = "HETERO_EXEC_NATIVE"
 
-#: the compiled epilogues' activation codes (native/epilogue.py): kernels/fused.py's
-#: activations that need no exp. Compiled code calls libm's scalar exp and tanh (4-30 ns
-#: a value here), where numpy has SIMD loops (0.5 ns): SiLU, Sigmoid, Tanh and tanh GELU
-#: stay with numpy, after a compiled bias pass.
+#: the compiled epilogues' activation codes (native/epilogue.py), one per activation of
+#: kernels/fused.py. None calls libm's scalar exp or tanh (4-30 ns a value here, where
+#: numpy has SIMD loops at 0.5 ns): in float32, erf GELU runs on a rational erf, and tanh
+#: GELU, SiLU, Sigmoid and Tanh on a rational tanh.
 ACT_CODES = {"": 0, "Relu": 1, "Clip": 2, "HardSigmoid": 3, "HardSwish": 4, "Gelu": 8,
              "GeluTanh": 9, "SiLU": 10, "Sigmoid": 11, "Tanh": 12}
 #: (min, max) / (alpha, beta) when an activation comes without its parameters

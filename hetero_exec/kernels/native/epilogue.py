@@ -132,22 +132,8 @@ def _gelu_erf_f64(x):
     return 0.5 * x * (1.0 + math.erf(x * 0.7071067811865476))
 
 
-def _gelu_erf(x):
-    """GELU (erf) of a scalar: the float32 rational in float32, libm's erf in float64."""
-    raise NotImplementedError  # only called compiled, through the overload below
-
-
-@overload(_gelu_erf)
-def _gelu_erf_typed(x):
-    return _gelu_erf_f32_call if x == numba.types.float32 else _gelu_erf_f64_call
-
-
-def _gelu_erf_f32_call(x):
-    return _gelu_erf_f32(x)
-
-
-def _gelu_erf_f64_call(x):
-    return _gelu_erf_f64(x)
+# GELU (erf): the float32 rational in float32, libm's erf in float64
+_gelu_erf = _by_dtype(_gelu_erf_f32, _gelu_erf_f64)
 
 
 def _zero(a):
