@@ -59,6 +59,7 @@ from hetero_exec.kernels._nn_common import (
 )
 from hetero_exec.kernels._threads import matmul
 from hetero_exec.kernels.fused import FUSED_DOMAIN, epilogue_activation
+from hetero_exec.kernels.native import packed_gemm
 from hetero_exec.kernels.registry import KnownInput, kernel
 
 #: output plane size (columns per image) below which images share one wide GEMM
@@ -446,6 +447,78 @@ def _shift(xp, X, W, B, pb, pe, out_sp, path: ConvPath | None, key_w, key_b):
     return out
 
 
+def _store_activation(activation) -> tuple[int, float, float] | None:
+    """``activation`` as packed_gemm's store applies it (none, Relu, Clip), or None."""
+    if activation == "":
+        return packed_gemm.ACT_NONE, 0.0, 0.0
+    if activation == "Relu":
+        return packed_gemm.ACT_RELU, 0.0, 0.0
+    if getattr(activation, "activation", None) == "Clip":
+        lo, hi = activation.params or (float("-inf"), float("inf"))
+        return packed_gemm.ACT_CLIP, float(lo), float(hi)
+    return None
+
+
+def _pointwise_packed(X, W, B, Z, activation, act, strides, group, out_sp, path: ConvPath,
+                      key_w):
+    """The ungrouped, unstrided float32 1x1 conv on its weight packed once (kept by the
+    node's path), bias, residual and Relu/Clip added as the tiles are stored; None when
+    this call does not suit it."""
+    if (group != 1 or any(s != 1 for s in strides) or X.dtype != np.float32
+            or W.dtype != np.float32 or not packed_gemm.available()):
+        return None
+    N, C = X.shape[:2]
+    M = W.shape[0]
+    if not packed_gemm.worth_left(N, M, C, math.prod(out_sp)):
+        return None
+    packed = path.band(np, key_w, None, ("packed_left", M, C),
+                       lambda: packed_gemm.PackedLeft(W.reshape(M, C)))
+    store = _store_activation(activation)
+    code, lo, hi = store if store is not None else (packed_gemm.ACT_NONE, 0.0, 0.0)
+    Y = packed.matmul(X.reshape(N, C, -1), bias=B, z=Z, act=code, lo=lo, hi=hi)
+    Y = Y.reshape((N, M) + tuple(out_sp))
+    if store is None:  # an activation the store lacks: its own pass
+        if act is not None:
+            _native_epilogue(np, Y, None, None, act)
+        else:
+            _epilogue(np, Y, None, activation)
+    return Y
+
+
+def _conv_packed(X, W, B, Z, activation, act, strides, dilations, pb, pe, group, out_sp,
+                 path: ConvPath, key_w):
+    """An ungrouped float32 2-D conv on its weight packed once, each tap read in place from
+    the padded input (packed_gemm.PackedLeft.conv: no im2col, no per-tap GEMM), bias,
+    residual and Relu/Clip added as the tiles are stored; None when this call does not
+    suit it."""
+    if (X.ndim not in (3, 4) or group != 1 or X.dtype != np.float32 or W.dtype != np.float32
+            or not packed_gemm.available()):
+        return None
+    if X.ndim == 3:  # 1-D (an audio front end): a 2-D conv of one row
+        Y = _conv_packed(X[:, :, None], W[:, :, None], B, None if Z is None else Z[:, :, None],
+                         activation, act, (1, strides[0]), (1, dilations[0]), (0, pb[0]),
+                         (0, pe[0]), group, (1, out_sp[0]), path, key_w)
+        return None if Y is None else Y[:, :, 0]
+    N, C, H, Wd = X.shape
+    M, _, KH, KW = W.shape
+    padded = (C, H + pb[0] + pe[0], Wd + pb[1] + pe[1])
+    if not packed_gemm.conv_fits(N, M, C * KH * KW, padded, tuple(out_sp), tuple(strides)):
+        return None
+    packed = path.band(np, key_w, None, ("packed_left", W.shape),
+                       lambda: packed_gemm.PackedLeft(W.reshape(M, C * KH * KW)))
+    store = _store_activation(activation)
+    code, lo, hi = store if store is not None else (packed_gemm.ACT_NONE, 0.0, 0.0)
+    Xp = pad_spatial_scratch(np, X, pb, pe)
+    Y = packed.conv(Xp, (KH, KW), tuple(dilations), tuple(strides), tuple(out_sp), bias=B, z=Z,
+                    act=code, lo=lo, hi=hi)
+    if store is None:  # an activation the store lacks: its own pass
+        if act is not None:
+            _native_epilogue(np, Y, None, None, act)
+        else:
+            _epilogue(np, Y, None, activation)
+    return Y
+
+
 # --------------------------------------------------------------------------- core
 
 
@@ -496,6 +569,16 @@ def _conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp, Z=None, a
         kind = "depthwise"  # a dtype it is not compiled for
     if kind in ("im2col", "shift"):  # the shift form where the geometry suits it
         kind = "shift" if _shift_fits(xp, X, W, strides, dilations, group, out_sp) else "im2col"
+    if kind == "pointwise" and compiled:
+        Y = _pointwise_packed(X, W, B, Z, activation, act, strides, group, out_sp, path,
+                              W if key_w is None else key_w)
+        if Y is not None:
+            return Y
+    if kind in ("im2col", "shift") and compiled:
+        Y = _conv_packed(X, W, B, Z, activation, act, strides, dilations, pb, pe, group, out_sp,
+                         path, W if key_w is None else key_w)
+        if Y is not None:
+            return Y
     if kind in ("pointwise", "im2col", "shift") and compiled and (B is not None or Z is not None):
         # the bias, residual (and activation, when compiled) in one pass after the products
         if kind == "pointwise":

@@ -14,6 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from hetero_exec.kernels import native
+from hetero_exec.kernels._packed import fused_matmul_hook
 from hetero_exec.kernels._threads import PARALLEL_FLOPS, matmul
 from hetero_exec.kernels.elementwise import Gelu
 from hetero_exec.kernels.linalg import _float_operands
@@ -122,7 +123,18 @@ def _native_last_axis(Y, bias, act) -> None:
                  cost=8.0 * Y.size, least=4)
 
 
-@kernel("FusedMatMul", since=1, domain=FUSED_DOMAIN)
+def _activate_after(xp, Y, activation: str, params) -> None:
+    """``activation`` in place on a product whose bias is added already."""
+    act = _native_code(xp, Y, activation, params)
+    if act is not None and Y.flags.c_contiguous:
+        _native_last_axis(Y, None, act)
+    else:
+        activate(xp, Y, activation, params, "FusedMatMul")
+
+
+@kernel("FusedMatMul", since=1, domain=FUSED_DOMAIN,
+        specialize=fused_matmul_hook(lambda *args, **attrs: FusedMatMul(*args, **attrs),
+                                     _activate_after))
 def FusedMatMul(xp, A, B, bias=None, activation="", activation_params=None):
     """``activation(MatMul(A, B) + bias)``, bias (N,) along the last axis; from MatMul+Add
     and from Gemm (alpha = beta = 1, transA = 0; transB folded into B by the pass)."""

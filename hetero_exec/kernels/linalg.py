@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from hetero_exec.kernels._nn_common import acc_dtype, is_numpy
+from hetero_exec.kernels._packed import gemm_hook, matmul_hook
 from hetero_exec.kernels._threads import matmul
 from hetero_exec.kernels.registry import kernel
 
@@ -21,7 +22,8 @@ def _float_operands(xp, *arrays):
     return tuple(a.astype(cdt, copy=False) for a in arrays), dt
 
 
-@kernel("Gemm", since=(1, 6, 7, 9, 11, 13))
+@kernel("Gemm", since=(1, 6, 7, 9, 11, 13),
+        specialize=gemm_hook(lambda *args, **attrs: Gemm(*args, **attrs)))
 def Gemm(xp, A, B, C=None, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0):
     dt = A.dtype
     (Ac, Bc), back = _float_operands(xp, A, B)
@@ -43,7 +45,8 @@ def Gemm(xp, A, B, C=None, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0)
     return (Y.astype(dt, copy=False),)
 
 
-@kernel("MatMul", since=(1, 9, 13))
+@kernel("MatMul", since=(1, 9, 13),
+        specialize=matmul_hook(lambda *args: MatMul(*args)))
 def MatMul(xp, A, B):
     (Ac, Bc), back = _float_operands(xp, A, B)
     Y = xp.asarray(matmul(xp, Ac, Bc))  # 1-D @ 1-D gives a scalar

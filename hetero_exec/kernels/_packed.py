@@ -1,0 +1,144 @@
+"""MatMul, Gemm and FusedMatMul on a constant weight packed once (native/packed_gemm.py).
+
+Each op's ``specialize`` hook sees its weight at compile time. When that weight is a
+2-D float32 constant and the packed products are available, the node gets a function
+that packs it on first use (`PackedWeight`) and runs its products on the packed copy,
+with the bias and Relu/Clip added as the tiles are stored. Anything else (another dtype,
+an operand the run feeds in place of the constant, fewer than `packed_gemm.MIN_ROWS`
+rows, a Gemm with alpha/beta/transA) runs the op's own kernel, which stays the
+definition.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from hetero_exec.kernels.native import packed_gemm
+from hetero_exec.kernels.registry import KnownInput
+
+#: FusedMatMul activations the store applies; the others run after it
+_STORE_ACTS = {"": packed_gemm.ACT_NONE, "Relu": packed_gemm.ACT_RELU,
+               "Clip": packed_gemm.ACT_CLIP}
+
+
+class PackedWeight:
+    """One node's constant, packed on first use. It serves only the very array it was
+    compiled against (the plan's constant), so a weight the run feeds instead (an
+    overridable initializer) takes the unpacked path."""
+
+    __slots__ = ("value", "transpose", "_packed", "_lock")
+
+    def __init__(self, value: np.ndarray, transpose: bool = False):
+        self.value = value
+        self.transpose = transpose
+        self._packed: Any = None
+        self._lock = threading.Lock()
+
+    def right(self, B: Any) -> packed_gemm.PackedRight | None:
+        if B is not self.value:
+            return None
+        packed = self._packed
+        if packed is None:
+            with self._lock:  # concurrent first runs pack once
+                if self._packed is None:
+                    self._packed = packed_gemm.PackedRight(B.T if self.transpose else B)
+                packed = self._packed
+        return packed
+
+
+def constant_weight(xp, inputs: Sequence[KnownInput], index: int = 1) -> np.ndarray | None:
+    """The input at ``index`` when it is a 2-D float32 host constant and the packed
+    products are available, else None."""
+    if xp is not np or len(inputs) <= index:
+        return None
+    w = inputs[index].value
+    if not isinstance(w, np.ndarray) or w.ndim != 2 or w.dtype != np.float32 or 0 in w.shape:
+        return None
+    return w if packed_gemm.available() else None
+
+
+def _rows(A: Any, K: int) -> int:
+    return A.size // K if A.ndim >= 2 and A.shape[-1] == K else 0
+
+
+def packed_product(pw: PackedWeight, A: Any, B: Any, bias: Any = None, act: int = 0,
+                   lo: float = 0.0, hi: float = 0.0) -> np.ndarray | None:
+    """act(A @ B + bias) on the packed weight, or None when this call cannot take it."""
+    if not isinstance(A, np.ndarray) or A.dtype != np.float32:
+        return None
+    packed = pw.right(B)
+    if packed is None or not packed_gemm.worth(_rows(A, packed.K), packed.K, packed.N):
+        return None
+    if bias is not None and (bias.dtype != np.float32 or bias.size != packed.N
+                             or bias.shape[-1:] != (packed.N,)):
+        return None
+    return packed.matmul(A, bias=None if bias is None else bias.reshape(packed.N),
+                         act=act, lo=lo, hi=hi)
+
+
+def matmul_hook(generic: Callable) -> Callable:
+    def hook(xp, kwargs: dict, inputs: Sequence[KnownInput]):
+        w = constant_weight(xp, inputs)
+        if w is None:
+            return None
+        pw = PackedWeight(w)
+
+        def MatMul_packed(xp, A, B):
+            Y = packed_product(pw, A, B)
+            return generic(xp, A, B) if Y is None else (Y,)
+
+        return MatMul_packed
+
+    return hook
+
+
+def gemm_hook(generic: Callable) -> Callable:
+    def hook(xp, kwargs: dict, inputs: Sequence[KnownInput]):
+        w = constant_weight(xp, inputs)
+        if w is None or kwargs.get("transA", 0) or kwargs.get("alpha", 1.0) != 1.0:
+            return None
+        pw = PackedWeight(w, transpose=bool(kwargs.get("transB", 0)))
+        beta = kwargs.get("beta", 1.0)
+
+        def Gemm_packed(xp, A, B, C=None, **attrs):
+            bias = C
+            if C is not None and (beta != 1.0 or C.ndim > 2 or (C.ndim == 2 and C.shape[0] != 1)):
+                Y = None  # a scaled or 2-D C: the generic kernel adds it
+            else:
+                Y = packed_product(pw, A, B, bias)
+            return generic(xp, A, B, C, **attrs) if Y is None else (Y,)
+
+        return Gemm_packed
+
+    return hook
+
+
+def fused_matmul_hook(generic: Callable, after: Callable) -> Callable:
+    """``after(xp, Y, activation, params)`` applies an activation the store does not."""
+
+    def hook(xp, kwargs: dict, inputs: Sequence[KnownInput]):
+        w = constant_weight(xp, inputs)
+        if w is None:
+            return None
+        pw = PackedWeight(w)
+        activation = kwargs.get("activation", "")
+        params = kwargs.get("activation_params")
+        act = _STORE_ACTS.get(activation)
+        lo, hi = (float(p) for p in params) if act == packed_gemm.ACT_CLIP and params else (
+            float("-inf"), float("inf"))
+
+        def FusedMatMul_packed(xp, A, B, bias=None, **attrs):
+            if act is not None:
+                Y = packed_product(pw, A, B, bias, act, lo, hi)
+            else:
+                Y = packed_product(pw, A, B, bias)
+                if Y is not None:
+                    after(xp, Y, activation, params)
+            return generic(xp, A, B, bias, **attrs) if Y is None else (Y,)
+
+        return FusedMatMul_packed
+
+    return hook

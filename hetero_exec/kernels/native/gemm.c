@@ -1,0 +1,354 @@
+/* float32 GEMM on weights packed once (AVX-512F), for the cpu provider's products with a
+ * constant operand: MatMul / Gemm / FusedMatMul (weights on the right) and Conv's
+ * pointwise and im2col paths (weights on the left). Built on first use by
+ * native/packed_gemm.py; numpy's BLAS stays the path everywhere else.
+ *
+ * Why: a BLAS packs both operands on every call. For a product of a few rows by a large
+ * weight (an MLP at batch 8, a transformer at batch 1) that packing is most of the call
+ * (OpenBLAS: 0.30 ms of a [8, 1024] x [1024, 1024] product at 2 threads, onnxruntime,
+ * which packs its weights once, 0.11-0.17 ms). Packing the weights once, and adding bias,
+ * residual and Relu/Clip as the tile is stored, saves that and the epilogue's pass.
+ *
+ * The micro-tile is MR rows x 32 columns (two zmm registers a row), accumulated over a
+ * block of K, as in BLIS/GotoBLAS: one operand is broadcast a value at a time, the other
+ * loaded 32 floats at a time.
+ *   right (Y = A @ B): B packed in panels of 32 columns (K x 32 floats each); A's rows
+ *     are broadcast from where they lie (lda).
+ *   left (Y = W @ X): W packed in blocks of 12 rows (K x 12 floats each); X (K x L per
+ *     image, NCHW) copied a 32-column panel at a time into a scratch buffer, which also
+ *     zero-fills the ragged last panel.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define NR 32
+#define MR_LEFT 12 /* 24 accumulators + 2 loads + 1 broadcast of the 32 zmm registers */
+#define MR_RIGHT 8
+#define KC 256     /* a 32-column panel of KC rows is 32 KB: it stays in L1/L2 */
+#define MC 96      /* rows of A per block (right): 96 KB at KC */
+#define KC_CONV 1024 /* a conv tile's block of taps (its inputs come from L1/L2 either way;
+                      fewer blocks store and reload the output tile less often) */
+
+enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2 };
+
+typedef struct {
+    const float *rbias; /* one value per row of the tile, or NULL */
+    const float *cbias; /* one value per column, or NULL */
+    const float *z;     /* a residual of the output's layout, or NULL */
+    long ldz;
+    int act;            /* ACT_*; applied only when last */
+    float lo, hi;
+    int accumulate;     /* add to what the output holds (a later K block) */
+    int last;           /* the last K block: bias, residual and activation */
+} store_t;
+
+static inline __attribute__((always_inline)) void
+tile(const int mr, int K, const float *a, long ars, long aks, const float *b, long bks,
+     float *c, long ldc, __mmask16 m0, __mmask16 m1, const store_t *s)
+{
+    __m512 acc0[MR_LEFT], acc1[MR_LEFT];
+#pragma GCC unroll 12
+    for (int r = 0; r < mr; r++) {
+        acc0[r] = _mm512_setzero_ps();
+        acc1[r] = _mm512_setzero_ps();
+    }
+    for (int k = 0; k < K; k++) {
+        __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+#pragma GCC unroll 12
+        for (int r = 0; r < mr; r++) {
+            __m512 av = _mm512_set1_ps(a[r * ars]);
+            acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
+            acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
+        }
+        a += aks;
+        b += bks;
+    }
+    __m512 cb0 = _mm512_setzero_ps(), cb1 = _mm512_setzero_ps();
+    if (s->last && s->cbias) {
+        cb0 = _mm512_maskz_loadu_ps(m0, s->cbias);
+        cb1 = _mm512_maskz_loadu_ps(m1, s->cbias + 16);
+    }
+    const __m512 zero = _mm512_setzero_ps(), lo = _mm512_set1_ps(s->lo), hi = _mm512_set1_ps(s->hi);
+#pragma GCC unroll 12
+    for (int r = 0; r < mr; r++) {
+        float *cr = c + r * ldc;
+        __m512 v0 = acc0[r], v1 = acc1[r];
+        if (s->accumulate) {
+            v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, cr));
+            v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, cr + 16));
+        }
+        if (s->last) {
+            if (s->rbias) {
+                __m512 rb = _mm512_set1_ps(s->rbias[r]);
+                v0 = _mm512_add_ps(v0, rb);
+                v1 = _mm512_add_ps(v1, rb);
+            }
+            v0 = _mm512_add_ps(v0, cb0);
+            v1 = _mm512_add_ps(v1, cb1);
+            if (s->z) {
+                const float *zr = s->z + r * s->ldz;
+                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, zr));
+                v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, zr + 16));
+            }
+            /* max/min return their second operand when either is NaN: NaN stays NaN */
+            if (s->act == ACT_RELU) {
+                v0 = _mm512_max_ps(zero, v0);
+                v1 = _mm512_max_ps(zero, v1);
+            } else if (s->act == ACT_CLIP) {
+                v0 = _mm512_min_ps(hi, _mm512_max_ps(lo, v0));
+                v1 = _mm512_min_ps(hi, _mm512_max_ps(lo, v1));
+            }
+        }
+        _mm512_mask_storeu_ps(cr, m0, v0);
+        _mm512_mask_storeu_ps(cr + 16, m1, v1);
+    }
+}
+
+/* the tile for 1..12 rows, each with its row loops unrolled at compile time */
+static void tile_rows(int mr, int K, const float *a, long ars, long aks, const float *b,
+                      long bks, float *c, long ldc, __mmask16 m0, __mmask16 m1,
+                      const store_t *s)
+{
+#define T(n) case n: tile(n, K, a, ars, aks, b, bks, c, ldc, m0, m1, s); break;
+    switch (mr) {
+        T(1) T(2) T(3) T(4) T(5) T(6) T(7) T(8) T(9) T(10) T(11)
+        default: tile(12, K, a, ars, aks, b, bks, c, ldc, m0, m1, s); break;
+    }
+#undef T
+}
+
+static inline void col_masks(int nr, __mmask16 *m0, __mmask16 *m1)
+{
+    *m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
+    *m1 = nr >= 32 ? (__mmask16)0xFFFF : nr <= 16 ? (__mmask16)0 : (__mmask16)((1u << (nr - 16)) - 1);
+}
+
+static inline store_t store_for(int k0, int kc, int K, int accumulate, int act, float lo, float hi)
+{
+    store_t s = {0};
+    s.act = act;
+    s.lo = lo;
+    s.hi = hi;
+    s.accumulate = accumulate || k0 > 0;
+    s.last = k0 + kc == K;
+    return s;
+}
+
+/* ------------------------------------------------------------------ weights on the right */
+
+long he_pack_right_size(int K, int N) { return (long)((N + NR - 1) / NR) * NR * K; }
+
+/* B (K x N) read at B[k * rs + n * cs] (a transposed B is cs = K, rs = 1) */
+void he_pack_right(int K, int N, const float *B, long rs, long cs, float *out)
+{
+    for (int j0 = 0; j0 < N; j0 += NR)
+        for (int k = 0; k < K; k++)
+            for (int c = 0; c < NR; c++)
+                *out++ = j0 + c < N ? B[(long)k * rs + (long)(j0 + c) * cs] : 0.0f;
+}
+
+/* Y[m0:m1, panels p0:p1] = act(A @ B + bias + Z); A (M x K) row-major (lda), Bp packed,
+ * bias (N,) or NULL, Z of Y's layout (ldz) or NULL */
+void he_gemm_right(int N, int K, const float *A, long lda, const float *Bp, float *Y, long ldy,
+                   int m0, int m1, int p0, int p1, const float *bias, const float *z, long ldz,
+                   int act, float lo, float hi)
+{
+    for (int k0 = 0; k0 < K; k0 += KC) {
+        int kc = K - k0 < KC ? K - k0 : KC;
+        store_t s = store_for(k0, kc, K, 0, act, lo, hi);
+        for (int i0 = m0; i0 < m1; i0 += MC) {
+            int i1 = i0 + MC < m1 ? i0 + MC : m1;
+            for (int p = p0; p < p1; p++) {
+                int j = p * NR, nr = N - j < NR ? N - j : NR;
+                __mmask16 mk0, mk1;
+                col_masks(nr, &mk0, &mk1);
+                const float *bp = Bp + (long)p * NR * K + (long)k0 * NR;
+                for (int i = i0; i < i1; i += MR_RIGHT) {
+                    int mr = i1 - i < MR_RIGHT ? i1 - i : MR_RIGHT;
+                    s.cbias = bias ? bias + j : 0;
+                    s.z = z ? z + (long)i * ldz + j : 0;
+                    s.ldz = ldz;
+                    tile_rows(mr, kc, A + (long)i * lda + k0, lda, 1, bp, NR,
+                              Y + (long)i * ldy + j, ldy, mk0, mk1, &s);
+                }
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------- weights on the left */
+
+long he_pack_left_size(int M, int K) { return (long)((M + MR_LEFT - 1) / MR_LEFT) * MR_LEFT * K; }
+
+/* W (M x K) read at W[m * rs + k * cs] */
+void he_pack_left(int M, int K, const float *W, long rs, long cs, float *out)
+{
+    for (int i0 = 0; i0 < M; i0 += MR_LEFT)
+        for (int k = 0; k < K; k++)
+            for (int r = 0; r < MR_LEFT; r++)
+                *out++ = i0 + r < M ? W[(long)(i0 + r) * rs + (long)k * cs] : 0.0f;
+}
+
+/* Per image n: Y_n (M x L) = act(W @ X_n + bias + Z_n), X_n (K x L) at X + n * xs with rows
+ * ldx apart, Y_n and Z_n at n * ys with rows L apart (NCHW). Work items t in [t0, t1) are
+ * (image, 32-column panel) pairs: t = n * panels + panel. Returns 0, or -1 when the
+ * panel's scratch could not be allocated. */
+int he_gemm_left(int M, int K, int L, const float *Wp, const float *X, long ldx, long xs,
+                 float *Y, long ys, int t0, int t1, const float *bias, const float *z,
+                 int act, float lo, float hi)
+{
+    float *panel = (float *)aligned_alloc(64, (size_t)K * NR * sizeof(float) + 64);
+    if (!panel)
+        return -1;
+    int panels = (L + NR - 1) / NR;
+    for (int t = t0; t < t1; t++) {
+        int n = t / panels, j = (t % panels) * NR, nr = L - j < NR ? L - j : NR;
+        __mmask16 mk0, mk1;
+        col_masks(nr, &mk0, &mk1);
+        const float *xp = X + (long)n * xs + j;
+        for (int k = 0; k < K; k++) {
+            _mm512_store_ps(panel + k * NR, _mm512_maskz_loadu_ps(mk0, xp + (long)k * ldx));
+            _mm512_store_ps(panel + k * NR + 16, _mm512_maskz_loadu_ps(mk1, xp + (long)k * ldx + 16));
+        }
+        float *yp = Y + (long)n * ys + j;
+        for (int k0 = 0; k0 < K; k0 += KC) {
+            int kc = K - k0 < KC ? K - k0 : KC;
+            store_t s = store_for(k0, kc, K, 0, act, lo, hi);
+            for (int i0 = 0; i0 < M; i0 += MR_LEFT) {
+                int mr = M - i0 < MR_LEFT ? M - i0 : MR_LEFT;
+                s.rbias = bias ? bias + i0 : 0;
+                s.z = z ? z + (long)n * ys + (long)i0 * L + j : 0;
+                s.ldz = L;
+                tile_rows(mr, kc, Wp + (long)i0 * K + (long)k0 * MR_LEFT, 1, MR_LEFT,
+                          panel + (long)k0 * NR, NR, yp + (long)i0 * L, L, mk0, mk1, &s);
+            }
+        }
+    }
+    free(panel);
+    return 0;
+}
+
+/* ----------------------------------------------- convolution by indirection (no im2col) */
+
+/* One row of a conv tile stored: act(v + bias + z) under the column mask. */
+static inline __attribute__((always_inline)) __m512
+finish(__m512 v, float *c, const float *z, __mmask16 m, float rbias, const store_t *s)
+{
+    if (s->accumulate)
+        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, c));
+    if (s->last) {
+        v = _mm512_add_ps(v, _mm512_set1_ps(rbias));
+        if (z)
+            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, z));
+        if (s->act == ACT_RELU)
+            v = _mm512_max_ps(_mm512_setzero_ps(), v);
+        else if (s->act == ACT_CLIP)
+            v = _mm512_min_ps(_mm512_set1_ps(s->hi), _mm512_max_ps(_mm512_set1_ps(s->lo), v));
+    }
+    _mm512_mask_storeu_ps(c, m, v);
+    return v;
+}
+
+/* acc[r][h] += sum_k a(r, k) * in_h[off[k] + 0..15]: two runs of at most 16 output
+ * pixels (each within one output row), whose inputs for tap k lie at in_h + off[k] */
+static inline __attribute__((always_inline)) void
+ctile(const int mr, int K, const float *a, const int *off, const float *in0, const float *in1,
+      __mmask16 m0, __mmask16 m1, float *c0, float *c1, const float *z0, const float *z1,
+      long ldc, const float *rbias, const store_t *s)
+{
+    __m512 acc0[MR_LEFT], acc1[MR_LEFT];
+#pragma GCC unroll 12
+    for (int r = 0; r < mr; r++) {
+        acc0[r] = _mm512_setzero_ps();
+        acc1[r] = _mm512_setzero_ps();
+    }
+    for (int k = 0; k < K; k++) {
+        __m512 b0 = _mm512_maskz_loadu_ps(m0, in0 + off[k]);
+        __m512 b1 = _mm512_maskz_loadu_ps(m1, in1 + off[k]);
+#pragma GCC unroll 12
+        for (int r = 0; r < mr; r++) {
+            __m512 av = _mm512_set1_ps(a[r]);
+            acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
+            acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
+        }
+        a += MR_LEFT;
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < mr; r++) {
+        float rb = s->last && rbias ? rbias[r] : 0.0f;
+        finish(acc0[r], c0 + r * ldc, z0 ? z0 + r * ldc : 0, m0, rb, s);
+        if (m1)
+            finish(acc1[r], c1 + r * ldc, z1 ? z1 + r * ldc : 0, m1, rb, s);
+    }
+}
+
+static void ctile_rows(int mr, int K, const float *a, const int *off, const float *in0,
+                       const float *in1, __mmask16 m0, __mmask16 m1, float *c0, float *c1,
+                       const float *z0, const float *z1, long ldc, const float *rbias,
+                       const store_t *s)
+{
+#define T(n) case n: ctile(n, K, a, off, in0, in1, m0, m1, c0, c1, z0, z1, ldc, rbias, s); break;
+    switch (mr) {
+        T(1) T(2) T(3) T(4) T(5) T(6) T(7) T(8) T(9) T(10) T(11)
+        default: ctile(12, K, a, off, in0, in1, m0, m1, c0, c1, z0, z1, ldc, rbias, s); break;
+    }
+#undef T
+}
+
+/* Y_n (M x OH*OW) = act(conv(X_n, W) + bias + Z_n) for a 2-D conv on an input padded
+ * already and laid out so that a run of output pixels reads a run of input for every
+ * tap (column stride 1, or rows split into their column phases by the caller): X_n at
+ * X + n * xs, input rows `pitch` apart, W packed by he_pack_left as (M, C*KH*KW), off[k]
+ * the input offset of tap k from an output pixel's origin, sh the row stride. Output
+ * rows are cut into runs of 16 pixels, two runs a tile; work items t in [t0, t1) are
+ * (image, tile) pairs. */
+void he_conv_left(int M, int K, const float *Wp, const int *off, const float *X, long xs,
+                  int pitch, int sh, int OH, int OW, float *Y, int t0, int t1,
+                  const float *bias, const float *z, int act, float lo, float hi)
+{
+    int runs_row = (OW + 15) / 16, runs = OH * runs_row, tiles = (runs + 1) / 2;
+    long L = (long)OH * OW;
+    /* rows of W per group: the group's packed weights (about 1 MB) stay in L2 while every
+     * tile of this call passes them; a deep layer's whole weight would not (512 x 4608
+     * floats is 9.4 MB, streamed again for every tile) */
+    int mg = (int)((1L << 20) / ((long)K * sizeof(float)) / MR_LEFT * MR_LEFT);
+    if (mg < MR_LEFT)
+        mg = MR_LEFT;
+    for (int g0 = 0; g0 < M; g0 += mg) {
+        int g1 = g0 + mg < M ? g0 + mg : M;
+        for (int t = t0; t < t1; t++) {
+            int n = t / tiles, u = t % tiles;
+            const float *in[2] = {0, 0};
+            float *c[2] = {0, 0};
+            const float *zz[2] = {0, 0};
+            __mmask16 m[2] = {0, 0};
+            for (int h = 0; h < 2; h++) {
+                int run = 2 * u + h;
+                if (run >= runs) {  /* an odd last run: the second half stays masked off */
+                    in[h] = in[0];
+                    c[h] = c[0];
+                    continue;
+                }
+                int oh = run / runs_row, ow0 = (run % runs_row) * 16;
+                int len = OW - ow0 < 16 ? OW - ow0 : 16;
+                m[h] = (__mmask16)((1u << len) - 1);
+                in[h] = X + (long)n * xs + (long)oh * sh * pitch + ow0;
+                long o = (long)n * M * L + (long)oh * OW + ow0;
+                c[h] = Y + o;
+                zz[h] = z ? z + o : 0;
+            }
+            for (int k0 = 0; k0 < K; k0 += KC_CONV) {
+                int kc = K - k0 < KC_CONV ? K - k0 : KC_CONV;
+                store_t s = store_for(k0, kc, K, 0, act, lo, hi);
+                for (int i0 = g0; i0 < g1; i0 += MR_LEFT) {
+                    int mr = g1 - i0 < MR_LEFT ? g1 - i0 : MR_LEFT;
+                    long ro = (long)i0 * L;
+                    ctile_rows(mr, kc, Wp + (long)i0 * K + (long)k0 * MR_LEFT, off + k0, in[0],
+                               in[1], m[0], m[1], c[0] + ro, c[1] + ro, zz[0] ? zz[0] + ro : 0,
+                               zz[1] ? zz[1] + ro : 0, L, bias ? bias + i0 : 0, &s);
+                }
+            }
+        }
+    }
+}

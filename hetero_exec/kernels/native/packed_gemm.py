@@ -1,0 +1,393 @@
+"""float32 products on weights packed once (native/gemm.c, AVX-512F), built on first use.
+
+A BLAS call packs both of its operands every time. For a product with a constant weight
+and few rows (an MLP at batch 8, a transformer at batch 1) that is most of the call, and
+onnxruntime, which packs its weights once, runs those products 2-3x faster than numpy's
+OpenBLAS. `PackedRight` (``A @ B``, B constant: MatMul, Gemm, FusedMatMul) and
+`PackedLeft` (``W @ X`` per image, W constant: Conv's pointwise and im2col paths) hold
+their weight packed in the micro-kernel's order and add bias, residual and Relu/Clip as
+each tile is stored, which also saves the epilogue's pass over the output.
+
+The C source is compiled by the system's C compiler (``$CC``, else ``cc``) on first use,
+into ``__pycache__`` beside it (or the user's cache directory), keyed by the hash of the
+source and the compiler, and checked against numpy once per process. Where the CPU
+lacks AVX-512F, no compiler is found, the build or the check fails, or
+``HETERO_EXEC_PACKED_GEMM=0`` (or the compiled kernels are off, ``HETERO_EXEC_NATIVE=0``),
+`unavailable_reason` says why and the callers keep numpy's BLAS. ctypes releases the
+GIL for each call, so our threads split a product as they split the numba kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+#: "0" (or "false", "off", "no"): numpy's BLAS for every product
+ENV = "HETERO_EXEC_PACKED_GEMM"
+SOURCE = Path(__file__).with_name("gemm.c")
+CFLAGS = ("-O3", "-mavx512f", "-mfma", "-fPIC", "-shared", "-fno-strict-aliasing")
+
+#: the micro-kernel's tile (gemm.c): 32 columns; rows per tile on each side
+NR = 32
+MR_RIGHT = 8
+MR_LEFT = 12
+#: activation codes of gemm.c's store (the others run after it, as before)
+ACT_NONE, ACT_RELU, ACT_CLIP = 0, 1, 2
+#: the rows a right-hand product takes the packed path for. Below: a GEMV-like product is
+#: memory-bound, and 1-3 rows leave the tile's FMA chains too short to hide their latency.
+#: Above: OpenBLAS's packing is a small part of the call, and its kernel runs as fast as
+#: ours a core (bench/README.md, "packed GEMM").
+MIN_ROWS, MAX_ROWS = 4, 32
+#: a product is split over our threads from this many FLOPs: handing a part to a helper
+#: costs ~0.1 ms on the 2-core host (OpenBLAS's own workers spin instead)
+SPLIT_FLOPS = 32e6
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int
+_L = ctypes.c_long
+_F = ctypes.c_float
+_SIGNATURES = {
+    "he_pack_right_size": (_L, [_I, _I]),
+    "he_pack_right": (None, [_I, _I, _P, _L, _L, _P]),
+    "he_gemm_right": (None, [_I, _I, _P, _L, _P, _P, _L, _I, _I, _I, _I, _P, _P, _L, _I, _F, _F]),
+    "he_pack_left_size": (_L, [_I, _I]),
+    "he_pack_left": (None, [_I, _I, _P, _L, _L, _P]),
+    "he_gemm_left": (_I, [_I, _I, _I, _P, _P, _L, _L, _P, _L, _I, _I, _P, _P, _I, _F, _F]),
+    "he_conv_left": (None, [_I, _I, _P, _P, _P, _L, _I, _I, _I, _I, _P, _I, _I, _P, _P, _I, _F,
+                            _F]),
+}
+#: output pixels of a conv tile's run (gemm.c: two runs of 16 within an output row a tile)
+RUN = 16
+
+
+def unavailable_reason() -> str | None:
+    """Why the packed products are not used, or None when they are (decided once per
+    process; `reset` decides again)."""
+    if "reason" not in _state:
+        with _lock:
+            if "reason" not in _state:
+                _state["reason"] = _load()
+                if _state["reason"]:
+                    log.info("packed float32 GEMM off: %s; numpy's BLAS for every product",
+                             _state["reason"])
+    return _state["reason"]
+
+
+def available() -> bool:
+    return unavailable_reason() is None
+
+
+def reset() -> None:
+    """Decide `available` again (after ``HETERO_EXEC_PACKED_GEMM`` changed)."""
+    with _lock:
+        _state.clear()
+
+
+def _off(value: str) -> bool:
+    return value.strip().lower() in ("0", "false", "off", "no")
+
+
+def _load() -> str | None:
+    for env in (ENV, "HETERO_EXEC_NATIVE"):
+        if _off(os.environ.get(env, "")):
+            return f"{env}={os.environ[env]!r}"
+    features = _cpu_features()
+    if not (features.get("AVX512F") and features.get("FMA3")):
+        return "the CPU lacks AVX-512F (numpy's CPU feature table)"
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        return f"no C compiler ({os.environ.get('CC', 'cc')!r} not on PATH)"
+    try:
+        lib = ctypes.CDLL(str(_built(cc)))
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"gemm.c did not build or load ({type(e).__name__}: {e})"
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    _state["lib"] = lib
+    return _self_check()
+
+
+def _cpu_features() -> dict[str, bool]:
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__
+    except ImportError:  # numpy 1.x
+        from numpy.core._multiarray_umath import __cpu_features__  # type: ignore[no-redef]
+    return dict(__cpu_features__)
+
+
+def _built(cc: str) -> Path:
+    """The shared library for this source and compiler, compiled unless cached."""
+    source = SOURCE.read_bytes()
+    version = subprocess.run([cc, "--version"], capture_output=True, timeout=30).stdout
+    key = hashlib.sha256(source + b"\0" + version + b"\0" + " ".join(CFLAGS).encode())
+    name = f"gemm-{key.hexdigest()[:16]}.so"
+    for folder in _cache_dirs():
+        lib = folder / name
+        if lib.exists():
+            return lib
+    errors = []
+    for folder in _cache_dirs():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+            os.close(fd)
+        except OSError as e:  # a read-only install: the next folder
+            errors.append(f"{folder}: {e}")
+            continue
+        try:
+            done = subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE)], capture_output=True,
+                                  timeout=120)
+            if done.returncode != 0:
+                raise OSError(f"{cc} exited {done.returncode}: "
+                              f"{done.stderr.decode(errors='replace')[-400:]}")
+            os.replace(tmp, folder / name)  # atomic: a concurrent build wins or loses whole
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        for old in folder.glob("gemm-*.so"):  # builds of earlier sources
+            if old.name != name:
+                old.unlink(missing_ok=True)
+        log.debug("packed float32 GEMM built: %s", folder / name)
+        return folder / name
+    raise OSError("no writable cache folder: " + "; ".join(errors))
+
+
+def _cache_dirs() -> list[Path]:
+    user = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hetero_exec"
+    return [SOURCE.parent / "__pycache__", user]
+
+
+def _self_check() -> str | None:
+    """A ragged product each way, with bias, residual and Clip, against numpy."""
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((13, 300), dtype=np.float32)
+    B = rng.standard_normal((300, 45), dtype=np.float32)
+    bias = rng.standard_normal(45, dtype=np.float32)
+    want = np.clip(A @ B + bias + A[:, :45], -1.0, 2.0)
+    got = PackedRight(B).matmul(A, bias=bias, z=np.ascontiguousarray(A[:, :45]),
+                                act=ACT_CLIP, lo=-1.0, hi=2.0)
+    if not np.allclose(got, want, rtol=1e-4, atol=1e-4):
+        return "gemm.c's right-hand product disagrees with numpy"
+    X = rng.standard_normal((2, 300, 45), dtype=np.float32)
+    want = np.maximum(A @ X + bias[:13, None], 0)
+    got = PackedLeft(A).matmul(X, bias=bias[:13], act=ACT_RELU)
+    if not np.allclose(got, want, rtol=1e-4, atol=1e-4):
+        return "gemm.c's left-hand product disagrees with numpy"
+    return None
+
+
+def _lib() -> Any:
+    lib = _state.get("lib")
+    if lib is None:
+        reason = unavailable_reason()
+        lib = _state.get("lib")
+        if reason or lib is None:
+            raise RuntimeError(f"packed float32 GEMM unavailable: {reason}")
+    return lib
+
+
+def _ptr(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.ctypes.data
+
+
+def _split(n: int, work, flops: float, least: int = 1) -> None:
+    from hetero_exec.kernels import _threads
+
+    _threads.parallel_for(np, n, work, flops, least, alone=True)
+
+
+def _contiguous_f32(a: np.ndarray | None) -> np.ndarray | None:
+    return None if a is None else np.ascontiguousarray(a, dtype=np.float32)
+
+
+class PackedRight:
+    """A constant B (K, N), packed for ``A (..., K) @ B``."""
+
+    __slots__ = ("K", "N", "panels", "data")
+
+    def __init__(self, B: np.ndarray):
+        if B.ndim != 2 or B.dtype != np.float32:
+            raise ValueError(f"PackedRight takes a 2-D float32 weight, got {B.dtype} {B.shape}")
+        self.K, self.N = (int(d) for d in B.shape)
+        self.panels = -(-self.N // NR)
+        lib = _lib()
+        self.data = np.empty(lib.he_pack_right_size(self.K, self.N), np.float32)
+        rs, cs = (s // B.itemsize for s in B.strides)
+        lib.he_pack_right(self.K, self.N, B.ctypes.data, rs, cs, self.data.ctypes.data)
+
+    def matmul(self, A: np.ndarray, out: np.ndarray | None = None, bias: np.ndarray | None = None,
+               z: np.ndarray | None = None, act: int = ACT_NONE, lo: float = 0.0,
+               hi: float = 0.0) -> np.ndarray:
+        """act(A @ B + bias + z): A (..., K) float32, bias (N,), z of the output's shape
+        (C-contiguous), ``out`` C-contiguous when given."""
+        K, N = self.K, self.N
+        A2 = np.ascontiguousarray(A).reshape(-1, K)
+        M = A2.shape[0]
+        Y = np.empty(A.shape[:-1] + (N,), np.float32) if out is None else out
+        Y2 = Y.reshape(M, N)
+        bias = _contiguous_f32(bias)
+        z2 = None if z is None else np.ascontiguousarray(z, np.float32).reshape(M, N)
+        lib = _lib()
+        args = (N, K, A2.ctypes.data, K, self.data.ctypes.data, Y2.ctypes.data, N)
+        tail = (_ptr(bias), _ptr(z2), N, act, lo, hi)
+        flops = 2.0 * M * K * N
+        if flops < SPLIT_FLOPS:
+            lib.he_gemm_right(*args, 0, M, 0, self.panels, *tail)
+        elif M >= 8 * MR_RIGHT:  # by row tiles: each part streams its rows past every panel
+            tiles = -(-M // MR_RIGHT)
+            _split(tiles, lambda t0, t1: lib.he_gemm_right(
+                *args, t0 * MR_RIGHT, min(M, t1 * MR_RIGHT), 0, self.panels, *tail), flops)
+        else:  # few rows: by panels, each part reading its share of the weight
+            _split(self.panels, lambda p0, p1: lib.he_gemm_right(*args, 0, M, p0, p1, *tail),
+                   flops)
+        return Y
+
+
+class PackedLeft:
+    """A constant W (M, K), packed for ``W @ X_n`` over images X (n, K, L), or as a 2-D
+    convolution's weight (M, C*KH*KW) for `conv`."""
+
+    __slots__ = ("M", "K", "data", "_offsets")
+
+    def __init__(self, W: np.ndarray):
+        if W.ndim != 2 or W.dtype != np.float32:
+            raise ValueError(f"PackedLeft takes a 2-D float32 weight, got {W.dtype} {W.shape}")
+        self.M, self.K = (int(d) for d in W.shape)
+        lib = _lib()
+        self.data = np.empty(lib.he_pack_left_size(self.M, self.K), np.float32)
+        rs, cs = (s // W.itemsize for s in W.strides)
+        lib.he_pack_left(self.M, self.K, W.ctypes.data, rs, cs, self.data.ctypes.data)
+        self._offsets: dict[tuple, np.ndarray] = {}
+
+    def matmul(self, X: np.ndarray, out: np.ndarray | None = None, bias: np.ndarray | None = None,
+               z: np.ndarray | None = None, act: int = ACT_NONE, lo: float = 0.0,
+               hi: float = 0.0) -> np.ndarray:
+        """act(W @ X_n + bias[:, None] + z_n) per image: X (n, K, L) float32 with unit
+        stride along L, bias (M,), z (n, M, L) C-contiguous; returns (n, M, L)."""
+        n, K, L = X.shape
+        if K != self.K:
+            raise ValueError(f"PackedLeft: X has {K} rows, the weight {self.K} columns")
+        if X.strides[2] != X.itemsize:
+            X = np.ascontiguousarray(X)
+        M = self.M
+        Y = np.empty((n, M, L), np.float32) if out is None else out
+        bias = _contiguous_f32(bias)
+        z = None if z is None else np.ascontiguousarray(z, np.float32).reshape(n, M, L)
+        lib = _lib()
+        panels = -(-L // NR)
+        ldx, xs = X.strides[1] // X.itemsize, X.strides[0] // X.itemsize
+        failed: list[int] = []
+
+        def work(t0: int, t1: int) -> None:
+            if lib.he_gemm_left(M, K, L, self.data.ctypes.data, X.ctypes.data, ldx, xs,
+                                Y.ctypes.data, M * L, t0, t1, _ptr(bias), _ptr(z), act, lo, hi):
+                failed.append(t0)
+
+        flops = 2.0 * n * M * K * L
+        if flops < SPLIT_FLOPS:
+            work(0, n * panels)
+        else:
+            _split(n * panels, work, flops)
+        if failed:
+            raise MemoryError(f"PackedLeft: no memory for a {K} x {NR} panel")
+        return Y
+
+
+    def conv(self, Xp: np.ndarray, kernel: tuple[int, int], dilations: tuple[int, int],
+             strides: tuple[int, int], out_sp: tuple[int, int], bias: np.ndarray | None = None,
+             z: np.ndarray | None = None, act: int = ACT_NONE, lo: float = 0.0,
+             hi: float = 0.0) -> np.ndarray:
+        """act(conv(X, W) + bias + z) of a padded input Xp (n, C, Hp, Wp) with this weight as
+        (M, C*KH*KW); returns (n, M, OH, OW). Each tap is read in place through its offset
+        (no im2col). A column stride s > 1 first splits every row into its s phases
+        (columns p, p + s, ...), so that the output pixels of a run read a run of one
+        phase: one copy of the input."""
+        n, C, Hp, Wp = Xp.shape
+        KH, KW = kernel
+        dh, dw = dilations
+        sh, sw = strides
+        OH, OW = out_sp
+        if C * KH * KW != self.K:
+            raise ValueError(f"PackedLeft.conv: {C}x{KH}x{KW} taps for a weight of {self.K}")
+        if sw == 1:
+            Xr = np.ascontiguousarray(Xp, dtype=np.float32)
+            Wq = pitch = Wp
+        else:
+            Wq = -(-Wp // sw)
+            pitch = sw * Wq
+            Xr = np.empty((n, C, Hp, sw, Wq), np.float32)
+            for p in range(sw):
+                part = Xp[..., p::sw]
+                Xr[..., p, :part.shape[-1]] = part
+                Xr[..., p, part.shape[-1]:] = 0
+        key = (C, Hp, pitch, KH, KW, dh, dw, sw)
+        off = self._offsets.get(key)
+        if off is None:
+            c, i, j = np.meshgrid(np.arange(C), np.arange(KH), np.arange(KW), indexing="ij")
+            col = j * dw
+            off = (c * (Hp * pitch) + i * (dh * pitch) + (col % sw) * Wq + col // sw)
+            off = off.astype(np.int32).reshape(-1)
+            self._offsets[key] = off
+        M = self.M
+        Y = np.empty((n, M, OH, OW), np.float32)
+        bias = _contiguous_f32(bias)
+        z = None if z is None else np.ascontiguousarray(z, np.float32).reshape(Y.shape)
+        tiles = (OH * -(-OW // RUN) + 1) // 2
+        lib = _lib()
+
+        def work(t0: int, t1: int) -> None:
+            lib.he_conv_left(M, self.K, self.data.ctypes.data, off.ctypes.data, Xr.ctypes.data,
+                             C * Hp * pitch, pitch, sh, OH, OW, Y.ctypes.data, t0, t1,
+                             _ptr(bias), _ptr(z), act, lo, hi)
+
+        flops = 2.0 * n * M * self.K * OH * OW
+        if flops < SPLIT_FLOPS:
+            work(0, n * tiles)
+        else:
+            _split(n * tiles, work, flops)
+        return Y
+
+def worth(rows: int, K: int, N: int) -> bool:
+    """Whether a product of ``rows`` rows by a (K, N) weight takes the packed path."""
+    return MIN_ROWS <= rows <= MAX_ROWS and K > 0 and N > 0
+
+
+def worth_left(images: int, M: int, K: int, L: int) -> bool:
+    """Whether ``images`` products of a (M, K) weight by (K, L) take the packed path.
+    One image's product runs faster on OpenBLAS, whose spinning workers take their part
+    at once; from two images on, and once the work is worth splitting, our split's
+    handoff is paid once for all of them and the store saves the epilogue's pass
+    (MobileNetV2 at batch 8: 0.88x the time, at batch 1 1.07x when every image took it)."""
+    return images >= 2 and 2.0 * images * M * K * L >= SPLIT_FLOPS and K > 0
+
+
+def conv_fits(images: int, M: int, K: int, padded: tuple[int, ...], out_sp: tuple[int, ...],
+              strides: tuple[int, ...]) -> bool:
+    """Whether `PackedLeft.conv` computes this 2-D conv: offsets within int32, runs of
+    output pixels that fill the lanes, and work worth splitting."""
+    if len(out_sp) != 2 or len(padded) != 3 or K <= 0:
+        return False
+    C, Hp, Wp = padded
+    if C * Hp * (Wp + strides[1]) >= 2**31:
+        return False
+    OW = out_sp[1]
+    if OW < RUN * 0.75 * -(-OW // RUN):  # runs of output pixels a row fill 3/4 of the lanes
+        return False  # (a 7-wide plane would fill 7 of 16: im2col's GEMM is faster)
+    return 2.0 * images * M * K * out_sp[0] * OW >= SPLIT_FLOPS
+

@@ -1,0 +1,349 @@
+"""The packed float32 GEMM (kernels/native/packed_gemm.py, gemm.c): the kernel against
+float64 numpy on ragged shapes, and the ops that use it (MatMul, Gemm, FusedMatMul, the
+pointwise Conv) against onnx's ReferenceEvaluator through a session, each checked to
+have taken the packed path; the fallbacks (a fed weight, the switch, no compiler)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import hetero_exec
+from hetero_exec import InferenceSession
+from hetero_exec.kernels import _packed as packed
+from hetero_exec.kernels.native import packed_gemm as pg
+
+needs_packed = pytest.mark.skipif(not pg.available(),
+                                  reason=f"packed GEMM off: {pg.unavailable_reason()}")
+
+
+def _ref_act(y, act, lo, hi):
+    if act == pg.ACT_RELU:
+        return np.maximum(y, 0)
+    if act == pg.ACT_CLIP:
+        return np.clip(y, lo, hi)
+    return y
+
+
+@needs_packed
+@pytest.mark.parametrize("M, K, N", [(1, 1, 1), (4, 7, 31), (5, 300, 33), (13, 513, 64),
+                                     (32, 256, 100), (70, 257, 45)])
+@pytest.mark.parametrize("act", [pg.ACT_NONE, pg.ACT_RELU, pg.ACT_CLIP])
+def test_right_product(M, K, N, act):
+    rng = np.random.default_rng(M * 1000 + K + N)
+    A = rng.standard_normal((M, K), dtype=np.float32)
+    Bt = rng.standard_normal((N, K), dtype=np.float32)
+    bias = rng.standard_normal(N, dtype=np.float32)
+    z = rng.standard_normal((M, N), dtype=np.float32)
+    for B in (Bt.T, np.ascontiguousarray(Bt.T)):  # a transposed view and a plain array
+        got = pg.PackedRight(B).matmul(A, bias=bias, z=z, act=act, lo=-0.5, hi=0.7)
+        want = _ref_act(A.astype(np.float64) @ B + bias + z, act, -0.5, 0.7)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.sqrt(K))
+    got = pg.PackedRight(Bt.T).matmul(A.reshape(1, M, K))  # leading dims kept
+    assert got.shape == (1, M, N)
+    np.testing.assert_allclose(got[0], A.astype(np.float64) @ Bt.T, rtol=1e-5,
+                               atol=1e-4 * np.sqrt(K))
+
+
+@needs_packed
+@pytest.mark.parametrize("n, M, K, L", [(1, 1, 1, 1), (2, 13, 300, 33), (3, 12, 16, 100),
+                                        (2, 25, 513, 64), (4, 7, 5, 1)])
+@pytest.mark.parametrize("act", [pg.ACT_NONE, pg.ACT_RELU, pg.ACT_CLIP])
+def test_left_product(n, M, K, L, act):
+    rng = np.random.default_rng(n + M + K + L)
+    W = rng.standard_normal((M, K), dtype=np.float32)
+    X = rng.standard_normal((n, K, L + 3), dtype=np.float32)[:, :, 2:L + 2]  # row stride > L
+    bias = rng.standard_normal(M, dtype=np.float32)
+    z = rng.standard_normal((n, M, L), dtype=np.float32)
+    got = pg.PackedLeft(W).matmul(X, bias=bias, z=z, act=act, lo=-0.5, hi=0.7)
+    want = _ref_act(W.astype(np.float64) @ X + bias[:, None] + z, act, -0.5, 0.7)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.sqrt(K))
+
+
+@needs_packed
+def test_nan_and_inf_propagate_through_the_store():
+    A = np.ones((4, 3), np.float32)
+    A[1, 0], A[2, 0] = np.nan, np.inf
+    B = np.ones((3, 5), np.float32)
+    for act in (pg.ACT_NONE, pg.ACT_RELU, pg.ACT_CLIP):
+        got = pg.PackedRight(B).matmul(A, act=act, lo=-1.0, hi=2.0)
+        with np.errstate(invalid="ignore"):
+            want = _ref_act(A @ B, act, -1.0, 2.0)
+        np.testing.assert_array_equal(got, want)  # NaN stays NaN under Relu and Clip
+
+
+def test_weight_checks():
+    if pg.available():
+        with pytest.raises(ValueError, match="2-D float32"):
+            pg.PackedRight(np.ones((2, 2), np.float64))
+        with pytest.raises(ValueError, match="rows"):
+            pg.PackedLeft(np.ones((2, 3), np.float32)).matmul(np.ones((1, 4, 5), np.float32))
+
+
+# ------------------------------------------------------------------ through a session
+
+
+def _model(nodes, inputs, outputs, inits, opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs,
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _f(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _mlp(rng, K=40, N=70):
+    """Gemm(transB, bias)+Relu, MatMul+Add+Clip, MatMul, Gemm(alpha=2): the packed path,
+    fused or not, and one Gemm it leaves to the generic kernel."""
+    inits = {"w0": rng.standard_normal((N, K), dtype=np.float32), "b0": rng.standard_normal(N, dtype=np.float32),
+             "w1": rng.standard_normal((N, N), dtype=np.float32), "b1": rng.standard_normal(N, dtype=np.float32),
+             "w2": rng.standard_normal((N, 33), dtype=np.float32),
+             "w3": rng.standard_normal((33, 9), dtype=np.float32),
+             "lo": np.array(-1.0, np.float32), "hi": np.array(1.5, np.float32)}
+    nodes = [helper.make_node("Gemm", ["x", "w0", "b0"], ["g0"], transB=1),
+             helper.make_node("Relu", ["g0"], ["r0"]),
+             helper.make_node("MatMul", ["r0", "w1"], ["m1"]),
+             helper.make_node("Add", ["m1", "b1"], ["a1"]),
+             helper.make_node("Clip", ["a1", "lo", "hi"], ["c1"]),
+             helper.make_node("MatMul", ["c1", "w2"], ["m2"]),
+             helper.make_node("Gemm", ["m2", "w3"], ["y"], alpha=2.0)]
+    return _model(nodes, [_f("x", ["N", K])], [_f("y", ["N", 9])], inits)
+
+
+def _count_packed(monkeypatch) -> dict[str, int]:
+    hits = {"packed": 0, "not": 0}
+    right = packed.PackedWeight.right
+
+    def counting(self, B):
+        got = right(self, B)
+        hits["packed" if got is not None else "not"] += 1
+        return got
+
+    monkeypatch.setattr(packed.PackedWeight, "right", counting)
+    return hits
+
+
+@needs_packed
+@pytest.mark.parametrize("optimized", [True, False])
+def test_products_through_a_session(monkeypatch, optimized):
+    rng = np.random.default_rng(0)
+    model = _mlp(rng)
+    hits = _count_packed(monkeypatch)
+    so = hetero_exec.SessionOptions()
+    if not optimized:  # the ops as written: MatMul, Gemm, no FusedMatMul
+        so.graph_optimization_level = hetero_exec.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = InferenceSession(model.SerializeToString(), so, ["cpu"])
+    ref = ReferenceEvaluator(model)
+    for n in (1, 6, 32, 40):  # below, inside and above the packed rows
+        x = rng.standard_normal((n, 40), dtype=np.float32)
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0],
+                                   rtol=1e-4, atol=1e-3)
+    assert hits["packed"] >= 2 * 3  # two batches inside the range, three constant weights
+
+
+@needs_packed
+def test_a_fed_weight_is_not_the_packed_constant():
+    """An overridable initializer (also a graph input) that the run feeds: its value."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((16, 24), dtype=np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [_f("x", ["N", 16]), _f("w", [16, 24])], [_f("y", ["N", 24])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    sess = InferenceSession(model.SerializeToString(), ["cpu"])
+    x = rng.standard_normal((8, 16), dtype=np.float32)
+    other = rng.standard_normal((16, 24), dtype=np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], x @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(sess.run(None, {"x": x, "w": other})[0], x @ other,
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], x @ w, rtol=1e-5, atol=1e-5)
+
+
+def _pointwise_model(rng, C=24, M=40, act="Relu", residual=False):
+    inits = {"w": rng.standard_normal((M, C, 1, 1), dtype=np.float32),
+             "b": rng.standard_normal(M, dtype=np.float32),
+             "lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"])]
+    y = "c"
+    if residual:
+        inits["w2"] = rng.standard_normal((M, C, 1, 1), dtype=np.float32)
+        nodes.append(helper.make_node("Conv", ["x", "w2"], ["c2"]))
+        nodes.append(helper.make_node("Add", [y, "c2"], ["s"]))
+        y = "s"
+    if act == "Relu":
+        nodes.append(helper.make_node("Relu", [y], ["y"]))
+    elif act == "Clip":
+        nodes.append(helper.make_node("Clip", [y, "lo", "hi"], ["y"]))
+    elif act == "Sigmoid":
+        nodes.append(helper.make_node("Sigmoid", [y], ["y"]))
+    else:
+        nodes.append(helper.make_node("Identity", [y], ["y"]))
+    return _model(nodes, [_f("x", ["N", C, 30, 37])], [_f("y", ["N", M, 30, 37])], inits)
+
+
+@needs_packed
+@pytest.mark.parametrize("act", ["", "Relu", "Clip", "Sigmoid"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_pointwise_conv_through_a_session(monkeypatch, act, residual):
+    rng = np.random.default_rng(2)
+    model = _pointwise_model(rng, act=act, residual=residual)
+    lefts: list[int] = []
+    left = pg.PackedLeft.matmul
+
+    def counting(self, *args, **kwargs):
+        lefts.append(1)
+        return left(self, *args, **kwargs)
+
+    monkeypatch.setattr(pg.PackedLeft, "matmul", counting)
+    monkeypatch.setattr(pg, "SPLIT_FLOPS", 0.0)  # this small model takes it too
+    sess = InferenceSession(model.SerializeToString(), ["cpu"])
+    ref = ReferenceEvaluator(model)
+    for n in (1, 3):
+        x = rng.standard_normal((n, 24, 30, 37), dtype=np.float32)
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0],
+                                   rtol=1e-4, atol=1e-4)
+    assert lefts, "the batch of 3 took the packed path"
+
+
+def test_switch_turns_it_off(monkeypatch):
+    monkeypatch.setenv(pg.ENV, "0")
+    pg.reset()
+    try:
+        assert not pg.available() and pg.ENV in pg.unavailable_reason()
+        rng = np.random.default_rng(3)
+        model = _mlp(rng)
+        sess = InferenceSession(model.SerializeToString(), ["cpu"])
+        x = rng.standard_normal((8, 40), dtype=np.float32)
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0],
+                                   ReferenceEvaluator(model).run(None, {"x": x})[0],
+                                   rtol=1e-4, atol=1e-3)
+    finally:
+        monkeypatch.delenv(pg.ENV)
+        pg.reset()
+
+
+def test_no_compiler_is_a_reason_not_an_error(monkeypatch):
+    monkeypatch.setenv("CC", "no-such-compiler-here")
+    pg.reset()
+    try:
+        reason = pg.unavailable_reason()
+        if pg._cpu_features().get("AVX512F"):
+            assert "no C compiler" in reason
+        else:
+            assert "AVX-512F" in reason
+    finally:
+        monkeypatch.delenv("CC")
+        pg.reset()
+    assert pg.available() == (pg.unavailable_reason() is None)
+
+
+@needs_packed
+def test_build_is_cached_by_source_and_compiler(monkeypatch, tmp_path):
+    import shutil
+
+    monkeypatch.setattr(pg, "_cache_dirs", lambda: [tmp_path / "cache"])
+    cc = shutil.which("cc")
+    first = pg._built(cc)
+    assert first.parent == tmp_path / "cache" and first.exists()
+    stamp = first.stat().st_mtime_ns
+    assert pg._built(cc) == first and first.stat().st_mtime_ns == stamp  # not rebuilt
+    assert not list((tmp_path / "cache").glob("*.so.*")) and len(list(
+        (tmp_path / "cache").iterdir())) == 1  # no temporary left behind
+    src = tmp_path / "gemm.c"
+    src.write_text(pg.SOURCE.read_text() + "\n/* changed */\n")
+    monkeypatch.setattr(pg, "SOURCE", src)
+    assert pg._built(cc) != first  # another source: another library
+
+
+def _conv_model(rng, C, M, H, Wd, attrs, act="", residual=False):
+    kh, kw = attrs.pop("k")
+    inits = {"w": rng.standard_normal((M, C, kh, kw), dtype=np.float32),
+             "b": rng.standard_normal(M, dtype=np.float32),
+             "lo": np.array(-0.5, np.float32), "hi": np.array(2.0, np.float32)}
+    ins = [_f("x", ["N", C, H, Wd])]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs)]
+    y = "c"
+    if residual:
+        ins.append(_f("r", ["n", "m", "h", "w"]))
+        nodes.append(helper.make_node("Add", ["c", "r"], ["s"]))
+        y = "s"
+    if act == "Relu":
+        nodes.append(helper.make_node("Relu", [y], ["y"]))
+    elif act == "Clip":
+        nodes.append(helper.make_node("Clip", [y, "lo", "hi"], ["y"]))
+    elif act == "HardSigmoid":
+        nodes.append(helper.make_node("HardSigmoid", [y], ["y"]))
+    else:
+        nodes.append(helper.make_node("Identity", [y], ["y"]))
+    return _model(nodes, ins, [_f("y", ["n", "m", "h", "w"])], inits)
+
+
+CONVS = [  # (C, M, H, W, attributes): ragged widths, both pads, dilation, strides
+    (3, 16, 17, 37, {"k": (3, 3), "pads": [1, 1, 1, 1]}),
+    (8, 13, 9, 28, {"k": (3, 3), "pads": [0, 1, 2, 1]}),
+    (5, 30, 12, 30, {"k": (3, 3), "pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    (4, 25, 15, 14, {"k": (5, 3), "pads": [2, 1, 2, 1], "strides": [2, 1]}),
+    (6, 12, 13, 13, {"k": (3, 3), "auto_pad": "SAME_UPPER"}),
+    (7, 9, 8, 47, {"k": (1, 7), "pads": [0, 3, 0, 3]}),
+    (4, 10, 25, 29, {"k": (3, 3), "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    (3, 14, 40, 60, {"k": (7, 7), "strides": [2, 2], "pads": [3, 3, 3, 3]}),  # ResNet's stem
+    (5, 12, 20, 45, {"k": (3, 3), "strides": [1, 3], "pads": [0, 2, 1, 0], "dilations": [1, 2]}),
+    (4, 10, 9, 9, {"k": (3, 3), "pads": [1, 1, 1, 1]}),  # 9-wide rows: not taken
+]
+
+
+@needs_packed
+@pytest.mark.parametrize("case", range(len(CONVS)))
+@pytest.mark.parametrize("act, residual", [("", False), ("Relu", True), ("Clip", False),
+                                           ("HardSigmoid", True)])
+def test_conv_through_a_session(monkeypatch, case, act, residual):
+    C, M, H, Wd, attrs = CONVS[case]
+    rng = np.random.default_rng(case)
+    model = _conv_model(rng, C, M, H, Wd, dict(attrs), act, residual)
+    convs: list[int] = []
+    conv = pg.PackedLeft.conv
+
+    def counting(self, *args, **kwargs):
+        convs.append(1)
+        return conv(self, *args, **kwargs)
+
+    monkeypatch.setattr(pg.PackedLeft, "conv", counting)
+    monkeypatch.setattr(pg, "SPLIT_FLOPS", 0.0)  # these small convs take it too
+    sess = InferenceSession(model.SerializeToString(), ["cpu"])
+    ref = ReferenceEvaluator(model)
+    for n in (1, 3):
+        feeds = {"x": rng.standard_normal((n, C, H, Wd), dtype=np.float32)}
+        if residual:
+            shape = ref.run(None, {**feeds, "r": np.zeros(1, np.float32)})[0].shape
+            feeds["r"] = rng.standard_normal(shape, dtype=np.float32)
+        want = ref.run(None, feeds)[0]
+        np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+    OW = want.shape[-1]  # rows cut in runs of 16 output pixels must fill 3/4 of the lanes
+    assert bool(convs) == (OW >= 12 * -(-OW // 16)), OW
+
+
+@needs_packed
+@pytest.mark.parametrize("attrs", [{"pads": [1, 1]}, {"pads": [2, 0], "strides": [2]},
+                                   {"pads": [2, 2], "dilations": [2]}])
+def test_conv1d_through_a_session(monkeypatch, attrs):
+    """A Whisper-style front end: Conv1d (k=3) + bias, then Relu."""
+    rng = np.random.default_rng(7)
+    inits = {"w": rng.standard_normal((20, 6, 3), dtype=np.float32),
+             "b": rng.standard_normal(20, dtype=np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = _model(nodes, [_f("x", ["N", 6, 61])], [_f("y", ["n", "m", "l"])], inits)
+    convs: list[int] = []
+    conv = pg.PackedLeft.conv
+    monkeypatch.setattr(pg.PackedLeft, "conv",
+                        lambda self, *a, **k: convs.append(1) or conv(self, *a, **k))
+    monkeypatch.setattr(pg, "SPLIT_FLOPS", 0.0)
+    sess = InferenceSession(model.SerializeToString(), ["cpu"])
+    x = rng.standard_normal((2, 6, 61), dtype=np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0],
+                               ReferenceEvaluator(model).run(None, {"x": x})[0],
+                               rtol=1e-4, atol=1e-4)
+    assert convs
