@@ -392,6 +392,17 @@ def _run_part(free: threading.Semaphore, work: Callable[[int, int], None], i0: i
         free.release()
 
 
+def split_parts(n: int, flops: float, least_flops: float = ALONE_FLOPS) -> int:
+    """The parts native code's own workers may cut ``n`` independent items into (1:
+    none), by `parallel_for`'s rule for work that calls no BLAS: inside
+    `single_blas_thread` from PARALLEL_FLOPS, in a run alone from ``least_flops``; at
+    most `split_width` parts."""
+    if n >= 2 and ((_holds and flops >= PARALLEL_FLOPS)
+                   or (_depth <= 1 and flops >= least_flops)):
+        return max(1, min(split_width(), n))
+    return 1
+
+
 def _product(a, b, out, by_rows: bool, p0: int, p1: int) -> None:
     if by_rows:
         np.matmul(a[..., p0:p1, :], b, out=out[..., p0:p1, :])

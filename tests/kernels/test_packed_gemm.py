@@ -347,3 +347,81 @@ def test_conv1d_through_a_session(monkeypatch, attrs):
                                ReferenceEvaluator(model).run(None, {"x": x})[0],
                                rtol=1e-4, atol=1e-4)
     assert convs
+
+
+# ------------------------------------------------------------------ gemm.c's workers
+
+
+@needs_packed
+def test_concurrent_callers_share_the_workers():
+    """Two threads splitting at once: one holds the workers, the other runs its parts
+    itself (never waits on the first); every result is right."""
+    import threading
+
+    rng = np.random.default_rng(9)
+    B = rng.standard_normal((512, 300), dtype=np.float32)
+    packed_b = pg.PackedRight(B)
+    W = rng.standard_normal((40, 27), dtype=np.float32)
+    packed_w = pg.PackedLeft(W)
+    errors: list[BaseException] = []
+
+    def caller(seed: int) -> None:
+        r = np.random.default_rng(seed)
+        try:
+            for _ in range(30):
+                A = r.standard_normal((24, 512), dtype=np.float32)
+                np.testing.assert_allclose(packed_b.matmul(A), A.astype(np.float64) @ B,
+                                           rtol=1e-4, atol=1e-3)
+                X = r.standard_normal((2, 3, 20, 40), dtype=np.float32)
+                got = packed_w.conv(X, (3, 3), (1, 1), (1, 1), (18, 38))
+                cols = np.stack([X[:, :, i:i + 18, j:j + 38] for i in range(3) for j in range(3)],
+                                axis=2).reshape(2, 27, 18 * 38)
+                np.testing.assert_allclose(got.reshape(2, 40, -1), W.astype(np.float64) @ cols,
+                                           rtol=1e-4, atol=1e-3)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=caller, args=(s,)) for s in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors[0]
+    assert not any(t.is_alive() for t in threads)
+
+
+_CHILD = r"""
+import os, sys, time
+import numpy as np
+from hetero_exec.kernels.native import packed_gemm as pg
+assert pg.available(), pg.unavailable_reason()
+B = np.ones((256, 512), np.float32)
+p = pg.PackedRight(B)
+A = np.ones((16, 256), np.float32)
+assert p.matmul(A)[0, 0] == 256  # split over the workers (over 4 MFLOP)
+if sys.argv[1] == "fork":
+    pid = os.fork()
+    if pid == 0:  # the parent's workers do not exist here: the split must not hang
+        ok = p.matmul(A)[3, 7] == 256
+        os._exit(0 if ok else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+else:  # idle after a split: the workers spin their 100 us, then sleep
+    time.sleep(0.05)
+    t0 = time.process_time()
+    time.sleep(0.3)
+    print(time.process_time() - t0)
+"""
+
+
+@needs_packed
+@pytest.mark.parametrize("mode", ["fork", "idle"])
+def test_workers_after_fork_and_when_idle(mode):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _CHILD, mode], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    if mode == "idle":  # a worker that never stopped spinning would take ~0.3 s of CPU
+        assert float(done.stdout.split()[-1]) < 0.03, done.stdout

@@ -13,8 +13,14 @@ into ``__pycache__`` beside it (or the user's cache directory), keyed by the has
 source and the compiler, and checked against numpy once per process. Where the CPU
 lacks AVX-512F, no compiler is found, the build or the check fails, or
 ``HETERO_EXEC_PACKED_GEMM=0`` (or the compiled kernels are off, ``HETERO_EXEC_NATIVE=0``),
-`unavailable_reason` says why and the callers keep numpy's BLAS. ctypes releases the
-GIL for each call, so our threads split a product as they split the numba kernels.
+`unavailable_reason` says why and the callers keep numpy's BLAS.
+
+A product is split over gemm.c's own worker threads (one per core but the caller's),
+which spin ``HETERO_EXEC_WORKER_SPIN_US`` (100) microseconds after each part before they
+sleep: handing a part to kernels/_threads.py's Python helpers, which sleep and need the
+GIL back, cost 40-130 us here, more than a small product. How many parts follows
+`_threads.split_parts`, the rule of the numba kernels' splits; ctypes releases the GIL
+for the whole call.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ log = logging.getLogger(__name__)
 #: "0" (or "false", "off", "no"): numpy's BLAS for every product
 ENV = "HETERO_EXEC_PACKED_GEMM"
 SOURCE = Path(__file__).with_name("gemm.c")
-CFLAGS = ("-O3", "-mavx512f", "-mfma", "-fPIC", "-shared", "-fno-strict-aliasing")
+CFLAGS = ("-O3", "-mavx512f", "-mfma", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread")
 
 #: the micro-kernel's tile (gemm.c): 32 columns; rows per tile on each side
 NR = 32
@@ -50,9 +56,12 @@ ACT_NONE, ACT_RELU, ACT_CLIP = 0, 1, 2
 #: Above: OpenBLAS's packing is a small part of the call, and its kernel runs as fast as
 #: ours a core (bench/README.md, "packed GEMM").
 MIN_ROWS, MAX_ROWS = 4, 32
-#: a product is split over our threads from this many FLOPs: handing a part to a helper
-#: costs ~0.1 ms on the 2-core host (OpenBLAS's own workers spin instead)
-SPLIT_FLOPS = 32e6
+#: a product is split over gemm.c's workers from this many FLOPs (~30 us of work: a
+#: hand-off to a spinning worker costs a few us, to a sleeping one 40-130 us here)
+SPLIT_FLOPS = 4e6
+#: microseconds gemm.c's workers spin after a part before they sleep (0: never spin)
+SPIN_ENV = "HETERO_EXEC_WORKER_SPIN_US"
+DEFAULT_SPIN_US = 100
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
@@ -70,6 +79,11 @@ _SIGNATURES = {
     "he_gemm_left": (_I, [_I, _I, _I, _P, _P, _L, _L, _P, _L, _I, _I, _P, _P, _I, _F, _F]),
     "he_conv_left": (None, [_I, _I, _P, _P, _P, _L, _I, _I, _I, _I, _P, _I, _I, _P, _P, _I, _F,
                             _F]),
+    "he_pool_start": (_I, [_I, _L]),
+    "he_gemm_right_mt": (None, [_I, _I, _I, _P, _L, _P, _P, _L, _P, _P, _L, _I, _F, _F, _I]),
+    "he_gemm_left_mt": (_I, [_I, _I, _I, _P, _P, _L, _L, _P, _L, _I, _P, _P, _I, _F, _F, _I]),
+    "he_conv_left_mt": (None, [_I, _I, _P, _P, _P, _L, _I, _I, _I, _I, _P, _I, _P, _P, _I, _F,
+                               _F, _I]),
 }
 #: output pixels of a conv tile's run (gemm.c: two runs of 16 within an output row a tile)
 RUN = 16
@@ -120,7 +134,23 @@ def _load() -> str | None:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
     _state["lib"] = lib
-    return _self_check()
+    reason = _self_check()
+    if reason is None:
+        from hetero_exec.kernels import _threads
+
+        lib.he_pool_start(max(0, _threads.cores() - 1), _spin_ns())
+    return reason
+
+
+def _spin_ns() -> int:
+    value = os.environ.get(SPIN_ENV, "")
+    try:
+        us = float(value) if value.strip() else DEFAULT_SPIN_US
+    except ValueError:
+        log.warning("%s=%r is not a number of microseconds; using %d", SPIN_ENV, value,
+                    DEFAULT_SPIN_US)
+        us = DEFAULT_SPIN_US
+    return max(0, int(us * 1000))
 
 
 def _cpu_features() -> dict[str, bool]:
@@ -206,10 +236,12 @@ def _ptr(a: np.ndarray | None) -> int | None:
     return None if a is None else a.ctypes.data
 
 
-def _split(n: int, work, flops: float, least: int = 1) -> None:
+def _parts(n: int, flops: float) -> int:
+    """Parts to cut ``n`` work items into over gemm.c's workers (1: none), as
+    kernels/_threads.parallel_for would for work that calls no BLAS."""
     from hetero_exec.kernels import _threads
 
-    _threads.parallel_for(np, n, work, flops, least, alone=True)
+    return _threads.split_parts(n, flops, SPLIT_FLOPS)
 
 
 def _contiguous_f32(a: np.ndarray | None) -> np.ndarray | None:
@@ -244,18 +276,11 @@ class PackedRight:
         bias = _contiguous_f32(bias)
         z2 = None if z is None else np.ascontiguousarray(z, np.float32).reshape(M, N)
         lib = _lib()
-        args = (N, K, A2.ctypes.data, K, self.data.ctypes.data, Y2.ctypes.data, N)
-        tail = (_ptr(bias), _ptr(z2), N, act, lo, hi)
-        flops = 2.0 * M * K * N
-        if flops < SPLIT_FLOPS:
-            lib.he_gemm_right(*args, 0, M, 0, self.panels, *tail)
-        elif M >= 8 * MR_RIGHT:  # by row tiles: each part streams its rows past every panel
-            tiles = -(-M // MR_RIGHT)
-            _split(tiles, lambda t0, t1: lib.he_gemm_right(
-                *args, t0 * MR_RIGHT, min(M, t1 * MR_RIGHT), 0, self.panels, *tail), flops)
-        else:  # few rows: by panels, each part reading its share of the weight
-            _split(self.panels, lambda p0, p1: lib.he_gemm_right(*args, 0, M, p0, p1, *tail),
-                   flops)
+        # (split by row tiles for many rows, else by panels: gemm.c's he_gemm_right_mt)
+        items = -(-M // MR_RIGHT) if M >= 8 * MR_RIGHT else self.panels
+        lib.he_gemm_right_mt(M, N, K, A2.ctypes.data, K, self.data.ctypes.data, Y2.ctypes.data,
+                             N, _ptr(bias), _ptr(z2), N, act, lo, hi,
+                             _parts(items, 2.0 * M * K * N))
         return Y
 
 
@@ -292,19 +317,10 @@ class PackedLeft:
         lib = _lib()
         panels = -(-L // NR)
         ldx, xs = X.strides[1] // X.itemsize, X.strides[0] // X.itemsize
-        failed: list[int] = []
-
-        def work(t0: int, t1: int) -> None:
-            if lib.he_gemm_left(M, K, L, self.data.ctypes.data, X.ctypes.data, ldx, xs,
-                                Y.ctypes.data, M * L, t0, t1, _ptr(bias), _ptr(z), act, lo, hi):
-                failed.append(t0)
-
-        flops = 2.0 * n * M * K * L
-        if flops < SPLIT_FLOPS:
-            work(0, n * panels)
-        else:
-            _split(n * panels, work, flops)
-        if failed:
+        items = n * panels
+        if lib.he_gemm_left_mt(M, K, L, self.data.ctypes.data, X.ctypes.data, ldx, xs,
+                               Y.ctypes.data, M * L, items, _ptr(bias), _ptr(z), act, lo, hi,
+                               _parts(items, 2.0 * n * M * K * L)):
             raise MemoryError(f"PackedLeft: no memory for a {K} x {NR} panel")
         return Y
 
@@ -348,19 +364,11 @@ class PackedLeft:
         Y = np.empty((n, M, OH, OW), np.float32)
         bias = _contiguous_f32(bias)
         z = None if z is None else np.ascontiguousarray(z, np.float32).reshape(Y.shape)
-        tiles = (OH * -(-OW // RUN) + 1) // 2
-        lib = _lib()
-
-        def work(t0: int, t1: int) -> None:
-            lib.he_conv_left(M, self.K, self.data.ctypes.data, off.ctypes.data, Xr.ctypes.data,
-                             C * Hp * pitch, pitch, sh, OH, OW, Y.ctypes.data, t0, t1,
-                             _ptr(bias), _ptr(z), act, lo, hi)
-
-        flops = 2.0 * n * M * self.K * OH * OW
-        if flops < SPLIT_FLOPS:
-            work(0, n * tiles)
-        else:
-            _split(n * tiles, work, flops)
+        items = n * ((OH * -(-OW // RUN) + 1) // 2)  # (image, tile of two runs) pairs
+        _lib().he_conv_left_mt(M, self.K, self.data.ctypes.data, off.ctypes.data,
+                               Xr.ctypes.data, C * Hp * pitch, pitch, sh, OH, OW, Y.ctypes.data,
+                               items, _ptr(bias), _ptr(z), act, lo, hi,
+                               _parts(items, 2.0 * n * M * self.K * OH * OW))
         return Y
 
 def worth(rows: int, K: int, N: int) -> bool:
@@ -370,10 +378,9 @@ def worth(rows: int, K: int, N: int) -> bool:
 
 def worth_left(images: int, M: int, K: int, L: int) -> bool:
     """Whether ``images`` products of a (M, K) weight by (K, L) take the packed path.
-    One image's product runs faster on OpenBLAS, whose spinning workers take their part
-    at once; from two images on, and once the work is worth splitting, our split's
-    handoff is paid once for all of them and the store saves the epilogue's pass
-    (MobileNetV2 at batch 8: 0.88x the time, at batch 1 1.07x when every image took it)."""
+    From two images on the store's fused bias and activation win (MobileNetV2 at batch
+    8: 0.75-0.79x the time); one image's plane runs faster on OpenBLAS (at batch 1,
+    1.04-1.10x when single images took it too)."""
     return images >= 2 and 2.0 * images * M * K * L >= SPLIT_FLOPS and K > 0
 
 
