@@ -508,9 +508,8 @@ def _conv_packed(X, W, B, Z, activation, act, strides, dilations, pb, pe, group,
                        lambda: packed_gemm.PackedLeft(W.reshape(M, C * KH * KW)))
     store = _store_activation(activation)
     code, lo, hi = store if store is not None else (packed_gemm.ACT_NONE, 0.0, 0.0)
-    Xp = pad_spatial_scratch(np, X, pb, pe)
-    Y = packed.conv(Xp, (KH, KW), tuple(dilations), tuple(strides), tuple(out_sp), bias=B, z=Z,
-                    act=code, lo=lo, hi=hi)
+    Y = packed.conv(X, (KH, KW), tuple(dilations), tuple(strides), (pb[0], pb[1], pe[0], pe[1]),
+                    tuple(out_sp), bias=B, z=Z, act=code, lo=lo, hi=hi)
     if store is None:  # an activation the store lacks: its own pass
         if act is not None:
             _native_epilogue(np, Y, None, None, act)

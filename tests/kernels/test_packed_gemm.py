@@ -291,7 +291,12 @@ CONVS = [  # (C, M, H, W, attributes): ragged widths, both pads, dilation, strid
     (4, 10, 25, 29, {"k": (3, 3), "strides": [2, 2], "pads": [1, 1, 1, 1]}),
     (3, 14, 40, 60, {"k": (7, 7), "strides": [2, 2], "pads": [3, 3, 3, 3]}),  # ResNet's stem
     (5, 12, 20, 45, {"k": (3, 3), "strides": [1, 3], "pads": [0, 2, 1, 0], "dilations": [1, 2]}),
-    (4, 10, 9, 9, {"k": (3, 3), "pads": [1, 1, 1, 1]}),  # 9-wide rows: not taken
+    (4, 10, 9, 9, {"k": (3, 3), "pads": [1, 1, 1, 1]}),  # 9 of 11 lanes: taken (flat grid)
+    (4, 12, 7, 7, {"k": (3, 3), "pads": [1, 1, 1, 1], "dilations": [1, 1]}),  # ResNet's 7x7
+    (4, 10, 5, 5, {"k": (3, 3), "pads": [2, 2, 2, 2], "dilations": [2, 2]}),  # 5 of 9: not taken
+    (4, 10, 9, 9, {"k": (3, 3), "strides": [2, 1], "pads": [1, 1, 1, 1]}),  # 9 of 16: not taken
+    (120, 14, 9, 11, {"k": (3, 3), "pads": [1, 1, 1, 1]}),  # 1080 taps: two blocks (flat)
+    (120, 10, 9, 16, {"k": (3, 3), "strides": [2, 1], "pads": [1, 1, 1, 1]}),  # two, by rows
 ]
 
 
@@ -321,8 +326,12 @@ def test_conv_through_a_session(monkeypatch, case, act, residual):
             feeds["r"] = rng.standard_normal(shape, dtype=np.float32)
         want = ref.run(None, feeds)[0]
         np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
-    OW = want.shape[-1]  # rows cut in runs of 16 output pixels must fill 3/4 of the lanes
-    assert bool(convs) == (OW >= 12 * -(-OW // 16)), OW
+    # the lanes holding output pixels must be 3/4 at least: of the padded rows at strides
+    # 1, else of the runs of 16 pixels within each output row
+    OW = want.shape[-1]
+    pads = attrs.get("pads", [1, 1, 1, 1] if "auto_pad" in attrs else [0, 0, 0, 0])
+    lanes = Wd + pads[1] + pads[3] if attrs.get("strides", [1, 1]) == [1, 1] else 16 * -(-OW // 16)
+    assert bool(convs) == (OW >= 0.75 * lanes), (OW, lanes)
 
 
 @needs_packed
@@ -373,7 +382,7 @@ def test_concurrent_callers_share_the_workers():
                 np.testing.assert_allclose(packed_b.matmul(A), A.astype(np.float64) @ B,
                                            rtol=1e-4, atol=1e-3)
                 X = r.standard_normal((2, 3, 20, 40), dtype=np.float32)
-                got = packed_w.conv(X, (3, 3), (1, 1), (1, 1), (18, 38))
+                got = packed_w.conv(X, (3, 3), (1, 1), (1, 1), (0, 0, 0, 0), (18, 38))
                 cols = np.stack([X[:, :, i:i + 18, j:j + 38] for i in range(3) for j in range(3)],
                                 axis=2).reshape(2, 27, 18 * 38)
                 np.testing.assert_allclose(got.reshape(2, 40, -1), W.astype(np.float64) @ cols,
@@ -425,3 +434,40 @@ def test_workers_after_fork_and_when_idle(mode):
     assert done.returncode == 0, done.stderr[-2000:]
     if mode == "idle":  # a worker that never stopped spinning would take ~0.3 s of CPU
         assert float(done.stdout.split()[-1]) < 0.03, done.stdout
+
+
+POOLS = [  # (H, W, attributes): MaxPool cases, with pads, strides, dilation, ceil mode
+    (16, 40, {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),  # ResNet's
+    (9, 13, {"kernel_shape": [2, 3], "strides": [1, 2], "pads": [0, 1, 1, 0]}),
+    (11, 21, {"kernel_shape": [3, 3], "strides": [2, 3], "dilations": [2, 1], "ceil_mode": 1}),
+    (8, 8, {"kernel_shape": [2, 2], "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    (7, 33, {"kernel_shape": [1, 5], "strides": [1, 1]}),
+    (5, 1, {"kernel_shape": [2, 1], "strides": [1, 2]}),  # one column, two phases
+    (6, 3, {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    (4, 70, {"kernel_shape": [3, 3], "strides": [3, 3], "pads": [1, 2, 1, 0]}),
+]
+
+
+@needs_packed
+@pytest.mark.parametrize("case", range(len(POOLS)))
+def test_max_pool_against_the_reference(monkeypatch, case):
+    H, Wd, attrs = POOLS[case]
+    calls: list[int] = []
+    pool = pg.max_pool_2d
+    monkeypatch.setattr(pg, "max_pool_2d", lambda *a: calls.append(1) or pool(*a))
+    model = _model([helper.make_node("MaxPool", ["x"], ["y"], **attrs)],
+                   [_f("x", ["N", 3, H, Wd])], [_f("y", ["n", "c", "h", "w"])], {}, opset=12)
+    rng = np.random.default_rng(case)
+    x = rng.standard_normal((2, 3, H, Wd), dtype=np.float32)
+    x[1, 2] = -np.inf
+    sess = InferenceSession(model.SerializeToString(), ["cpu"])
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0],
+                                  ReferenceEvaluator(model).run(None, {"x": x})[0])
+    assert calls
+    # NaN propagates, as in the numpy path (numpy's maximum); the reference skips NaN
+    x[0, 1, 2 % H, 3 % Wd] = np.nan
+    got = sess.run(None, {"x": x})[0]
+    monkeypatch.setitem(pg._state, "reason", "off for the comparison")
+    want = InferenceSession(model.SerializeToString(), ["cpu"]).run(None, {"x": x})[0]
+    assert np.isnan(got).any()
+    np.testing.assert_array_equal(got, want)

@@ -77,13 +77,16 @@ _SIGNATURES = {
     "he_pack_left_size": (_L, [_I, _I]),
     "he_pack_left": (None, [_I, _I, _P, _L, _L, _P]),
     "he_gemm_left": (_I, [_I, _I, _I, _P, _P, _L, _L, _P, _L, _I, _I, _P, _P, _I, _F, _F]),
-    "he_conv_left": (None, [_I, _I, _P, _P, _P, _L, _I, _I, _I, _I, _P, _I, _I, _P, _P, _I, _F,
-                            _F]),
+    "he_conv_left": (_I, [_I, _I, _P, _P, _P, _L, _I, _I, _I, _I, _I, _P, _I, _I, _P, _P, _I,
+                          _F, _F]),
+    "he_conv_tiles": (_I, [_I, _I, _I, _I]),
+    "he_pad_mt": (None, [_P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _I]),
+    "he_maxpool_mt": (None, [_P, _P, _I, _P, _I, _I, _I, _I, _I, _I, _I]),
     "he_pool_start": (_I, [_I, _L]),
     "he_gemm_right_mt": (None, [_I, _I, _I, _P, _L, _P, _P, _L, _P, _P, _L, _I, _F, _F, _I]),
     "he_gemm_left_mt": (_I, [_I, _I, _I, _P, _P, _L, _L, _P, _L, _I, _P, _P, _I, _F, _F, _I]),
-    "he_conv_left_mt": (None, [_I, _I, _P, _P, _P, _L, _I, _I, _I, _I, _P, _I, _P, _P, _I, _F,
-                               _F, _I]),
+    "he_conv_left_mt": (_I, [_I, _I, _P, _P, _P, _L, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I,
+                             _F, _F, _I]),
 }
 #: output pixels of a conv tile's run (gemm.c: two runs of 16 within an output row a tile)
 RUN = 16
@@ -325,51 +328,91 @@ class PackedLeft:
         return Y
 
 
-    def conv(self, Xp: np.ndarray, kernel: tuple[int, int], dilations: tuple[int, int],
-             strides: tuple[int, int], out_sp: tuple[int, int], bias: np.ndarray | None = None,
+    def conv(self, X: np.ndarray, kernel: tuple[int, int], dilations: tuple[int, int],
+             strides: tuple[int, int], pads: tuple[int, int, int, int],
+             out_sp: tuple[int, int], bias: np.ndarray | None = None,
              z: np.ndarray | None = None, act: int = ACT_NONE, lo: float = 0.0,
              hi: float = 0.0) -> np.ndarray:
-        """act(conv(X, W) + bias + z) of a padded input Xp (n, C, Hp, Wp) with this weight as
-        (M, C*KH*KW); returns (n, M, OH, OW). Each tap is read in place through its offset
-        (no im2col). A column stride s > 1 first splits every row into its s phases
-        (columns p, p + s, ...), so that the output pixels of a run read a run of one
-        phase: one copy of the input."""
-        n, C, Hp, Wp = Xp.shape
+        """act(conv(X, W) + bias + z) of X (n, C, H, W) with this weight as (M, C*KH*KW),
+        ``pads`` (top, left, bottom, right); returns (n, M, OH, OW). Each tap is read in
+        place through its offset (no im2col) from one padded copy of X, whose rows a
+        column stride s > 1 splits into their s phases (columns p, p + s, ...), so that
+        the output pixels of a run read a run of one phase."""
+        n, C, H, Wd = X.shape
         KH, KW = kernel
         dh, dw = dilations
         sh, sw = strides
         OH, OW = out_sp
         if C * KH * KW != self.K:
             raise ValueError(f"PackedLeft.conv: {C}x{KH}x{KW} taps for a weight of {self.K}")
-        if sw == 1:
-            Xr = np.ascontiguousarray(Xp, dtype=np.float32)
-            Wq = pitch = Wp
-        else:
-            Wq = -(-Wp // sw)
-            pitch = sw * Wq
-            Xr = np.empty((n, C, Hp, sw, Wq), np.float32)
-            for p in range(sw):
-                part = Xp[..., p::sw]
-                Xr[..., p, :part.shape[-1]] = part
-                Xr[..., p, part.shape[-1]:] = 0
+        lib = _lib()
+        Xr, Hp, Wq = _padded(X, pads, sw, 0.0)
+        pitch = sw * Wq
         key = (C, Hp, pitch, KH, KW, dh, dw, sw)
         off = self._offsets.get(key)
         if off is None:
-            c, i, j = np.meshgrid(np.arange(C), np.arange(KH), np.arange(KW), indexing="ij")
-            col = j * dw
-            off = (c * (Hp * pitch) + i * (dh * pitch) + (col % sw) * Wq + col // sw)
-            off = off.astype(np.int32).reshape(-1)
+            off = _tap_offsets(C, Hp, Wq, KH, KW, dh, dw, sw)
             self._offsets[key] = off
         M = self.M
         Y = np.empty((n, M, OH, OW), np.float32)
         bias = _contiguous_f32(bias)
         z = None if z is None else np.ascontiguousarray(z, np.float32).reshape(Y.shape)
-        items = n * ((OH * -(-OW // RUN) + 1) // 2)  # (image, tile of two runs) pairs
-        _lib().he_conv_left_mt(M, self.K, self.data.ctypes.data, off.ctypes.data,
-                               Xr.ctypes.data, C * Hp * pitch, pitch, sh, OH, OW, Y.ctypes.data,
-                               items, _ptr(bias), _ptr(z), act, lo, hi,
-                               _parts(items, 2.0 * n * M * self.K * OH * OW))
+        flat = int(sh == 1 and sw == 1)  # runs over the padded grid, across its rows
+        items = n * lib.he_conv_tiles(flat, OH, OW, pitch)  # (image, tile of two runs) pairs
+        if lib.he_conv_left_mt(M, self.K, self.data.ctypes.data, off.ctypes.data,
+                               Xr.ctypes.data, C * Hp * pitch, pitch, sh, flat, OH, OW,
+                               Y.ctypes.data, items, _ptr(bias), _ptr(z), act, lo, hi,
+                               _parts(items, 2.0 * n * M * self.K * OH * OW)):
+            raise MemoryError(f"PackedLeft.conv: no memory for a {self.K} x {NR} panel")
         return Y
+
+def _padded(X: np.ndarray, pads: tuple[int, int, int, int], sw: int,
+            fill: float) -> tuple[np.ndarray, int, int]:
+    """X (n, C, H, W) padded by ``pads`` (top, left, bottom, right) with ``fill``, each
+    row split into its ``sw`` column phases of Wq columns: (that array, Hp, Wq). The
+    array is a scratch buffer (kernels._nn_common.scratch, slot 1): never return it."""
+    n, C, H, Wd = X.shape
+    pt, pl, pb, pr = pads
+    Hp, Wp = H + pt + pb, Wd + pl + pr
+    Wq = -(-Wp // sw)
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    if sw == 1 and Wp == Wd and Hp == H:  # nothing to pad or split
+        return X, Hp, Wq
+    from hetero_exec.kernels._nn_common import scratch
+
+    Xr = scratch(np, (n, C, Hp, sw * Wq), np.float32, slot=1)
+    _lib().he_pad_mt(X.ctypes.data, Xr.ctypes.data, n * C, H, Wd, pt, pl, Hp, sw, Wq, fill,
+                     _parts(n * C, 4.0 * Xr.size))
+    return Xr, Hp, Wq
+
+
+def _tap_offsets(C: int, Hp: int, Wq: int, KH: int, KW: int, dh: int, dw: int,
+                 sw: int) -> np.ndarray:
+    """Each tap's offset (int32) from an output pixel's origin in a `_padded` input."""
+    pitch = sw * Wq
+    c, i, j = np.meshgrid(np.arange(C), np.arange(KH), np.arange(KW), indexing="ij")
+    col = j * dw
+    off = c * (Hp * pitch) + i * (dh * pitch) + (col % sw) * Wq + col // sw
+    return off.astype(np.int32).reshape(-1)
+
+
+def max_pool_2d(X: np.ndarray, kernel: tuple[int, int], strides: tuple[int, int],
+                dilations: tuple[int, int], pads: tuple[int, int, int, int],
+                out_sp: tuple[int, int]) -> np.ndarray:
+    """MaxPool of X (n, C, H, W) float32 without indices: the input padded with -inf
+    (and phased by the column stride) once, then the maximum over the taps 16 output
+    pixels at a time (NaN propagates, as numpy's maximum does)."""
+    n, C, H, Wd = X.shape
+    KH, KW = kernel
+    sh, sw = strides
+    OH, OW = out_sp
+    Xr, Hp, Wq = _padded(X, pads, sw, float("-inf"))
+    off = _tap_offsets(1, Hp, Wq, KH, KW, dilations[0], dilations[1], sw)
+    Y = np.empty((n, C, OH, OW), np.float32)
+    _lib().he_maxpool_mt(Xr.ctypes.data, Y.ctypes.data, n * C, off.ctypes.data, KH * KW,
+                         sw * Wq, Hp, sh, OH, OW, _parts(n * C, 2.0 * Y.size * KH * KW))
+    return Y
+
 
 def worth(rows: int, K: int, N: int) -> bool:
     """Whether a product of ``rows`` rows by a (K, N) weight takes the packed path."""
@@ -394,7 +437,11 @@ def conv_fits(images: int, M: int, K: int, padded: tuple[int, ...], out_sp: tupl
     if C * Hp * (Wp + strides[1]) >= 2**31:
         return False
     OW = out_sp[1]
-    if OW < RUN * 0.75 * -(-OW // RUN):  # runs of output pixels a row fill 3/4 of the lanes
-        return False  # (a 7-wide plane would fill 7 of 16: im2col's GEMM is faster)
+    # the lanes that hold output pixels, at least 3/4 (else im2col's GEMM is faster): of
+    # the padded grid's rows at strides 1 (a 7-wide plane padded to 9: 7/9), else of the
+    # runs of 16 within each output row (7-wide: 7/16)
+    lanes = Wp if strides[0] == strides[1] == 1 else RUN * -(-OW // RUN)
+    if OW < 0.75 * lanes:
+        return False
     return 2.0 * images * M * K * out_sp[0] * OW >= SPLIT_FLOPS
 
