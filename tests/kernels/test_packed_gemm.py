@@ -252,10 +252,16 @@ def test_build_is_cached_by_source_and_compiler(monkeypatch, tmp_path):
     assert pg._built(cc) == first and first.stat().st_mtime_ns == stamp  # not rebuilt
     assert not list((tmp_path / "cache").glob("*.so.*")) and len(list(
         (tmp_path / "cache").iterdir())) == 1  # no temporary left behind
-    src = tmp_path / "gemm.c"
-    src.write_text(pg.SOURCE.read_text() + "\n/* changed */\n")
-    monkeypatch.setattr(pg, "SOURCE", src)
-    assert pg._built(cc) != first  # another source: another library
+    copies = []
+    for f in pg.SOURCES + pg.HEADERS:  # the same sources elsewhere, the header changed
+        (tmp_path / f.name).write_text(f.read_text() + ("\n/* changed */\n" if f.suffix == ".h"
+                                                        else ""))
+        copies.append(tmp_path / f.name)
+    monkeypatch.setattr(pg, "SOURCES", tuple(copies[:-1]))
+    monkeypatch.setattr(pg, "HEADERS", (copies[-1],))
+    second = pg._built(cc)
+    assert second != first and second.exists()  # a header changed: another library
+    assert not first.exists()  # the earlier build is cleaned up
 
 
 def _conv_model(rng, C, M, H, Wd, attrs, act="", residual=False):

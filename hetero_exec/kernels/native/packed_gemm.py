@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 #: "0" (or "false", "off", "no"): numpy's BLAS for every product
 ENV = "HETERO_EXEC_PACKED_GEMM"
 SOURCE = Path(__file__).with_name("gemm.c")
+#: every source of the library (the products, the convolutions, the workers) and their
+#: shared header
+SOURCES = (SOURCE, SOURCE.with_name("conv.c"), SOURCE.with_name("workers.c"))
+HEADERS = (SOURCE.with_name("he.h"),)
 CFLAGS = ("-O3", "-mavx512f", "-mfma", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread")
 
 #: the micro-kernel's tile (gemm.c): 32 columns; rows per tile on each side
@@ -166,7 +170,7 @@ def _cpu_features() -> dict[str, bool]:
 
 def _built(cc: str) -> Path:
     """The shared library for this source and compiler, compiled unless cached."""
-    source = SOURCE.read_bytes()
+    source = b"\0".join(p.name.encode() + b"\0" + p.read_bytes() for p in SOURCES + HEADERS)
     version = subprocess.run([cc, "--version"], capture_output=True, timeout=30).stdout
     key = hashlib.sha256(source + b"\0" + version + b"\0" + " ".join(CFLAGS).encode())
     name = f"gemm-{key.hexdigest()[:16]}.so"
@@ -184,8 +188,8 @@ def _built(cc: str) -> Path:
             errors.append(f"{folder}: {e}")
             continue
         try:
-            done = subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE)], capture_output=True,
-                                  timeout=120)
+            done = subprocess.run([cc, *CFLAGS, "-o", tmp, *map(str, SOURCES)],
+                                  capture_output=True, timeout=120)
             if done.returncode != 0:
                 raise OSError(f"{cc} exited {done.returncode}: "
                               f"{done.stderr.decode(errors='replace')[-400:]}")

@@ -1,0 +1,349 @@
+/* Convolution and MaxPool by indirection, on an input padded once: the cpu provider's
+ * ungrouped Conv (FusedConv) and 2-D MaxPool (see native/packed_gemm.py). */
+#include "he.h"
+
+/* ----------------------------------------------- convolution by indirection (no im2col) */
+
+/* One row of a conv tile stored: act(v + bias + z) under the lane mask. `compress`: the
+ * lanes set in m are consecutive pixels of the output with junk lanes between them (a
+ * run over the padded grid that crosses a row's end), stored packed from c on. */
+static inline __attribute__((always_inline)) void
+finish(__m512 v, float *c, const float *z, __mmask16 m, float rbias, const store_t *s,
+       int compress)
+{
+    if (s->accumulate)
+        v = _mm512_add_ps(v, compress ? _mm512_maskz_expandloadu_ps(m, c)
+                                      : _mm512_maskz_loadu_ps(m, c));
+    if (s->last) {
+        v = _mm512_add_ps(v, _mm512_set1_ps(rbias));
+        if (z)
+            v = _mm512_add_ps(v, compress ? _mm512_maskz_expandloadu_ps(m, z)
+                                          : _mm512_maskz_loadu_ps(m, z));
+        if (s->act == ACT_RELU)
+            v = _mm512_max_ps(_mm512_setzero_ps(), v);
+        else if (s->act == ACT_CLIP)
+            v = _mm512_min_ps(_mm512_set1_ps(s->hi), _mm512_max_ps(_mm512_set1_ps(s->lo), v));
+    }
+    if (compress)
+        _mm512_mask_compressstoreu_ps(c, m, v);
+    else
+        _mm512_mask_storeu_ps(c, m, v);
+}
+
+/* acc[r][h] += sum_k a(r, k) * in_h[off[k] + 0..15] for two runs of 16 lanes, whose
+ * inputs for tap k lie at in_h + off[k]; l0/l1 the lanes loaded, m0/m1 the lanes stored */
+static inline __attribute__((always_inline)) void
+ctile(const int mr, int K, const float *a, const int *off, const float *in0, const float *in1,
+      __mmask16 l0, __mmask16 l1, __mmask16 m0, __mmask16 m1, float *c0, float *c1,
+      const float *z0, const float *z1, long ldc, const float *rbias, const store_t *s)
+{
+    __m512 acc0[MR_LEFT], acc1[MR_LEFT];
+#pragma GCC unroll 12
+    for (int r = 0; r < mr; r++) {
+        acc0[r] = _mm512_setzero_ps();
+        acc1[r] = _mm512_setzero_ps();
+    }
+    for (int k = 0; k < K; k++) {
+        __m512 b0 = _mm512_maskz_loadu_ps(l0, in0 + off[k]);
+        __m512 b1 = _mm512_maskz_loadu_ps(l1, in1 + off[k]);
+#pragma GCC unroll 12
+        for (int r = 0; r < mr; r++) {
+            __m512 av = _mm512_set1_ps(a[r]);
+            acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
+            acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
+        }
+        a += MR_LEFT;
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < mr; r++) {
+        float rb = s->last && rbias ? rbias[r] : 0.0f;
+        /* lanes 0..n-1 (a mask 2^n - 1) are a plain run of the output; others have junk
+         * lanes between pixels */
+        if (m0)
+            finish(acc0[r], c0 + r * ldc, z0 ? z0 + r * ldc : 0, m0, rb, s, (m0 & (m0 + 1)) != 0);
+        if (m1)
+            finish(acc1[r], c1 + r * ldc, z1 ? z1 + r * ldc : 0, m1, rb, s, (m1 & (m1 + 1)) != 0);
+    }
+}
+
+static void ctile_rows(int mr, int K, const float *a, const int *off, const float *in0,
+                       const float *in1, __mmask16 l0, __mmask16 l1, __mmask16 m0, __mmask16 m1,
+                       float *c0, float *c1, const float *z0, const float *z1, long ldc,
+                       const float *rbias, const store_t *s)
+{
+#define T(n) case n: ctile(n, K, a, off, in0, in1, l0, l1, m0, m1, c0, c1, z0, z1, ldc, rbias, s); \
+                     break;
+    switch (mr) {
+        T(1) T(2) T(3) T(4) T(5) T(6) T(7) T(8) T(9) T(10) T(11)
+        default: ctile(12, K, a, off, in0, in1, l0, l1, m0, m1, c0, c1, z0, z1, ldc, rbias, s);
+                 break;
+    }
+#undef T
+}
+
+/* Y_n (M x OH*OW) = act(conv(X_n, W) + bias + Z_n) for a 2-D conv on an input padded
+ * already and laid out so that a run of output pixels reads a run of input for every
+ * tap (column stride 1, or rows split into their column phases by the caller): X_n at
+ * X + n * xs, input rows `pitch` apart, W packed by he_pack_left as (M, C*KH*KW), off[k]
+ * the input offset of tap k from an output pixel's origin, sh the row stride.
+ *
+ * The output is cut into runs of 16 lanes, two runs a tile; work items t in [t0, t1)
+ * are (image, tile) pairs. `flat` (row and column stride 1): runs over the padded grid
+ * of OH rows of `pitch` pixels, contiguous in the input across rows; the pitch - OW
+ * junk columns a row are computed and left out of the store (compress). Else runs of
+ * at most 16 pixels within one output row. */
+static inline int conv_runs(int flat, int OH, int OW, int pitch)
+{
+    return flat ? ((OH - 1) * pitch + OW + 15) / 16 : OH * ((OW + 15) / 16);
+}
+
+int he_conv_tiles(int flat, int OH, int OW, int pitch)
+{
+    return (conv_runs(flat, OH, OW, pitch) + 1) / 2;
+}
+
+int he_conv_left(int M, int K, const float *Wp, const int *off, const float *X, long xs,
+                 int pitch, int sh, int flat, int OH, int OW, float *Y, int t0, int t1,
+                 const float *bias, const float *z, int act, float lo, float hi)
+{
+    int runs_row = (OW + 15) / 16, runs = conv_runs(flat, OH, OW, pitch), tiles = (runs + 1) / 2;
+    long L = (long)OH * OW, grid = (long)(OH - 1) * pitch + OW;
+    /* rows of W per group: the group's packed weights (about 1 MB) stay in L2 while every
+     * tile of this call passes them; a deep layer's whole weight would not (512 x 4608
+     * floats is 9.4 MB, streamed again for every tile) */
+    int mg = (int)((1L << 20) / ((long)K * sizeof(float)) / MR_LEFT * MR_LEFT);
+    if (mg < MR_LEFT)
+        mg = MR_LEFT;
+    /* each tile's inputs copied into an aligned panel first: the tile's loads are then
+     * aligned, where from the input most cross a cache line (16 floats at any offset) */
+    float *panel = (float *)aligned_alloc(64, (size_t)K * NR * sizeof(float) + 64);
+    int *seq = (int *)malloc((size_t)K * sizeof(int));
+    if (!panel || !seq) {
+        free(panel);
+        free(seq);
+        return -1;
+    }
+    for (int k = 0; k < K; k++)
+        seq[k] = k * NR;
+    for (int g0 = 0; g0 < M; g0 += mg) {
+        int g1 = g0 + mg < M ? g0 + mg : M;
+        for (int t = t0; t < t1; t++) {
+            int n = t / tiles, u = t % tiles;
+            const float *in[2] = {0, 0};
+            float *c[2] = {0, 0};
+            const float *zz[2] = {0, 0};
+            __mmask16 l[2] = {0, 0}, m[2] = {0, 0};
+            for (int h = 0; h < 2; h++) {
+                int run = 2 * u + h;
+                long o;
+                if (run >= runs) {  /* an odd last run: the second half stays masked off */
+                    in[h] = in[0];
+                    c[h] = c[0];
+                    continue;
+                }
+                if (flat) {
+                    long q0 = (long)run * 16, first = -1;
+                    int len = grid - q0 < 16 ? (int)(grid - q0) : 16;
+                    l[h] = (__mmask16)((1u << len) - 1);
+                    for (int i = 0; i < len; i++)
+                        if ((q0 + i) % pitch < OW) {
+                            m[h] |= (__mmask16)(1u << i);
+                            if (first < 0)
+                                first = q0 + i;
+                        }
+                    in[h] = X + (long)n * xs + q0;
+                    o = (long)n * M * L + (first < 0 ? 0 : first / pitch * OW + first % pitch);
+                } else {
+                    int oh = run / runs_row, ow0 = (run % runs_row) * 16;
+                    int len = OW - ow0 < 16 ? OW - ow0 : 16;
+                    l[h] = m[h] = (__mmask16)((1u << len) - 1);
+                    in[h] = X + (long)n * xs + (long)oh * sh * pitch + ow0;
+                    o = (long)n * M * L + (long)oh * OW + ow0;
+                }
+                c[h] = Y + o;
+                zz[h] = z ? z + o : 0;
+            }
+            for (int k = 0; k < K; k++) {
+                _mm512_store_ps(panel + (long)k * NR, _mm512_maskz_loadu_ps(l[0], in[0] + off[k]));
+                _mm512_store_ps(panel + (long)k * NR + 16,
+                                _mm512_maskz_loadu_ps(l[1], in[1] + off[k]));
+            }
+            for (int k0 = 0; k0 < K; k0 += KC_CONV) {
+                int kc = K - k0 < KC_CONV ? K - k0 : KC_CONV;
+                store_t s = store_for(k0, kc, K, 0, act, lo, hi);
+                for (int i0 = g0; i0 < g1; i0 += MR_LEFT) {
+                    int mr = g1 - i0 < MR_LEFT ? g1 - i0 : MR_LEFT;
+                    long ro = (long)i0 * L;
+                    ctile_rows(mr, kc, Wp + (long)i0 * K + (long)k0 * MR_LEFT, seq + k0,
+                               panel, panel + 16, 0xFFFF, 0xFFFF, m[0], m[1], c[0] + ro,
+                               c[1] + ro, zz[0] ? zz[0] + ro : 0, zz[1] ? zz[1] + ro : 0, L,
+                               bias ? bias + i0 : 0, &s);
+                }
+            }
+        }
+    }
+    free(panel);
+    free(seq);
+    return 0;
+}
+
+typedef struct {
+    int M, K;
+    const float *Wp;
+    const int *off;
+    const float *X;
+    long xs;
+    int pitch, sh, flat, OH, OW;
+    float *Y;
+    const float *bias, *z;
+    int act;
+    float lo, hi;
+    int failed;
+} conv_args;
+
+static void conv_task(void *p, int i0, int i1)
+{
+    conv_args *a = (conv_args *)p;
+    if (he_conv_left(a->M, a->K, a->Wp, a->off, a->X, a->xs, a->pitch, a->sh, a->flat, a->OH,
+                     a->OW, a->Y, i0, i1, a->bias, a->z, a->act, a->lo, a->hi))
+        __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
+}
+
+/* he_conv_left over `items` (image, tile) pairs in `parts` parts: 0, or -1 when a
+ * tile's panel could not be allocated */
+int he_conv_left_mt(int M, int K, const float *Wp, const int *off, const float *X, long xs,
+                     int pitch, int sh, int flat, int OH, int OW, float *Y, int items,
+                     const float *bias, const float *z, int act, float lo, float hi, int parts)
+{
+    conv_args a = {M, K, Wp, off, X, xs, pitch, sh, flat, OH, OW, Y, bias, z, act, lo, hi, 0};
+    he_parallel(conv_task, &a, items, parts);
+    return a.failed ? -1 : 0;
+}
+
+/* ------------------------------------------------- a conv's input, padded and phased */
+
+typedef struct {
+    const float *X;
+    float *out;
+    int H, W, pt, pl, Hp, sw, Wq;
+    float fill;
+} pad_args;
+
+static inline void fill_floats(float *o, long n, float v)
+{
+    for (long i = 0; i < n; i++)
+        o[i] = v;
+}
+
+/* planes [p0, p1) of X (planes x H x W) padded with `fill` into out (planes x Hp x sw x
+ * Wq): padded row hp, phase p, column q holds X[hp - pt][q * sw + p - pl] */
+static void pad_task(void *args, int p0, int p1)
+{
+    const pad_args *a = (const pad_args *)args;
+    long in_plane = (long)a->H * a->W, out_row = (long)a->sw * a->Wq;
+    for (int pi = p0; pi < p1; pi++) {
+        const float *x = a->X + pi * in_plane;
+        float *o = a->out + pi * a->Hp * out_row;
+        for (int hp = 0; hp < a->Hp; hp++, o += out_row) {
+            int h = hp - a->pt;
+            if (h < 0 || h >= a->H) {
+                fill_floats(o, out_row, a->fill);
+                continue;
+            }
+            const float *xr = x + (long)h * a->W;
+            if (a->sw == 1) {
+                int lead = a->pl < a->Wq ? a->pl : a->Wq;
+                int body = a->Wq - lead < a->W ? a->Wq - lead : a->W;
+                fill_floats(o, lead, a->fill);
+                memcpy(o + lead, xr, body * sizeof(float));
+                fill_floats(o + lead + body, a->Wq - lead - body, a->fill);
+                continue;
+            }
+            for (int p = 0; p < a->sw; p++) {
+                float *op = o + (long)p * a->Wq;
+                /* the columns q of this phase that read X: col = q * sw + p - pl in [0, W) */
+                int q_lo = (a->pl - p + a->sw - 1) / a->sw, q_hi = (a->W - 1 + a->pl - p) / a->sw + 1;
+                if (a->pl - p < 0)
+                    q_lo = 0;
+                if (a->W - 1 + a->pl - p < 0) /* (C's division truncates toward zero) */
+                    q_hi = 0;
+                if (q_hi > a->Wq)
+                    q_hi = a->Wq;
+                if (q_lo > q_hi)
+                    q_lo = q_hi;
+                fill_floats(op, q_lo, a->fill);
+                int q = q_lo;
+                if (a->sw == 2) { /* 16 columns of a phase from 32 of the row: one permute */
+                    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12,
+                                                          10, 8, 6, 4, 2, 0);
+                    for (; q + 16 <= q_hi; q += 16) {
+                        long col = 2L * q + p - a->pl;
+                        int left = a->W - (int)col; /* columns of X from col on */
+                        __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+                        __mmask16 m1 = left >= 32 ? 0xFFFF : left <= 16 ? 0
+                                                          : (__mmask16)((1u << (left - 16)) - 1);
+                        __m512 lo = _mm512_maskz_loadu_ps(m0, xr + col);
+                        __m512 hi = _mm512_maskz_loadu_ps(m1, xr + col + 16);
+                        _mm512_storeu_ps(op + q, _mm512_permutex2var_ps(lo, even, hi));
+                    }
+                }
+                for (; q < q_hi; q++)
+                    op[q] = xr[q * a->sw + p - a->pl];
+                fill_floats(op + q_hi, a->Wq - q_hi, a->fill);
+            }
+        }
+    }
+}
+
+/* X (planes x H x W) into out (planes x Hp x sw x Wq), padded by pt rows above and pl
+ * columns before (and with `fill` beyond X), each row split into its sw column phases
+ * of Wq columns; over `parts` parts */
+void he_pad_mt(const float *X, float *out, int planes, int H, int W, int pt, int pl, int Hp,
+               int sw, int Wq, float fill, int parts)
+{
+    pad_args a = {X, out, H, W, pt, pl, Hp, sw, Wq, fill};
+    he_parallel(pad_task, &a, planes, parts);
+}
+
+/* ---------------------------------------------------------------------- 2-D MaxPool */
+
+typedef struct {
+    const float *X;
+    float *Y;
+    const int *off;
+    int taps, pitch, Hp, sh, OH, OW;
+} maxpool_args;
+
+/* planes [p0, p1): Y[oh][ow] = max over the taps of X[oh*sh*pitch + ow + off[t]] on an
+ * input padded with -inf and phased as for he_conv_left; NaN propagates, as numpy's */
+static void maxpool_task(void *args, int p0, int p1)
+{
+    const maxpool_args *a = (const maxpool_args *)args;
+    const __m512 ninf = _mm512_set1_ps(-__builtin_inff()), nan = _mm512_set1_ps(__builtin_nanf(""));
+    for (int pi = p0; pi < p1; pi++) {
+        const float *x = a->X + (long)pi * a->Hp * a->pitch;
+        float *y = a->Y + (long)pi * a->OH * a->OW;
+        for (int oh = 0; oh < a->OH; oh++) {
+            const float *row = x + (long)oh * a->sh * a->pitch;
+            for (int ow0 = 0; ow0 < a->OW; ow0 += 16) {
+                int len = a->OW - ow0 < 16 ? a->OW - ow0 : 16;
+                __mmask16 m = (__mmask16)((1u << len) - 1), isnan = 0;
+                __m512 acc = ninf;
+                for (int t = 0; t < a->taps; t++) {
+                    __m512 v = _mm512_maskz_loadu_ps(m, row + ow0 + a->off[t]);
+                    isnan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+                    acc = _mm512_max_ps(acc, v);
+                }
+                acc = _mm512_mask_mov_ps(acc, isnan, nan);
+                _mm512_mask_storeu_ps(y + (long)oh * a->OW + ow0, m, acc);
+            }
+        }
+    }
+}
+
+void he_maxpool_mt(const float *X, float *Y, int planes, const int *off, int taps, int pitch,
+                   int Hp, int sh, int OH, int OW, int parts)
+{
+    maxpool_args a = {X, Y, off, taps, pitch, Hp, sh, OH, OW};
+    he_parallel(maxpool_task, &a, planes, parts);
+}
