@@ -4,11 +4,13 @@ onnxruntime, side by side. A benchmark, not a test.
 Two parts:
 
 * ``shapes``: one product per shape, interleaved: numpy's ``matmul`` (OpenBLAS at its
-  threads), our packed product on one thread and split over our threads as a run
-  splits it, and onnxruntime's MatMul on a one-node model with the same constant
-  weight (spinning off). Right-hand shapes are ``A (M, K) @ W (K, N)`` with M rows of
-  activations (an MLP at batch M); left-hand shapes are MobileNetV2's pointwise convs,
-  ``W (M, C) @ X_n (C, L)`` over n images.
+  threads), our packed product on one thread and split over gemm.c's workers, and
+  onnxruntime's MatMul on a one-node model with the same constant weight (spinning
+  off). Right-hand shapes are ``A (M, K) @ W (K, N)`` with M rows of activations (an
+  MLP at batch M); left-hand shapes are MobileNetV2's pointwise convs,
+  ``W (M, C) @ X_n (C, L)`` over n images. Interleaving puts each library's spinning
+  workers beside the next one's run (OpenBLAS's spin 2**20 cycles after a product,
+  ours 100 us): read the ratios of this part as upper bounds for us.
 * ``models``: whole sessions in one process, packed on against packed off (the switch
   flipped between interleaved runs), as a ratio of medians.
 
@@ -79,25 +81,20 @@ def ort_matmul(weight: np.ndarray, left: bool):
 def part_shapes(runs: int) -> None:
     lib = pg._lib()
     rng = np.random.default_rng(0)
-    print("right: A (M, K) @ W (K, N), ms: numpy | packed 1 thread | packed split | ort")
+    print("right: A (M, K) @ W (K, N), ms: numpy | packed, 1 thread | packed, split | ort")
     for M, K, N in RIGHT:
         A = rng.standard_normal((M, K), dtype=np.float32)
         W = rng.standard_normal((K, N), dtype=np.float32)
         p, Y, o = pg.PackedRight(W), np.empty((M, N), np.float32), ort_matmul(W, left=False)
 
-        def one(p=p, A=A, Y=Y, M=M, K=K, N=N):
-            lib.he_gemm_right(N, K, A.ctypes.data, K, p.data.ctypes.data, Y.ctypes.data, N,
-                              0, M, 0, p.panels, None, None, N, 0, 0.0, 0.0)
+        def right(parts: int, p=p, A=A, Y=Y, M=M, K=K, N=N) -> None:
+            lib.he_gemm_right_mt(M, N, K, A.ctypes.data, K, p.data.ctypes.data, Y.ctypes.data,
+                                 N, None, None, N, 0, 0.0, 0.0, parts)
 
-        def split(p=p, A=A, Y=Y, M=M, K=K, N=N):
-            pg._split(p.panels, lambda p0, p1: lib.he_gemm_right(
-                N, K, A.ctypes.data, K, p.data.ctypes.data, Y.ctypes.data, N, 0, M, p0, p1,
-                None, None, N, 0, 0.0, 0.0), 2.0 * M * K * N)
-
-        r = interleaved([lambda: np.matmul(A, W, out=Y), one, split,
+        r = interleaved([lambda: np.matmul(A, W, out=Y), lambda: right(1), lambda: right(2),
                          lambda: o.run(None, {"x": A})], runs)
         print(f"  {M:4d} x {K:4d} x {N:4d}: " + " | ".join(f"{v:7.3f}" for v in r))
-    print("left: W (M, C) @ X_n (C, L) over n images, ms: numpy | packed 1 thread | packed "
+    print("left: W (M, C) @ X_n (C, L) over n images, ms: numpy | packed, 1 thread | packed, "
           "split | ort")
     for n, M, C, L in LEFT:
         W = rng.standard_normal((M, C), dtype=np.float32)
@@ -105,16 +102,15 @@ def part_shapes(runs: int) -> None:
         p, Y, o = pg.PackedLeft(W), np.empty((n, M, L), np.float32), ort_matmul(W, left=True)
         items = n * -(-L // pg.NR)
 
-        def work(t0, t1, p=p, X=X, Y=Y, M=M, C=C, L=L):
-            lib.he_gemm_left(M, C, L, p.data.ctypes.data, X.ctypes.data, L, C * L,
-                             Y.ctypes.data, M * L, t0, t1, None, None, 0, 0.0, 0.0)
+        def left(parts: int, p=p, X=X, Y=Y, M=M, C=C, L=L, items=items) -> None:
+            lib.he_gemm_left_mt(M, C, L, p.data.ctypes.data, X.ctypes.data, L, C * L,
+                                Y.ctypes.data, M * L, items, None, None, 0, 0.0, 0.0, parts)
 
         def numpy_per_image(W=W, X=X, Y=Y, n=n):
             for i in range(n):
                 np.matmul(W, X[i], out=Y[i])
 
-        r = interleaved([numpy_per_image, lambda: work(0, items),
-                         lambda: pg._split(items, work, 2.0 * n * M * C * L),
+        r = interleaved([numpy_per_image, lambda: left(1), lambda: left(2),
                          lambda: o.run(None, {"x": X})], runs)
         print(f"  n={n} {M:4d} x {C:4d} x {L:5d}: " + " | ".join(f"{v:7.3f}" for v in r))
 
@@ -156,7 +152,7 @@ def part_models(names: list[str], runs: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", choices=["shapes", "models", "all"], default="all")
-    parser.add_argument("--models", default="mlp,mobilenetv2_ts,mobilenetv2_dynamo")
+    parser.add_argument("--models", default="mlp,resnet18,mobilenetv2_ts,mobilenetv2_dynamo")
     parser.add_argument("--runs", type=int, default=41)
     args = parser.parse_args()
     reason = pg.unavailable_reason()

@@ -29,13 +29,23 @@ class PackedWeight:
     compiled against (the plan's constant), so a weight the run feeds instead (an
     overridable initializer) takes the unpacked path."""
 
-    __slots__ = ("value", "transpose", "_packed", "_lock")
+    __slots__ = ("value", "transpose", "K", "_packed", "_lock")
 
     def __init__(self, value: np.ndarray, transpose: bool = False):
         self.value = value
         self.transpose = transpose
+        self.K = int(value.shape[1 if transpose else 0])
         self._packed: Any = None
         self._lock = threading.Lock()
+
+    def takes(self, A: Any, B: Any) -> bool:
+        """Whether ``A @ B`` runs packed: B the constant itself, A float32 with a number
+        of rows the packed path takes (checked first: cheap, and most calls stop here)."""
+        if B is not self.value or type(A) is not np.ndarray or A.ndim < 2:
+            return False
+        rows = A.size // self.K
+        return (packed_gemm.MIN_ROWS <= rows <= packed_gemm.MAX_ROWS
+                and A.dtype == np.float32 and A.shape[-1] == self.K)
 
     def right(self, B: Any) -> packed_gemm.PackedRight | None:
         if B is not self.value:
@@ -60,18 +70,12 @@ def constant_weight(xp, inputs: Sequence[KnownInput], index: int = 1) -> np.ndar
     return w if packed_gemm.available() else None
 
 
-def _rows(A: Any, K: int) -> int:
-    return A.size // K if A.ndim >= 2 and A.shape[-1] == K else 0
-
-
 def packed_product(pw: PackedWeight, A: Any, B: Any, bias: Any = None, act: int = 0,
                    lo: float = 0.0, hi: float = 0.0) -> np.ndarray | None:
     """act(A @ B + bias) on the packed weight, or None when this call cannot take it."""
-    if not isinstance(A, np.ndarray) or A.dtype != np.float32:
+    if not pw.takes(A, B):
         return None
     packed = pw.right(B)
-    if packed is None or not packed_gemm.worth(_rows(A, packed.K), packed.K, packed.N):
-        return None
     if bias is not None and (bias.dtype != np.float32 or bias.size != packed.N
                              or bias.shape[-1:] != (packed.N,)):
         return None
@@ -79,15 +83,17 @@ def packed_product(pw: PackedWeight, A: Any, B: Any, bias: Any = None, act: int 
                          act=act, lo=lo, hi=hi)
 
 
-def matmul_hook(generic: Callable) -> Callable:
+def matmul_hook(kernel: Callable[[], Callable]) -> Callable:
+    """The MatMul hook; ``kernel()`` gives the generic kernel (defined after the hook)."""
+
     def hook(xp, kwargs: dict, inputs: Sequence[KnownInput]):
         w = constant_weight(xp, inputs)
         if w is None:
             return None
-        pw = PackedWeight(w)
+        pw, generic = PackedWeight(w), kernel()
 
         def MatMul_packed(xp, A, B):
-            Y = packed_product(pw, A, B)
+            Y = packed_product(pw, A, B) if pw.takes(A, B) else None
             return generic(xp, A, B) if Y is None else (Y,)
 
         return MatMul_packed
@@ -95,20 +101,20 @@ def matmul_hook(generic: Callable) -> Callable:
     return hook
 
 
-def gemm_hook(generic: Callable) -> Callable:
+def gemm_hook(kernel: Callable[[], Callable]) -> Callable:
     def hook(xp, kwargs: dict, inputs: Sequence[KnownInput]):
         w = constant_weight(xp, inputs)
         if w is None or kwargs.get("transA", 0) or kwargs.get("alpha", 1.0) != 1.0:
             return None
-        pw = PackedWeight(w, transpose=bool(kwargs.get("transB", 0)))
+        pw, generic = PackedWeight(w, transpose=bool(kwargs.get("transB", 0))), kernel()
         beta = kwargs.get("beta", 1.0)
 
         def Gemm_packed(xp, A, B, C=None, **attrs):
-            bias = C
-            if C is not None and (beta != 1.0 or C.ndim > 2 or (C.ndim == 2 and C.shape[0] != 1)):
-                Y = None  # a scaled or 2-D C: the generic kernel adds it
-            else:
-                Y = packed_product(pw, A, B, bias)
+            Y = None
+            # (a scaled or 2-D C: the generic kernel adds it)
+            if pw.takes(A, B) and (C is None or (beta == 1.0 and C.ndim <= 2
+                                                 and (C.ndim < 2 or C.shape[0] == 1))):
+                Y = packed_product(pw, A, B, C)
             return generic(xp, A, B, C, **attrs) if Y is None else (Y,)
 
         return Gemm_packed
@@ -116,14 +122,14 @@ def gemm_hook(generic: Callable) -> Callable:
     return hook
 
 
-def fused_matmul_hook(generic: Callable, after: Callable) -> Callable:
+def fused_matmul_hook(kernel: Callable[[], Callable], after: Callable) -> Callable:
     """``after(xp, Y, activation, params)`` applies an activation the store does not."""
 
     def hook(xp, kwargs: dict, inputs: Sequence[KnownInput]):
         w = constant_weight(xp, inputs)
         if w is None:
             return None
-        pw = PackedWeight(w)
+        pw, generic = PackedWeight(w), kernel()
         activation = kwargs.get("activation", "")
         params = kwargs.get("activation_params")
         act = _STORE_ACTS.get(activation)
@@ -131,12 +137,14 @@ def fused_matmul_hook(generic: Callable, after: Callable) -> Callable:
             float("-inf"), float("inf"))
 
         def FusedMatMul_packed(xp, A, B, bias=None, **attrs):
-            if act is not None:
-                Y = packed_product(pw, A, B, bias, act, lo, hi)
-            else:
-                Y = packed_product(pw, A, B, bias)
-                if Y is not None:
-                    after(xp, Y, activation, params)
+            Y = None
+            if pw.takes(A, B):
+                if act is not None:
+                    Y = packed_product(pw, A, B, bias, act, lo, hi)
+                else:
+                    Y = packed_product(pw, A, B, bias)
+                    if Y is not None:
+                        after(xp, Y, activation, params)
             return generic(xp, A, B, bias, **attrs) if Y is None else (Y,)
 
         return FusedMatMul_packed

@@ -133,7 +133,7 @@ def _activate_after(xp, Y, activation: str, params) -> None:
 
 
 @kernel("FusedMatMul", since=1, domain=FUSED_DOMAIN,
-        specialize=fused_matmul_hook(lambda *args, **attrs: FusedMatMul(*args, **attrs),
+        specialize=fused_matmul_hook(lambda: FusedMatMul,
                                      _activate_after))
 def FusedMatMul(xp, A, B, bias=None, activation="", activation_params=None):
     """``activation(MatMul(A, B) + bias)``, bias (N,) along the last axis; from MatMul+Add

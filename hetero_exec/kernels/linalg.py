@@ -23,7 +23,7 @@ def _float_operands(xp, *arrays):
 
 
 @kernel("Gemm", since=(1, 6, 7, 9, 11, 13),
-        specialize=gemm_hook(lambda *args, **attrs: Gemm(*args, **attrs)))
+        specialize=gemm_hook(lambda: Gemm))
 def Gemm(xp, A, B, C=None, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0):
     dt = A.dtype
     (Ac, Bc), back = _float_operands(xp, A, B)
@@ -46,7 +46,7 @@ def Gemm(xp, A, B, C=None, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0)
 
 
 @kernel("MatMul", since=(1, 9, 13),
-        specialize=matmul_hook(lambda *args: MatMul(*args)))
+        specialize=matmul_hook(lambda: MatMul))
 def MatMul(xp, A, B):
     (Ac, Bc), back = _float_operands(xp, A, B)
     Y = xp.asarray(matmul(xp, Ac, Bc))  # 1-D @ 1-D gives a scalar
