@@ -298,7 +298,8 @@ CONVS = [  # (C, M, H, W, attributes): ragged widths, both pads, dilation, strid
     (3, 14, 40, 60, {"k": (7, 7), "strides": [2, 2], "pads": [3, 3, 3, 3]}),  # ResNet's stem
     (5, 12, 20, 45, {"k": (3, 3), "strides": [1, 3], "pads": [0, 2, 1, 0], "dilations": [1, 2]}),
     (4, 10, 9, 9, {"k": (3, 3), "pads": [1, 1, 1, 1]}),  # 9 of 11 lanes: taken (flat grid)
-    (4, 12, 7, 7, {"k": (3, 3), "pads": [1, 1, 1, 1], "dilations": [1, 1]}),  # ResNet's 7x7
+    (4, 12, 7, 7, {"k": (3, 3), "pads": [1, 1, 1, 1]}),  # ResNet's 7x7: 7 of 9, not taken
+    (4, 12, 12, 12, {"k": (3, 3), "pads": [1, 1, 1, 1]}),  # 12 of 14: taken
     (4, 10, 5, 5, {"k": (3, 3), "pads": [2, 2, 2, 2], "dilations": [2, 2]}),  # 5 of 9: not taken
     (4, 10, 9, 9, {"k": (3, 3), "strides": [2, 1], "pads": [1, 1, 1, 1]}),  # 9 of 16: not taken
     (120, 14, 9, 11, {"k": (3, 3), "pads": [1, 1, 1, 1]}),  # 1080 taps: two blocks (flat)
@@ -332,12 +333,12 @@ def test_conv_through_a_session(monkeypatch, case, act, residual):
             feeds["r"] = rng.standard_normal(shape, dtype=np.float32)
         want = ref.run(None, feeds)[0]
         np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
-    # the lanes holding output pixels must be 3/4 at least: of the padded rows at strides
+    # the lanes holding output pixels must be 4/5 at least: of the padded rows at strides
     # 1, else of the runs of 16 pixels within each output row
     OW = want.shape[-1]
     pads = attrs.get("pads", [1, 1, 1, 1] if "auto_pad" in attrs else [0, 0, 0, 0])
     lanes = Wd + pads[1] + pads[3] if attrs.get("strides", [1, 1]) == [1, 1] else 16 * -(-OW // 16)
-    assert bool(convs) == (OW >= 0.75 * lanes), (OW, lanes)
+    assert bool(convs) == (OW >= pg.LANES_FILLED * lanes), (OW, lanes)
 
 
 @needs_packed
