@@ -473,11 +473,17 @@ def _pointwise_packed(X, W, B, Z, activation, act, strides, group, out_sp, path:
         return None
     packed = path.band(np, key_w, None, ("packed_left", M, C),
                        lambda: packed_gemm.PackedLeft(W.reshape(M, C)))
+    Y = _stored(lambda code, lo, hi: packed.matmul(X.reshape(N, C, -1), bias=B, z=Z, act=code,
+                                                   lo=lo, hi=hi), activation, act)
+    return Y.reshape((N, M) + tuple(out_sp))
+
+
+def _stored(run: Callable[[int, float, float], Any], activation, act):
+    """``run(code, lo, hi)``, a packed product given the activation its store applies
+    (none, Relu, Clip); an activation the store lacks gets its own pass after it."""
     store = _store_activation(activation)
-    code, lo, hi = store if store is not None else (packed_gemm.ACT_NONE, 0.0, 0.0)
-    Y = packed.matmul(X.reshape(N, C, -1), bias=B, z=Z, act=code, lo=lo, hi=hi)
-    Y = Y.reshape((N, M) + tuple(out_sp))
-    if store is None:  # an activation the store lacks: its own pass
+    Y = run(*(store if store is not None else (packed_gemm.ACT_NONE, 0.0, 0.0)))
+    if store is None:
         if act is not None:
             _native_epilogue(np, Y, None, None, act)
         else:
@@ -506,16 +512,10 @@ def _conv_packed(X, W, B, Z, activation, act, strides, dilations, pb, pe, group,
         return None
     packed = path.band(np, key_w, None, ("packed_left", W.shape),
                        lambda: packed_gemm.PackedLeft(W.reshape(M, C * KH * KW)))
-    store = _store_activation(activation)
-    code, lo, hi = store if store is not None else (packed_gemm.ACT_NONE, 0.0, 0.0)
-    Y = packed.conv(X, (KH, KW), tuple(dilations), tuple(strides), (pb[0], pb[1], pe[0], pe[1]),
-                    tuple(out_sp), bias=B, z=Z, act=code, lo=lo, hi=hi)
-    if store is None:  # an activation the store lacks: its own pass
-        if act is not None:
-            _native_epilogue(np, Y, None, None, act)
-        else:
-            _epilogue(np, Y, None, activation)
-    return Y
+    pads = (pb[0], pb[1], pe[0], pe[1])
+    return _stored(lambda code, lo, hi: packed.conv(X, (KH, KW), tuple(dilations), tuple(strides),
+                                                    pads, tuple(out_sp), bias=B, z=Z, act=code,
+                                                    lo=lo, hi=hi), activation, act)
 
 
 # --------------------------------------------------------------------------- core

@@ -163,7 +163,7 @@ def _max_pool(xp, X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode
     nd, kernel, strides, dilations, out, pb, pe, extra = _pool_prepare(
         X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     if (not want_indices and nd == 2 and xp is np and X.dtype == np.float32 and X.size
-            and all(out) and packed_gemm.available()):  # compiled (native/gemm.c)
+            and all(out) and packed_gemm.available()):  # compiled (native/conv.c)
         ends = [e + x for e, x in zip(pe, extra)]
         return packed_gemm.max_pool_2d(X, tuple(kernel), tuple(strides), tuple(dilations),
                                        (pb[0], pb[1], ends[0], ends[1]), tuple(out)), None

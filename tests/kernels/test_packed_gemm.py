@@ -113,6 +113,19 @@ def _mlp(rng, K=40, N=70):
     return _model(nodes, [_f("x", ["N", K])], [_f("y", ["N", 9])], inits)
 
 
+def _counting(monkeypatch, owner, name: str) -> list[int]:
+    """Count the calls of ``owner.name`` (a method) for the rest of the test."""
+    calls: list[int] = []
+    method = getattr(owner, name)
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return method(self, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
 def _count_packed(monkeypatch) -> dict[str, int]:
     hits = {"packed": 0, "not": 0}
     right = packed.PackedWeight.right
@@ -190,14 +203,7 @@ def _pointwise_model(rng, C=24, M=40, act="Relu", residual=False):
 def test_pointwise_conv_through_a_session(monkeypatch, act, residual):
     rng = np.random.default_rng(2)
     model = _pointwise_model(rng, act=act, residual=residual)
-    lefts: list[int] = []
-    left = pg.PackedLeft.matmul
-
-    def counting(self, *args, **kwargs):
-        lefts.append(1)
-        return left(self, *args, **kwargs)
-
-    monkeypatch.setattr(pg.PackedLeft, "matmul", counting)
+    lefts = _counting(monkeypatch, pg.PackedLeft, "matmul")
     monkeypatch.setattr(pg, "SPLIT_FLOPS", 0.0)  # this small model takes it too
     sess = InferenceSession(model.SerializeToString(), ["cpu"])
     ref = ReferenceEvaluator(model)
@@ -315,14 +321,7 @@ def test_conv_through_a_session(monkeypatch, case, act, residual):
     C, M, H, Wd, attrs = CONVS[case]
     rng = np.random.default_rng(case)
     model = _conv_model(rng, C, M, H, Wd, dict(attrs), act, residual)
-    convs: list[int] = []
-    conv = pg.PackedLeft.conv
-
-    def counting(self, *args, **kwargs):
-        convs.append(1)
-        return conv(self, *args, **kwargs)
-
-    monkeypatch.setattr(pg.PackedLeft, "conv", counting)
+    convs = _counting(monkeypatch, pg.PackedLeft, "conv")
     monkeypatch.setattr(pg, "SPLIT_FLOPS", 0.0)  # these small convs take it too
     sess = InferenceSession(model.SerializeToString(), ["cpu"])
     ref = ReferenceEvaluator(model)
@@ -352,10 +351,7 @@ def test_conv1d_through_a_session(monkeypatch, attrs):
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs),
              helper.make_node("Relu", ["c"], ["y"])]
     model = _model(nodes, [_f("x", ["N", 6, 61])], [_f("y", ["n", "m", "l"])], inits)
-    convs: list[int] = []
-    conv = pg.PackedLeft.conv
-    monkeypatch.setattr(pg.PackedLeft, "conv",
-                        lambda self, *a, **k: convs.append(1) or conv(self, *a, **k))
+    convs = _counting(monkeypatch, pg.PackedLeft, "conv")
     monkeypatch.setattr(pg, "SPLIT_FLOPS", 0.0)
     sess = InferenceSession(model.SerializeToString(), ["cpu"])
     x = rng.standard_normal((2, 6, 61), dtype=np.float32)

@@ -1,16 +1,19 @@
-"""float32 products on weights packed once (native/gemm.c, AVX-512F), built on first use.
+"""float32 products on weights packed once (native/gemm.c, conv.c, AVX-512F), built on
+first use.
 
 A BLAS call packs both of its operands every time. For a product with a constant weight
-and few rows (an MLP at batch 8, a transformer at batch 1) that is most of the call, and
-onnxruntime, which packs its weights once, runs those products 2-3x faster than numpy's
-OpenBLAS. `PackedRight` (``A @ B``, B constant: MatMul, Gemm, FusedMatMul) and
-`PackedLeft` (``W @ X`` per image, W constant: Conv's pointwise and im2col paths) hold
-their weight packed in the micro-kernel's order and add bias, residual and Relu/Clip as
-each tile is stored, which also saves the epilogue's pass over the output.
+and few rows (an MLP at batch 8) that is most of the call, and onnxruntime, which packs
+its weights once, runs those products 2-3x faster than numpy's OpenBLAS.
+`PackedRight` (``A @ B``, B constant: MatMul, Gemm, FusedMatMul) and `PackedLeft`
+(``W @ X`` per image, W constant: Conv's pointwise path; `PackedLeft.conv`: the other
+ungrouped Convs, each tap read through its offset from one padded copy of the input,
+no im2col) hold their weight packed in the micro-kernel's order and add bias, residual
+and Relu/Clip as each tile is stored, which also saves the epilogue's pass over the
+output. `max_pool_2d` runs MaxPool on the same padded input.
 
-The C source is compiled by the system's C compiler (``$CC``, else ``cc``) on first use,
-into ``__pycache__`` beside it (or the user's cache directory), keyed by the hash of the
-source and the compiler, and checked against numpy once per process. Where the CPU
+The C sources are compiled by the system's C compiler (``$CC``, else ``cc``) on first
+use, into ``__pycache__`` beside them (or the user's cache directory), keyed by the hash
+of the sources and the compiler, and checked against numpy once per process. Where the CPU
 lacks AVX-512F, no compiler is found, the build or the check fails, or
 ``HETERO_EXEC_PACKED_GEMM=0`` (or the compiled kernels are off, ``HETERO_EXEC_NATIVE=0``),
 `unavailable_reason` says why and the callers keep numpy's BLAS.
