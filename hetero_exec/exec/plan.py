@@ -413,7 +413,8 @@ def _known_input(graph: Graph, name: str) -> KnownInput:
         return KnownInput()
     v = graph.value(name)
     shape = tuple(v.shape) if v.shape is not None else None
-    return KnownInput(shape, v.dtype, graph.initializers.get(name))
+    value = graph.initializers.get(name)
+    return KnownInput(shape, v.dtype, value, value is not None and name in graph.inputs)
 
 
 def _static_inputs(graph: Graph, node: Node) -> bool:

@@ -25,14 +25,17 @@ _STORE_ACTS = {"": packed_gemm.ACT_NONE, "Relu": packed_gemm.ACT_RELU,
 
 
 class PackedWeight:
-    """One node's constant, packed on first use. It serves only the very array it was
-    compiled against (the plan's constant), so a weight the run feeds instead (an
-    overridable initializer) takes the unpacked path."""
+    """One node's constant, packed on first use, for the one array that the plan's slot
+    holds run after run. That is the array of the first run (a provider may hold its
+    own copy of the initializer, as sim-gpu's host mode does), except for an overridable
+    initializer, which a run may feed: there only the initializer itself is served, and
+    a fed weight takes the unpacked path."""
 
     __slots__ = ("value", "transpose", "K", "_packed", "_lock")
 
-    def __init__(self, value: np.ndarray, transpose: bool = False):
-        self.value = value
+    def __init__(self, known: KnownInput, transpose: bool = False):
+        value = known.value
+        self.value = value if known.overridable else None  # None: the first run's array
         self.transpose = transpose
         self.K = int(value.shape[1 if transpose else 0])
         self._packed: Any = None
@@ -41,6 +44,10 @@ class PackedWeight:
     def takes(self, A: Any, B: Any) -> bool:
         """Whether ``A @ B`` runs packed: B the constant itself, A float32 with a number
         of rows the packed path takes (checked first: cheap, and most calls stop here)."""
+        if self.value is None and type(B) is np.ndarray:
+            with self._lock:
+                if self.value is None:
+                    self.value = B
         if B is not self.value or type(A) is not np.ndarray or A.ndim < 2:
             return False
         rows = A.size // self.K
@@ -59,15 +66,16 @@ class PackedWeight:
         return packed
 
 
-def constant_weight(xp, inputs: Sequence[KnownInput], index: int = 1) -> np.ndarray | None:
+def constant_weight(xp, inputs: Sequence[KnownInput], index: int = 1) -> KnownInput | None:
     """The input at ``index`` when it is a 2-D float32 host constant and the packed
     products are available, else None."""
     if xp is not np or len(inputs) <= index:
         return None
-    w = inputs[index].value
+    known = inputs[index]
+    w = known.value
     if not isinstance(w, np.ndarray) or w.ndim != 2 or w.dtype != np.float32 or 0 in w.shape:
         return None
-    return w if packed_gemm.available() else None
+    return known if packed_gemm.available() else None
 
 
 def packed_product(pw: PackedWeight, A: Any, B: Any, bias: Any = None, act: int = 0,
@@ -87,10 +95,10 @@ def matmul_hook(kernel: Callable[[], Callable]) -> Callable:
     """The MatMul hook; ``kernel()`` gives the generic kernel (defined after the hook)."""
 
     def hook(xp, kwargs: dict, inputs: Sequence[KnownInput]):
-        w = constant_weight(xp, inputs)
-        if w is None:
+        known = constant_weight(xp, inputs)
+        if known is None:
             return None
-        pw, generic = PackedWeight(w), kernel()
+        pw, generic = PackedWeight(known), kernel()
 
         def MatMul_packed(xp, A, B):
             Y = packed_product(pw, A, B) if pw.takes(A, B) else None
@@ -103,10 +111,10 @@ def matmul_hook(kernel: Callable[[], Callable]) -> Callable:
 
 def gemm_hook(kernel: Callable[[], Callable]) -> Callable:
     def hook(xp, kwargs: dict, inputs: Sequence[KnownInput]):
-        w = constant_weight(xp, inputs)
-        if w is None or kwargs.get("transA", 0) or kwargs.get("alpha", 1.0) != 1.0:
+        known = constant_weight(xp, inputs)
+        if known is None or kwargs.get("transA", 0) or kwargs.get("alpha", 1.0) != 1.0:
             return None
-        pw, generic = PackedWeight(w, transpose=bool(kwargs.get("transB", 0))), kernel()
+        pw, generic = PackedWeight(known, transpose=bool(kwargs.get("transB", 0))), kernel()
         beta = kwargs.get("beta", 1.0)
 
         def Gemm_packed(xp, A, B, C=None, **attrs):
@@ -126,10 +134,10 @@ def fused_matmul_hook(kernel: Callable[[], Callable], after: Callable) -> Callab
     """``after(xp, Y, activation, params)`` applies an activation the store does not."""
 
     def hook(xp, kwargs: dict, inputs: Sequence[KnownInput]):
-        w = constant_weight(xp, inputs)
-        if w is None:
+        known = constant_weight(xp, inputs)
+        if known is None:
             return None
-        pw, generic = PackedWeight(w), kernel()
+        pw, generic = PackedWeight(known), kernel()
         activation = kwargs.get("activation", "")
         params = kwargs.get("activation_params")
         act = _STORE_ACTS.get(activation)

@@ -56,6 +56,8 @@ class KnownInput:
     dtype: Any = None
     #: the host array of a constant input (an initializer), else None
     value: Any = None
+    #: an initializer that is also a graph input: a run may feed another value
+    overridable: bool = False
 
 
 @dataclass(frozen=True)

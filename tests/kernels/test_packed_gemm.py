@@ -474,3 +474,20 @@ def test_max_pool_against_the_reference(monkeypatch, case):
     want = InferenceSession(model.SerializeToString(), ["cpu"]).run(None, {"x": x})[0]
     assert np.isnan(got).any()
     np.testing.assert_array_equal(got, want)
+
+
+@needs_packed
+def test_a_providers_own_copy_of_the_weight_is_packed(monkeypatch):
+    """sim-gpu's host mode holds its own copy of every initializer: its segments pack
+    that copy (the array the plan's slot holds run after run)."""
+    rng = np.random.default_rng(4)
+    model = _mlp(rng)
+    hits = _count_packed(monkeypatch)
+    sess = InferenceSession(model.SerializeToString(), [("sim-gpu", {"strict": False}), "cpu"],
+                            hetero=True)
+    ref = ReferenceEvaluator(model)
+    for _ in range(2):
+        x = rng.standard_normal((8, 40), dtype=np.float32)
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0],
+                                   rtol=1e-4, atol=1e-3)
+    assert hits["packed"] >= 2 * 3
