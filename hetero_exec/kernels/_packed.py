@@ -19,10 +19,6 @@ import numpy as np
 from hetero_exec.kernels.native import packed_gemm
 from hetero_exec.kernels.registry import KnownInput
 
-#: FusedMatMul activations the store applies; the others run after it
-_STORE_ACTS = {"": packed_gemm.ACT_NONE, "Relu": packed_gemm.ACT_RELU,
-               "Clip": packed_gemm.ACT_CLIP}
-
 
 class PackedWeight:
     """One node's constant, packed on first use, for the one array that the plan's slot
@@ -54,14 +50,15 @@ class PackedWeight:
         return (packed_gemm.MIN_ROWS <= rows <= packed_gemm.MAX_ROWS
                 and A.dtype == np.float32 and A.shape[-1] == self.K)
 
-    def right(self, B: Any) -> packed_gemm.PackedRight | None:
-        if B is not self.value:
-            return None
+    def packed(self) -> packed_gemm.PackedRight:
+        """The weight packed (the first time: concurrent first runs pack once); call
+        after `takes` said yes."""
         packed = self._packed
         if packed is None:
-            with self._lock:  # concurrent first runs pack once
+            with self._lock:
                 if self._packed is None:
-                    self._packed = packed_gemm.PackedRight(B.T if self.transpose else B)
+                    self._packed = packed_gemm.PackedRight(
+                        self.value.T if self.transpose else self.value)
                 packed = self._packed
         return packed
 
@@ -78,12 +75,11 @@ def constant_weight(xp, inputs: Sequence[KnownInput], index: int = 1) -> KnownIn
     return known if packed_gemm.available() else None
 
 
-def packed_product(pw: PackedWeight, A: Any, B: Any, bias: Any = None, act: int = 0,
+def packed_product(pw: PackedWeight, A: Any, bias: Any = None, act: int = 0,
                    lo: float = 0.0, hi: float = 0.0) -> np.ndarray | None:
-    """act(A @ B + bias) on the packed weight, or None when this call cannot take it."""
-    if not pw.takes(A, B):
-        return None
-    packed = pw.right(B)
+    """act(A @ B + bias) on the packed weight, for a call `PackedWeight.takes`; None
+    when its bias does not suit the store."""
+    packed = pw.packed()
     if bias is not None and (bias.dtype != np.float32 or bias.size != packed.N
                              or bias.shape[-1:] != (packed.N,)):
         return None
@@ -101,7 +97,7 @@ def matmul_hook(kernel: Callable[[], Callable]) -> Callable:
         pw, generic = PackedWeight(known), kernel()
 
         def MatMul_packed(xp, A, B):
-            Y = packed_product(pw, A, B) if pw.takes(A, B) else None
+            Y = packed_product(pw, A) if pw.takes(A, B) else None
             return generic(xp, A, B) if Y is None else (Y,)
 
         return MatMul_packed
@@ -122,7 +118,7 @@ def gemm_hook(kernel: Callable[[], Callable]) -> Callable:
             # (a scaled or 2-D C: the generic kernel adds it)
             if pw.takes(A, B) and (C is None or (beta == 1.0 and C.ndim <= 2
                                                  and (C.ndim < 2 or C.shape[0] == 1))):
-                Y = packed_product(pw, A, B, C)
+                Y = packed_product(pw, A, C)
             return generic(xp, A, B, C, **attrs) if Y is None else (Y,)
 
         return Gemm_packed
@@ -140,17 +136,15 @@ def fused_matmul_hook(kernel: Callable[[], Callable], after: Callable) -> Callab
         pw, generic = PackedWeight(known), kernel()
         activation = kwargs.get("activation", "")
         params = kwargs.get("activation_params")
-        act = _STORE_ACTS.get(activation)
-        lo, hi = (float(p) for p in params) if act == packed_gemm.ACT_CLIP and params else (
-            float("-inf"), float("inf"))
+        store = packed_gemm.store_act(activation, params)  # None: ``after`` applies it
 
         def FusedMatMul_packed(xp, A, B, bias=None, **attrs):
             Y = None
             if pw.takes(A, B):
-                if act is not None:
-                    Y = packed_product(pw, A, B, bias, act, lo, hi)
+                if store is not None:
+                    Y = packed_product(pw, A, bias, *store)
                 else:
-                    Y = packed_product(pw, A, B, bias)
+                    Y = packed_product(pw, A, bias)
                     if Y is not None:
                         after(xp, Y, activation, params)
             return generic(xp, A, B, bias, **attrs) if Y is None else (Y,)

@@ -359,18 +359,12 @@ def parallel_for(xp, n: int, work: Callable[[int, int], None], flops: float,
     the process too, from ALONE_FLOPS: there the BLAS splits only the products, and
     the other core would idle through the depthwise and epilogue passes between them
     (MobileNetV2 and ConvNeXt at batch 8: 12-15% of a run, bench/README.md)."""
-    helpers = None
-    # the cheap tests first: most calls (a lone run's, or small work) stop there
-    if xp is np and n >= 2 * least and (
-            (_holds and flops >= PARALLEL_FLOPS)
-            or (alone and _depth <= 1 and flops >= ALONE_FLOPS)):
-        width = split_width()
-        helpers = _helpers() if width > 1 else None
+    parts = split_parts(n, flops, least, alone) if xp is np else 1
+    helpers = _helpers() if parts > 1 else None
     if helpers is None:
         work(0, n)
         return
     pool, free = helpers
-    parts = min(width, n // least)
     bounds = [n * i // parts for i in range(parts + 1)]
     pieces = list(zip(bounds[:-1], bounds[1:]))
     mine, futures = [pieces[0]], []
@@ -392,14 +386,17 @@ def _run_part(free: threading.Semaphore, work: Callable[[int, int], None], i0: i
         free.release()
 
 
-def split_parts(n: int, flops: float, least_flops: float = ALONE_FLOPS) -> int:
-    """The parts native code's own workers may cut ``n`` independent items into (1:
-    none), by `parallel_for`'s rule for work that calls no BLAS: inside
-    `single_blas_thread` from PARALLEL_FLOPS, in a run alone from ``least_flops``; at
-    most `split_width` parts."""
-    if n >= 2 and ((_holds and flops >= PARALLEL_FLOPS)
-                   or (_depth <= 1 and flops >= least_flops)):
-        return max(1, min(split_width(), n))
+def split_parts(n: int, flops: float, least: int = 1, alone: bool = True,
+                alone_flops: float = ALONE_FLOPS) -> int:
+    """The parts ``n`` independent items of ``flops`` work are cut into (1: none), of at
+    least ``least`` items each and at most `split_width`: inside `single_blas_thread`
+    from PARALLEL_FLOPS; for work that calls no BLAS (``alone``) in a run alone too,
+    from ``alone_flops``. `parallel_for`'s rule, and that of native code's own workers
+    (native/packed_gemm.py)."""
+    # the cheap tests first: most calls (a lone run's, or small work) stop there
+    if n >= 2 * least and ((_holds and flops >= PARALLEL_FLOPS)
+                           or (alone and _depth <= 1 and flops >= alone_flops)):
+        return max(1, min(split_width(), n // least))
     return 1
 
 

@@ -447,18 +447,6 @@ def _shift(xp, X, W, B, pb, pe, out_sp, path: ConvPath | None, key_w, key_b):
     return out
 
 
-def _store_activation(activation) -> tuple[int, float, float] | None:
-    """``activation`` as packed_gemm's store applies it (none, Relu, Clip), or None."""
-    if activation == "":
-        return packed_gemm.ACT_NONE, 0.0, 0.0
-    if activation == "Relu":
-        return packed_gemm.ACT_RELU, 0.0, 0.0
-    if getattr(activation, "activation", None) == "Clip":
-        lo, hi = activation.params or (float("-inf"), float("inf"))
-        return packed_gemm.ACT_CLIP, float(lo), float(hi)
-    return None
-
-
 def _pointwise_packed(X, W, B, Z, activation, act, strides, group, out_sp, path: ConvPath,
                       key_w):
     """The ungrouped, unstrided float32 1x1 conv on its weight packed once (kept by the
@@ -481,7 +469,8 @@ def _pointwise_packed(X, W, B, Z, activation, act, strides, group, out_sp, path:
 def _stored(run: Callable[[int, float, float], Any], activation, act):
     """``run(code, lo, hi)``, a packed product given the activation its store applies
     (none, Relu, Clip); an activation the store lacks gets its own pass after it."""
-    store = _store_activation(activation)
+    store = (packed_gemm.store_act(activation) if isinstance(activation, str)
+             else packed_gemm.store_act(activation.activation, activation.params))
     Y = run(*(store if store is not None else (packed_gemm.ACT_NONE, 0.0, 0.0)))
     if store is None:
         if act is not None:

@@ -70,10 +70,15 @@ def unavailable_reason() -> str | None:
     return _state["reason"]  # type: ignore[return-value]
 
 
+def switched_off(env: str) -> bool:
+    """Whether the environment variable ``env`` turns a fast path off ("0", "false",
+    "off" or "no")."""
+    return os.environ.get(env, "").strip().lower() in ("0", "false", "off", "no")
+
+
 def _find_reason() -> str | None:
-    value = os.environ.get(ENV, "")
-    if value.strip().lower() in ("0", "false", "off", "no"):
-        return f"{ENV}={value!r}"
+    if switched_off(ENV):
+        return f"{ENV}={os.environ[ENV]!r}"
     try:
         importlib.import_module("numba")
     except Exception as e:  # ImportError, or a numba that fails on this numpy

@@ -102,9 +102,9 @@ int he_conv_tiles(int flat, int OH, int OW, int pitch)
     return (conv_runs(flat, OH, OW, pitch) + 1) / 2;
 }
 
-int he_conv_left(int M, int K, const float *Wp, const int *off, const float *X, long xs,
-                 int pitch, int sh, int flat, int OH, int OW, float *Y, int t0, int t1,
-                 const float *bias, const float *z, int act, float lo, float hi)
+static int he_conv_left(int M, int K, const float *Wp, const int *off, const float *X,
+                        long xs, int pitch, int sh, int flat, int OH, int OW, float *Y, int t0,
+                        int t1, const float *bias, const float *z, int act, float lo, float hi)
 {
     int runs_row = (OW + 15) / 16, runs = conv_runs(flat, OH, OW, pitch), tiles = (runs + 1) / 2;
     long L = (long)OH * OW, grid = (long)(OH - 1) * pitch + OW;

@@ -110,9 +110,9 @@ void he_pack_right(int K, int N, const float *B, long rs, long cs, float *out)
 
 /* Y[m0:m1, panels p0:p1] = act(A @ B + bias + Z); A (M x K) row-major (lda), Bp packed,
  * bias (N,) or NULL, Z of Y's layout (ldz) or NULL */
-void he_gemm_right(int N, int K, const float *A, long lda, const float *Bp, float *Y, long ldy,
-                   int m0, int m1, int p0, int p1, const float *bias, const float *z, long ldz,
-                   int act, float lo, float hi)
+static void he_gemm_right(int N, int K, const float *A, long lda, const float *Bp, float *Y,
+                          long ldy, int m0, int m1, int p0, int p1, const float *bias,
+                          const float *z, long ldz, int act, float lo, float hi)
 {
     for (int k0 = 0; k0 < K; k0 += KC) {
         int kc = K - k0 < KC ? K - k0 : KC;
@@ -154,9 +154,9 @@ void he_pack_left(int M, int K, const float *W, long rs, long cs, float *out)
  * ldx apart, Y_n and Z_n at n * ys with rows L apart (NCHW). Work items t in [t0, t1) are
  * (image, 32-column panel) pairs: t = n * panels + panel. Returns 0, or -1 when the
  * panel's scratch could not be allocated. */
-int he_gemm_left(int M, int K, int L, const float *Wp, const float *X, long ldx, long xs,
-                 float *Y, long ys, int t0, int t1, const float *bias, const float *z,
-                 int act, float lo, float hi)
+static int he_gemm_left(int M, int K, int L, const float *Wp, const float *X, long ldx,
+                        long xs, float *Y, long ys, int t0, int t1, const float *bias,
+                        const float *z, int act, float lo, float hi)
 {
     float *panel = (float *)aligned_alloc(64, (size_t)K * NR * sizeof(float) + 64);
     if (!panel)

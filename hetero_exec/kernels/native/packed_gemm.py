@@ -41,6 +41,9 @@ from typing import Any
 
 import numpy as np
 
+from hetero_exec.kernels.native import ACT_DEFAULTS, switched_off
+from hetero_exec.kernels.native import ENV as NATIVE_ENV
+
 log = logging.getLogger(__name__)
 
 #: "0" (or "false", "off", "no"): numpy's BLAS for every product
@@ -56,7 +59,7 @@ CFLAGS = ("-O3", "-mavx512f", "-mfma", "-fPIC", "-shared", "-fno-strict-aliasing
 NR = 32
 MR_RIGHT = 8
 MR_LEFT = 12
-#: activation codes of gemm.c's store (the others run after it, as before)
+#: activation codes of the kernels' store (he.h; the others run after it, as before)
 ACT_NONE, ACT_RELU, ACT_CLIP = 0, 1, 2
 #: the rows a right-hand product takes the packed path for. Below: a GEMV-like product is
 #: memory-bound, and 1-3 rows leave the tile's FMA chains too short to hide their latency.
@@ -80,12 +83,8 @@ _F = ctypes.c_float
 _SIGNATURES = {
     "he_pack_right_size": (_L, [_I, _I]),
     "he_pack_right": (None, [_I, _I, _P, _L, _L, _P]),
-    "he_gemm_right": (None, [_I, _I, _P, _L, _P, _P, _L, _I, _I, _I, _I, _P, _P, _L, _I, _F, _F]),
     "he_pack_left_size": (_L, [_I, _I]),
     "he_pack_left": (None, [_I, _I, _P, _L, _L, _P]),
-    "he_gemm_left": (_I, [_I, _I, _I, _P, _P, _L, _L, _P, _L, _I, _I, _P, _P, _I, _F, _F]),
-    "he_conv_left": (_I, [_I, _I, _P, _P, _P, _L, _I, _I, _I, _I, _I, _P, _I, _I, _P, _P, _I,
-                          _F, _F]),
     "he_conv_tiles": (_I, [_I, _I, _I, _I]),
     "he_pad_mt": (None, [_P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _I]),
     "he_maxpool_mt": (None, [_P, _P, _I, _P, _I, _I, _I, _I, _I, _I, _I]),
@@ -97,7 +96,7 @@ _SIGNATURES = {
 }
 #: the least share of a conv's lanes that must hold output pixels (`conv_fits`)
 LANES_FILLED = 0.8
-#: output pixels of a conv tile's run (gemm.c: two runs of 16 within an output row a tile)
+#: output pixels of a conv tile's run (conv.c: two runs of 16 lanes a tile)
 RUN = 16
 
 
@@ -118,19 +117,28 @@ def available() -> bool:
     return unavailable_reason() is None
 
 
+def store_act(activation: str, params=None) -> tuple[int, float, float] | None:
+    """(code, lo, hi) of ``activation`` as the kernels' store applies it: none, Relu or
+    Clip (its bounds, or none); None for any other."""
+    if activation == "":
+        return ACT_NONE, 0.0, 0.0
+    if activation == "Relu":
+        return ACT_RELU, 0.0, 0.0
+    if activation == "Clip":
+        lo, hi = params or ACT_DEFAULTS["Clip"]
+        return ACT_CLIP, float(lo), float(hi)
+    return None
+
+
 def reset() -> None:
     """Decide `available` again (after ``HETERO_EXEC_PACKED_GEMM`` changed)."""
     with _lock:
         _state.clear()
 
 
-def _off(value: str) -> bool:
-    return value.strip().lower() in ("0", "false", "off", "no")
-
-
 def _load() -> str | None:
-    for env in (ENV, "HETERO_EXEC_NATIVE"):
-        if _off(os.environ.get(env, "")):
+    for env in (ENV, NATIVE_ENV):
+        if switched_off(env):
             return f"{env}={os.environ[env]!r}"
     features = _cpu_features()
     if not (features.get("AVX512F") and features.get("FMA3")):
@@ -141,7 +149,7 @@ def _load() -> str | None:
     try:
         lib = ctypes.CDLL(str(_built(cc)))
     except (OSError, subprocess.SubprocessError) as e:
-        return f"gemm.c did not build or load ({type(e).__name__}: {e})"
+        return f"the C kernels did not build or load ({type(e).__name__}: {e})"
     for name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
@@ -253,7 +261,7 @@ def _parts(n: int, flops: float) -> int:
     kernels/_threads.parallel_for would for work that calls no BLAS."""
     from hetero_exec.kernels import _threads
 
-    return _threads.split_parts(n, flops, SPLIT_FLOPS)
+    return _threads.split_parts(n, flops, alone_flops=SPLIT_FLOPS)
 
 
 def _contiguous_f32(a: np.ndarray | None) -> np.ndarray | None:
