@@ -14,9 +14,12 @@ of the kernel table) from its attributes and weight shape, see `choose_path`:
   GB/s here; the BLAS does the taps in registers, at the price of U/K times the
   arithmetic (bench/bench_conv.py measures the forms);
 * ``depthwise_native`` (the same nodes, float32/float64, when the compiled kernels of
-  kernels/native are available): per channel, the padded input copied once into the
-  stride's phase planes, then one vectorized multiply-add over the output plane per
-  tap, with the bias and the activation on the way out; planes of at most 64 pixels
+  kernels/native are available). float32 on AVX-512: kernels/native/depthwise.c, each
+  plane padded into a small buffer, eight runs of 16 output pixels summed at once (a
+  tap is a load and an FMA), bias, residual and Relu/Clip as a run is stored. float64,
+  or without AVX-512: per channel, the padded input copied once into the stride's
+  phase planes, then one vectorized multiply-add over the output plane per tap, with
+  the bias and the activation on the way out; planes of at most 64 pixels
   channels-last instead (kernels/native/depthwise.py); other dtypes take the
   ``depthwise`` path. The pointwise and im2col paths then add the bias and residual and
   apply the activation in one compiled pass too (kernels/native/epilogue.py);
@@ -316,6 +319,26 @@ def _depthwise_native(xp, X, W, B, strides, dilations, pb, out_sp, act):
     return out.reshape(out.shape[:2] + (out.shape[3],)) if flat else out
 
 
+def _depthwise_packed(X, W, B, Z, activation, act, strides, dilations, pb, out_sp):
+    """Depthwise conv (multiplier 1, 1-D or 2-D) in float32 by native/depthwise.c, bias,
+    residual and Relu/Clip added as each run is stored; None when this call does not suit
+    it (another dtype, no AVX-512, a plane too large for its int32 offsets)."""
+    if X.dtype != np.float32 or W.dtype != np.float32 or not packed_gemm.available():
+        return None
+    if X.ndim == 3:  # 1-D: one row of height 1
+        Y = _depthwise_packed(X[:, :, None], W[:, :, None], B,
+                              None if Z is None else Z[:, :, None], activation, act,
+                              (1, strides[0]), (1, dilations[0]), (0, pb[0]), (1, out_sp[0]))
+        return None if Y is None else Y[:, :, 0]
+    if not packed_gemm.depthwise_fits(X.shape, W.shape, tuple(strides), tuple(dilations),
+                                      tuple(out_sp)):
+        return None
+    C = X.shape[1]
+    return _stored(lambda code, lo, hi: packed_gemm.depthwise_2d(
+        X, W.reshape((C,) + W.shape[2:]), tuple(strides), tuple(dilations), (pb[0], pb[1]),
+        tuple(out_sp), bias=B, z=Z, act=code, lo=lo, hi=hi), activation, act)
+
+
 # --------------------------------------------------------------------------- im2col
 
 
@@ -545,6 +568,9 @@ def _conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp, Z=None, a
     compiled = native.takes(xp, X) and (Z is None or tuple(Z.shape) == out_shape)
     act = _native_activation(activation) if compiled else None  # None: numpy applies it
     if kind == "depthwise_native" and compiled:
+        Y = _depthwise_packed(X, W, B, Z, activation, act, strides, dilations, pb, out_sp)
+        if Y is not None:
+            return Y
         if act is not None and Z is None:  # bias and activation on the way out
             return _depthwise_native(xp, X, W, B, strides, dilations, pb, out_sp, act)
         Y = _depthwise_native(xp, X, W, B, strides, dilations, pb, out_sp, _NO_ACT)

@@ -483,3 +483,122 @@ def test_a_providers_own_copy_of_the_weight_is_packed(monkeypatch):
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0],
                                    rtol=1e-4, atol=1e-3)
     assert len(hits) >= 2 * 3
+
+
+# ------------------------------------------------------------------ depthwise.c
+
+
+DEPTHWISE = [  # (C, H, W, attributes): MobileNet's and ConvNeXt's, and odd geometry
+    (5, 16, 16, {"k": (3, 3), "pads": [1, 1, 1, 1]}),
+    (4, 17, 23, {"k": (3, 3), "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    (3, 16, 16, {"k": (3, 3), "strides": [2, 2], "pads": [0, 0, 1, 1]}),  # TF-style pads
+    (3, 13, 11, {"k": (5, 5), "pads": [2, 2, 2, 2]}),
+    (6, 14, 14, {"k": (7, 7), "pads": [3, 3, 3, 3]}),  # ConvNeXt
+    (6, 7, 7, {"k": (7, 7), "pads": [3, 3, 3, 3]}),
+    (4, 4, 4, {"k": (3, 3), "pads": [1, 1, 1, 1]}),  # MobileNet's last planes
+    (3, 12, 12, {"k": (3, 3), "pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    (3, 14, 19, {"k": (3, 3), "strides": [3, 3], "pads": [1, 1, 1, 1]}),  # gathers
+    (3, 11, 20, {"k": (3, 3), "strides": [1, 2], "pads": [1, 0, 1, 2]}),
+    (3, 11, 20, {"k": (3, 3), "strides": [2, 1], "pads": [0, 1, 2, 1]}),
+    (3, 9, 15, {"k": (3, 3), "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    (3, 8, 16, {"k": (3, 7), "pads": [1, 9, 1, 9], "dilations": [1, 3]}),  # runs by rows
+    (3, 6, 70, {"k": (1, 1)}),
+    (3, 5, 40, {"k": (2, 4), "pads": [0, 0, 0, 0]}),  # no padding at all
+]
+
+
+def _depthwise_model(rng, C, H, Wd, attrs, act="", residual=False):
+    kh, kw = attrs.pop("k")
+    inits = {"w": rng.standard_normal((C, 1, kh, kw), dtype=np.float32),
+             "b": rng.standard_normal(C, dtype=np.float32),
+             "lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)}
+    ins = [_f("x", ["N", C, H, Wd])]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=C, **attrs)]
+    y = "c"
+    if residual:
+        ins.append(_f("r", ["n", "m", "h", "w"]))
+        nodes.append(helper.make_node("Add", ["c", "r"], ["s"]))
+        y = "s"
+    op = {"Relu": ("Relu", [y]), "Clip": ("Clip", [y, "lo", "hi"]),
+          "HardSwish": ("HardSwish", [y])}.get(act, ("Identity", [y]))
+    nodes.append(helper.make_node(op[0], op[1], ["y"]))
+    return _model(nodes, ins, [_f("y", ["n", "m", "h", "w"])], inits, opset=18)
+
+
+def _count_depthwise(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    run = pg.depthwise_2d
+    monkeypatch.setattr(pg, "depthwise_2d", lambda *a, **k: calls.append(1) or run(*a, **k))
+    return calls
+
+
+@needs_packed
+@pytest.mark.parametrize("case", range(len(DEPTHWISE)))
+@pytest.mark.parametrize("act, residual", [("", False), ("Relu", True), ("Clip", False),
+                                           ("HardSwish", True)])
+def test_depthwise_through_a_session(monkeypatch, case, act, residual):
+    C, H, Wd, attrs = DEPTHWISE[case]
+    rng = np.random.default_rng(case)
+    model = _depthwise_model(rng, C, H, Wd, dict(attrs), act, residual)
+    calls = _count_depthwise(monkeypatch)
+    sess = InferenceSession(model.SerializeToString(), ["cpu"])
+    ref = ReferenceEvaluator(model)
+    for n in (1, 3):
+        feeds = {"x": rng.standard_normal((n, C, H, Wd), dtype=np.float32)}
+        if residual:
+            shape = ref.run(None, {**feeds, "r": np.zeros(1, np.float32)})[0].shape
+            feeds["r"] = rng.standard_normal(shape, dtype=np.float32)
+        np.testing.assert_allclose(sess.run(None, feeds)[0], ref.run(None, feeds)[0],
+                                   rtol=1e-4, atol=1e-4)
+    assert len(calls) == 2
+
+
+@needs_packed
+@pytest.mark.parametrize("attrs", [{"pads": [1, 1]}, {"pads": [2, 0], "strides": [2]},
+                                   {"pads": [2, 2], "dilations": [2]}])
+def test_depthwise_1d_through_a_session(monkeypatch, attrs):
+    rng = np.random.default_rng(8)
+    inits = {"w": rng.standard_normal((6, 1, 3), dtype=np.float32),
+             "b": rng.standard_normal(6, dtype=np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=6, **attrs),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = _model(nodes, [_f("x", ["N", 6, 45])], [_f("y", ["n", "m", "l"])], inits)
+    calls = _count_depthwise(monkeypatch)
+    sess = InferenceSession(model.SerializeToString(), ["cpu"])
+    x = rng.standard_normal((2, 6, 45), dtype=np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0],
+                               ReferenceEvaluator(model).run(None, {"x": x})[0],
+                               rtol=1e-4, atol=1e-4)
+    assert calls
+
+
+@needs_packed
+def test_depthwise_nan_inf_and_other_dtypes(monkeypatch):
+    """NaN and inf propagate as in the numpy path; float64 keeps the compiled numba
+    kernel (depthwise.c is float32 only)."""
+    rng = np.random.default_rng(9)
+    model = _depthwise_model(rng, 4, 9, 9, {"k": (3, 3), "pads": [1, 1, 1, 1]}, "Clip")
+    x = rng.standard_normal((2, 4, 9, 9), dtype=np.float32)
+    x[0, 1, 4, 4] = np.nan
+    x[1, 2, 0, 0] = np.inf
+    calls = _count_depthwise(monkeypatch)
+    got = InferenceSession(model.SerializeToString(), ["cpu"]).run(None, {"x": x})[0]
+    assert calls
+    monkeypatch.setitem(pg._state, "reason", "off for the comparison")
+    want = InferenceSession(model.SerializeToString(), ["cpu"]).run(None, {"x": x})[0]
+    assert np.isnan(got[0, 1, 3:6, 3:6]).all() and not np.isnan(got[0, 0]).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    calls.clear()
+    monkeypatch.setitem(pg._state, "reason", None)
+    m64 = _depthwise_model(rng, 4, 9, 9, {"k": (3, 3), "pads": [1, 1, 1, 1]})
+    for t in m64.graph.initializer:
+        if t.name in ("w", "b"):
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64),
+                                               t.name))
+    for v in list(m64.graph.input) + list(m64.graph.output):
+        v.type.tensor_type.elem_type = TensorProto.DOUBLE
+    x64 = rng.standard_normal((2, 4, 9, 9))
+    np.testing.assert_allclose(InferenceSession(m64.SerializeToString(), ["cpu"]).run(
+        None, {"x": x64})[0], ReferenceEvaluator(m64).run(None, {"x": x64})[0], rtol=1e-10)
+    assert not calls

@@ -47,6 +47,28 @@ static inline store_t store_for(int k0, int kc, int K, int accumulate, int act, 
     return s;
 }
 
+/* one plane x (H x W) padded by pt rows above and pl columns before (and with `fill`
+ * beyond x) into o (Hp x sw x Wq): each row split into its sw column phases of Wq columns
+ * (conv.c) */
+void he_pad_plane(const float *x, float *o, int H, int W, int pt, int pl, int Hp, int sw, int Wq,
+                  float fill);
+
+/* The lanes of v set in m stored packed at c (and loaded so, spread to those lanes): in
+ * registers, then one masked store or load of the first popcount(m) lanes. The memory
+ * forms of vcompressps / vexpandps are microcoded on some CPUs (AMD Zen 4: over 100
+ * cycles a store); here both forms measured the same. */
+static inline __attribute__((always_inline)) void compress_store(float *c, __mmask16 m, __m512 v)
+{
+    _mm512_mask_storeu_ps(c, (__mmask16)((1u << __builtin_popcount(m)) - 1),
+                          _mm512_maskz_compress_ps(m, v));
+}
+
+static inline __attribute__((always_inline)) __m512 expand_load(__mmask16 m, const float *c)
+{
+    return _mm512_maskz_expand_ps(
+        m, _mm512_maskz_loadu_ps((__mmask16)((1u << __builtin_popcount(m)) - 1), c));
+}
+
 /* fn(args, i0, i1) over [0, n) in `parts` parts, the first on the calling thread and the
  * others on the workers (workers.c); returns when all are done */
 typedef void (*task_fn)(void *args, int i0, int i1);

@@ -9,7 +9,8 @@ its weights once, runs those products 2-3x faster than numpy's OpenBLAS.
 ungrouped Convs, each tap read through its offset from one padded copy of the input,
 no im2col) hold their weight packed in the micro-kernel's order and add bias, residual
 and Relu/Clip as each tile is stored, which also saves the epilogue's pass over the
-output. `max_pool_2d` runs MaxPool on the same padded input.
+output. `max_pool_2d` runs MaxPool on the same padded input, `depthwise_2d` the depthwise
+Conv (native/depthwise.c).
 
 The C sources are compiled by the system's C compiler (``$CC``, else ``cc``) on first
 use, into ``__pycache__`` beside them (or the user's cache directory), keyed by the hash
@@ -51,7 +52,8 @@ ENV = "HETERO_EXEC_PACKED_GEMM"
 SOURCE = Path(__file__).with_name("gemm.c")
 #: every source of the library (the products, the convolutions, the workers) and their
 #: shared header
-SOURCES = (SOURCE, SOURCE.with_name("conv.c"), SOURCE.with_name("workers.c"))
+SOURCES = (SOURCE, SOURCE.with_name("conv.c"), SOURCE.with_name("depthwise.c"),
+           SOURCE.with_name("workers.c"))
 HEADERS = (SOURCE.with_name("he.h"),)
 CFLAGS = ("-O3", "-mavx512f", "-mfma", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread")
 
@@ -89,6 +91,7 @@ _SIGNATURES = {
     "he_pad_mt": (None, [_P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _I]),
     "he_maxpool_mt": (None, [_P, _P, _I, _P, _I, _I, _I, _I, _I, _I, _I]),
     "he_pool_start": (_I, [_I, _L]),
+    "he_depthwise_mt": (_I, [_P, _P, _P, _P, _P] + [_I] * 14 + [_I, _F, _F, _I]),
     "he_gemm_right_mt": (None, [_I, _I, _I, _P, _L, _P, _P, _L, _P, _P, _L, _I, _F, _F, _I]),
     "he_gemm_left_mt": (_I, [_I, _I, _I, _P, _P, _L, _L, _P, _L, _I, _P, _P, _I, _F, _F, _I]),
     "he_conv_left_mt": (_I, [_I, _I, _P, _P, _P, _L, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I,
@@ -429,6 +432,44 @@ def max_pool_2d(X: np.ndarray, kernel: tuple[int, int], strides: tuple[int, int]
     _lib().he_maxpool_mt(Xr.ctypes.data, Y.ctypes.data, n * C, off.ctypes.data, KH * KW,
                          sw * Wq, Hp, sh, OH, OW, _parts(n * C, 2.0 * Y.size * KH * KW))
     return Y
+
+
+def depthwise_2d(X: np.ndarray, W: np.ndarray, strides: tuple[int, int],
+                 dilations: tuple[int, int], pads: tuple[int, int], out_sp: tuple[int, int],
+                 bias: np.ndarray | None = None, z: np.ndarray | None = None,
+                 act: int = ACT_NONE, lo: float = 0.0, hi: float = 0.0) -> np.ndarray:
+    """act(depthwise(X, W) + bias + z) for X (n, C, H, W) float32 and W (C, KH, KW) (one
+    input channel a group, multiplier 1), ``pads`` the top and left ones (the bottom and
+    right follow from ``out_sp``); returns (n, C, OH, OW). Read straight from X, the
+    padding masked off (native/depthwise.c)."""
+    n, C, H, Wd = X.shape
+    KH, KW = W.shape[1:]
+    OH, OW = out_sp
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    W = np.ascontiguousarray(W, dtype=np.float32).reshape(C, KH, KW)
+    bias = _contiguous_f32(bias)
+    Y = np.empty((n, C, OH, OW), np.float32)
+    z = None if z is None else np.ascontiguousarray(z, np.float32).reshape(Y.shape)
+    if _lib().he_depthwise_mt(X.ctypes.data, W.ctypes.data, _ptr(bias), _ptr(z),
+                              Y.ctypes.data, n * C, C, H, Wd, OH, OW, KH, KW, strides[0],
+                              strides[1], dilations[0], dilations[1], pads[0], pads[1], act,
+                              lo, hi, _parts(n * C, 2.0 * Y.size * KH * KW)):
+        raise MemoryError("depthwise_2d: no memory for a row's lane masks")
+    return Y
+
+
+def depthwise_fits(x_shape: tuple[int, ...], w_shape: tuple[int, ...], strides: tuple[int, int],
+                   dilations: tuple[int, int], out_sp: tuple[int, int]) -> bool:
+    """Whether `depthwise_2d` computes this depthwise conv: its padded plane's offsets
+    and an output plane within int32."""
+    if len(x_shape) != 4 or len(w_shape) != 4 or len(out_sp) != 2:
+        return False
+    H, Wd = x_shape[2:]
+    KH, KW = w_shape[2:]
+    OH, OW = out_sp
+    rows = max((OH - 1) * strides[0] + (KH - 1) * dilations[0] + 1, H) + KH * dilations[0]
+    cols = max((OW - 1) * strides[1] + (KW - 1) * dilations[1] + 1, Wd) + 2 * strides[1] + 16
+    return rows * cols < 2**31 - 1024 and OH * OW < 2**31
 
 
 def worth(rows: int, K: int, N: int) -> bool:

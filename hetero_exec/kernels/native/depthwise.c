@@ -1,0 +1,266 @@
+/* Depthwise convolution (one input channel per group, multiplier 1) in float32, AVX-512F:
+ * the cpu provider's path for MobileNet's and ConvNeXt's depthwise layers (see
+ * native/packed_gemm.py, `depthwise_2d`).
+ *
+ * Each plane is padded into a small scratch buffer (split into its column phases for a
+ * column stride s > 1, as conv.c's input), where every tap of a run of 16
+ * output pixels is one unmasked load at a fixed offset and one FMA. At strides 1 the runs
+ * go over the padded grid across rows, and compress stores leave out the junk columns,
+ * so that a 4x4 or 8x8 plane fills most lanes; otherwise runs lie within an output row.
+ * Eight runs are summed at once, so that their FMA chains interleave (one run's nine
+ * dependent FMAs wait on the FMA latency). Bias, the residual and Relu/Clip are applied as
+ * a run is stored.
+ *
+ * The numba kernel this replaces (native/depthwise.py, still the float64 path) ran
+ * 3-10x slower than onnxruntime on MobileNetV2's layers; a first version here that read
+ * the unpadded input under lane masks ran 4-6x below the FMA rate (the mask and
+ * border bookkeeping a tap). */
+#include "he.h"
+
+#define RUNS 8 /* runs summed at once: 8 accumulators */
+
+typedef struct {
+    const float *X, *W, *bias, *z;
+    float *Y;
+    int C, H, Wd, OH, OW, KH, KW, sh, sw, dh, dw, pt, pl;
+    int Hp, Wq, flat, runs;
+    const int *off;   /* KH*KW tap offsets in the padded plane */
+    const int *in0;   /* per run: its first pixel's offset in the padded plane */
+    const int *out0;  /* per run: its first stored pixel's index in the output plane */
+    const unsigned short *mask; /* per run: the lanes stored */
+    int act;
+    float lo, hi;
+    int failed;
+} dw_args;
+
+/* one run's sum stored: act(v + z) under mask m, compressed when the lanes are not one
+ * block from lane 0 (a run across a row's end) */
+static inline __attribute__((always_inline)) void
+store_run(__m512 v, float *y, const float *z, __mmask16 m, int act, __m512 lo, __m512 hi)
+{
+    int compress = (m & (m + 1)) != 0;
+    if (z)
+        v = _mm512_add_ps(v, compress ? expand_load(m, z)
+                                      : _mm512_maskz_loadu_ps(m, z));
+    /* max/min return their second operand when either is NaN: NaN stays NaN */
+    if (act == ACT_RELU)
+        v = _mm512_max_ps(_mm512_setzero_ps(), v);
+    else if (act == ACT_CLIP)
+        v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
+    if (compress)
+        compress_store(y, m, v);
+    else
+        _mm512_mask_storeu_ps(y, m, v);
+}
+
+/* runs [u, u + nr) of one padded plane p: nr a constant where inlined */
+static inline __attribute__((always_inline)) void
+runs_block(const dw_args *a, const float *p, const float *w, __m512 b, float *y, const float *z,
+           int u, const int nr)
+{
+    const int KT = a->KH * a->KW;
+    const __m512 lo = _mm512_set1_ps(a->lo), hi = _mm512_set1_ps(a->hi);
+    const float *base[RUNS];
+    __m512 acc[RUNS];
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++) {
+        base[r] = p + a->in0[u + r];
+        acc[r] = b;
+    }
+    for (int t = 0; t < KT; t++) {
+        __m512 wv = _mm512_set1_ps(w[t]);
+        int o = a->off[t];
+#pragma GCC unroll 8
+        for (int r = 0; r < nr; r++)
+            acc[r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(base[r] + o), acc[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++) {
+        int o = a->out0[u + r];
+        store_run(acc[r], y + o, z ? z + o : 0, (__mmask16)a->mask[u + r], a->act, lo, hi);
+    }
+}
+
+/* the lanes k in [lo, hi) of 32 */
+static inline unsigned range_mask(int lo, int hi)
+{
+    lo = lo < 0 ? 0 : lo > 32 ? 32 : lo;
+    hi = hi < 0 ? 0 : hi > 32 ? 32 : hi;
+    if (hi <= lo)
+        return 0;
+    unsigned below_hi = hi == 32 ? 0xFFFFFFFFu : (1u << hi) - 1;
+    return below_hi & ~((1u << lo) - 1);
+}
+
+/* A padded row's chunks of 16 columns, the same for every row of every plane (computed
+ * once a task): chunk k of phase ph writes columns q0 .. q0 + 15 of that phase from
+ * x[col0 + 0, sw, 2 sw, ...] under `mask` (the lanes inside the row; 32 lanes for a
+ * stride of 2, whose even ones are kept). */
+typedef struct {
+    int dst, col0;
+    unsigned mask;
+} chunk_t;
+
+static int pad_chunks(const dw_args *a, chunk_t *out)
+{
+    int n = 0;
+    for (int ph = 0; ph < a->sw; ph++)
+        for (int q0 = 0; q0 < a->Wq; q0 += 16) {
+            int col0 = q0 * a->sw + ph - a->pl;
+            chunk_t c = {ph * a->Wq + q0, col0, 0};
+            if (a->sw <= 2) {
+                c.mask = range_mask(-col0, a->Wd - col0);
+                if (a->sw == 1)
+                    c.mask &= 0xFFFF;
+            }
+            out[n++] = c;
+        }
+    return n;
+}
+
+/* one plane padded with zeros into o (Hp x sw x Wq), a chunk a masked load and a store
+ * (memcpy and a fill per row, as he_pad_plane does, took longer than a 4x4 plane's taps) */
+static inline void pad_plane(const dw_args *a, const chunk_t *chunks, int n, const float *x,
+                             float *o)
+{
+    const int sw = a->sw, W = a->Wd;
+    const long pitch = (long)sw * a->Wq;
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4,
+                                          2, 0);
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    for (int hp = 0; hp < a->Hp; hp++) {
+        int h = hp - a->pt;
+        float *orow = o + hp * pitch;
+        /* (a chunk's last lanes spill into the next phase or row: written again there) */
+        if (h < 0 || h >= a->H) {
+            for (int q = 0; q < pitch; q += 16)
+                _mm512_storeu_ps(orow + q, zero);
+            continue;
+        }
+        const float *xr = x + (long)h * W;
+        for (int k = 0; k < n; k++) {
+            const chunk_t c = chunks[k];
+            __m512 v;
+            if (sw == 1) {
+                v = _mm512_maskz_loadu_ps((__mmask16)c.mask, xr + c.col0);
+            } else if (sw == 2) {
+                __m512 lo = _mm512_maskz_loadu_ps((__mmask16)(c.mask & 0xFFFF), xr + c.col0);
+                __m512 hi = _mm512_maskz_loadu_ps((__mmask16)(c.mask >> 16), xr + c.col0 + 16);
+                v = _mm512_permutex2var_ps(lo, even, hi);
+            } else {
+                __m512i col = _mm512_add_epi32(_mm512_set1_epi32(c.col0),
+                                               _mm512_mullo_epi32(lane, _mm512_set1_epi32(sw)));
+                __mmask16 m = _mm512_cmpge_epi32_mask(col, _mm512_setzero_si512()) &
+                              _mm512_cmplt_epi32_mask(col, _mm512_set1_epi32(W));
+                v = _mm512_mask_i32gather_ps(zero, m, col, xr, 4);
+            }
+            _mm512_storeu_ps(orow + c.dst, v);
+        }
+    }
+}
+
+static void dw_task(void *args, int p0, int p1)
+{
+    dw_args *a = (dw_args *)args;
+    long padded = (long)a->Hp * a->sw * a->Wq;
+    /* the padded plane, with slack for the last runs' reads past its end (zeros at first:
+     * they only reach lanes that are not stored, but must not be denormals) */
+    float *p = (float *)calloc((size_t)padded + 64, sizeof(float));
+    chunk_t *chunks = (chunk_t *)malloc((size_t)a->sw * ((a->Wq + 15) / 16) * sizeof(chunk_t));
+    if (!p || !chunks) {
+        free(p);
+        free(chunks);
+        __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    int n = pad_chunks(a, chunks);
+    long in_plane = (long)a->H * a->Wd, out_plane = (long)a->OH * a->OW;
+    for (int pi = p0; pi < p1; pi++) {
+        pad_plane(a, chunks, n, a->X + (long)pi * in_plane, p);
+        int c = pi % a->C;
+        const float *w = a->W + (long)c * a->KH * a->KW;
+        const __m512 b = _mm512_set1_ps(a->bias ? a->bias[c] : 0.0f);
+        float *y = a->Y + (long)pi * out_plane;
+        const float *z = a->z ? a->z + (long)pi * out_plane : 0;
+        int u = 0;
+        for (; u + RUNS <= a->runs; u += RUNS)
+            runs_block(a, p, w, b, y, z, u, RUNS);
+        switch (a->runs - u) {
+#define T(n) case n: runs_block(a, p, w, b, y, z, u, n); break;
+            T(1) T(2) T(3) T(4) T(5) T(6) T(7)
+#undef T
+            default: break;
+        }
+    }
+    free(p);
+    free(chunks);
+}
+
+/* Y (planes x OH x OW) = act(depthwise(X) + bias + Z) for X (planes x H x W), planes =
+ * images x C, W (C x KH x KW), bias (C) or NULL, Z of Y's layout or NULL; pt, pl the top
+ * and left pads (the bottom and right ones follow from OH and OW); over `parts` parts:
+ * 0, or -1 when a buffer could not be allocated */
+int he_depthwise_mt(const float *X, const float *W, const float *bias, const float *z,
+                    float *Y, int planes, int C, int H, int Wd, int OH, int OW, int KH, int KW,
+                    int sh, int sw, int dh, int dw, int pt, int pl, int act, float lo, float hi,
+                    int parts)
+{
+    /* the padded plane: rows and (phased) columns enough for every tap of every pixel,
+     * and for the input itself */
+    int Hp = (OH - 1) * sh + (KH - 1) * dh + 1, Wp = (OW - 1) * sw + (KW - 1) * dw + 1;
+    if (Hp < pt + H)
+        Hp = pt + H;
+    if (Wp < pl + Wd)
+        Wp = pl + Wd;
+    int Wq = (Wp + sw - 1) / sw, pitch = sw * Wq;
+    /* at strides 1, runs over the padded grid (a row's junk columns computed and not
+     * stored) when they take fewer lanes than runs within each row */
+    int row_runs = (OW + 15) / 16;
+    int flat = sh == 1 && sw == 1 && pitch <= 16 * row_runs;
+    int runs = flat ? ((OH - 1) * pitch + OW + 15) / 16 : OH * row_runs;
+    int KT = KH * KW;
+    int *off = (int *)malloc((size_t)KT * sizeof(int));
+    int *in0 = (int *)malloc((size_t)runs * sizeof(int));
+    int *out0 = (int *)malloc((size_t)runs * sizeof(int));
+    unsigned short *mask = (unsigned short *)malloc((size_t)runs * sizeof(unsigned short));
+    int rc = -1;
+    if (!off || !in0 || !out0 || !mask)
+        goto done;
+    for (int i = 0; i < KH; i++)
+        for (int j = 0; j < KW; j++) {
+            int col = j * dw;
+            off[i * KW + j] = i * dh * pitch + (col % sw) * Wq + col / sw;
+        }
+    for (int u = 0; u < runs; u++) {
+        unsigned m = 0;
+        if (flat) {
+            long q0 = (long)u * 16, grid = (long)(OH - 1) * pitch + OW, first = -1;
+            for (int k = 0; k < 16 && q0 + k < grid; k++)
+                if ((q0 + k) % pitch < OW) {
+                    m |= 1u << k;
+                    if (first < 0)
+                        first = q0 + k;
+                }
+            in0[u] = (int)q0;
+            out0[u] = first < 0 ? 0 : (int)(first / pitch * OW + first % pitch);
+        } else {
+            int oh = u / row_runs, ow0 = (u % row_runs) * 16;
+            int len = OW - ow0 < 16 ? OW - ow0 : 16;
+            m = (1u << len) - 1;
+            in0[u] = oh * sh * pitch + ow0;
+            out0[u] = oh * OW + ow0;
+        }
+        mask[u] = (unsigned short)m;
+    }
+    dw_args a = {X, W, bias, z, Y, C, H, Wd, OH, OW, KH, KW, sh, sw, dh, dw, pt, pl, Hp, Wq,
+                 flat, runs, off, in0, out0, mask, act, lo, hi, 0};
+    he_parallel(dw_task, &a, planes, parts);
+    rc = a.failed ? -1 : 0;
+done:
+    free(off);
+    free(in0);
+    free(out0);
+    free(mask);
+    return rc;
+}
