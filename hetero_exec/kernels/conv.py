@@ -520,7 +520,7 @@ def _conv_packed(X, W, B, Z, activation, act, strides, dilations, pb, pe, group,
     N, C, H, Wd = X.shape
     M, _, KH, KW = W.shape
     padded = (C, H + pb[0] + pe[0], Wd + pb[1] + pe[1])
-    if not packed_gemm.conv_fits(N, M, C * KH * KW, padded, tuple(out_sp), tuple(strides)):
+    if not packed_gemm.conv_fits(C * KH * KW, padded, tuple(out_sp), tuple(strides)):
         return None
     packed = path.band(np, key_w, None, ("packed_left", W.shape),
                        lambda: packed_gemm.PackedLeft(W.reshape(M, C * KH * KW)))
