@@ -235,70 +235,64 @@ static inline void fill_floats(float *o, long n, float v)
         o[i] = v;
 }
 
-/* one plane x (H x W) padded with `fill` into o (Hp x sw x Wq): padded row hp, phase p,
- * column q holds x[hp - pt][q * sw + p - pl] */
-void he_pad_plane(const float *x, float *o, int H, int W, int pt, int pl, int Hp, int sw, int Wq,
-                  float fill)
-{
-    long out_row = (long)sw * Wq;
-    for (int hp = 0; hp < Hp; hp++, o += out_row) {
-        int h = hp - pt;
-        if (h < 0 || h >= H) {
-            fill_floats(o, out_row, fill);
-            continue;
-        }
-        const float *xr = x + (long)h * W;
-        if (sw == 1) {
-            int lead = pl < Wq ? pl : Wq;
-            int body = Wq - lead < W ? Wq - lead : W;
-            fill_floats(o, lead, fill);
-            memcpy(o + lead, xr, body * sizeof(float));
-            fill_floats(o + lead + body, Wq - lead - body, fill);
-            continue;
-        }
-        for (int p = 0; p < sw; p++) {
-            float *op = o + (long)p * Wq;
-            /* the columns q of this phase that read X: col = q * sw + p - pl in [0, W) */
-            int q_lo = (pl - p + sw - 1) / sw, q_hi = (W - 1 + pl - p) / sw + 1;
-            if (pl - p < 0)
-                q_lo = 0;
-            if (W - 1 + pl - p < 0) /* (C's division truncates toward zero) */
-                q_hi = 0;
-            if (q_hi > Wq)
-                q_hi = Wq;
-            if (q_lo > q_hi)
-                q_lo = q_hi;
-            fill_floats(op, q_lo, fill);
-            int q = q_lo;
-            if (sw == 2) { /* 16 columns of a phase from 32 of the row: one permute */
-                const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12,
-                                                      10, 8, 6, 4, 2, 0);
-                for (; q + 16 <= q_hi; q += 16) {
-                    long col = 2L * q + p - pl;
-                    int left = W - (int)col; /* columns of X from col on */
-                    __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
-                    __mmask16 m1 = left >= 32 ? 0xFFFF : left <= 16 ? 0
-                                                      : (__mmask16)((1u << (left - 16)) - 1);
-                    __m512 lo = _mm512_maskz_loadu_ps(m0, xr + col);
-                    __m512 hi = _mm512_maskz_loadu_ps(m1, xr + col + 16);
-                    _mm512_storeu_ps(op + q, _mm512_permutex2var_ps(lo, even, hi));
-                }
-            }
-            for (; q < q_hi; q++)
-                op[q] = xr[q * sw + p - pl];
-            fill_floats(op + q_hi, Wq - q_hi, fill);
-        }
-    }
-}
-
-/* planes [p0, p1) of X (planes x H x W) padded into out (planes x Hp x sw x Wq) */
+/* planes [p0, p1) of X (planes x H x W) padded with `fill` into out (planes x Hp x sw x
+ * Wq): padded row hp, phase p, column q holds X[hp - pt][q * sw + p - pl] */
 static void pad_task(void *args, int p0, int p1)
 {
     const pad_args *a = (const pad_args *)args;
-    long in_plane = (long)a->H * a->W, out_plane = (long)a->Hp * a->sw * a->Wq;
-    for (int pi = p0; pi < p1; pi++)
-        he_pad_plane(a->X + pi * in_plane, a->out + pi * out_plane, a->H, a->W, a->pt, a->pl,
-                     a->Hp, a->sw, a->Wq, a->fill);
+    long in_plane = (long)a->H * a->W, out_row = (long)a->sw * a->Wq;
+    for (int pi = p0; pi < p1; pi++) {
+        const float *x = a->X + pi * in_plane;
+        float *o = a->out + pi * a->Hp * out_row;
+        for (int hp = 0; hp < a->Hp; hp++, o += out_row) {
+            int h = hp - a->pt;
+            if (h < 0 || h >= a->H) {
+                fill_floats(o, out_row, a->fill);
+                continue;
+            }
+            const float *xr = x + (long)h * a->W;
+            if (a->sw == 1) {
+                int lead = a->pl < a->Wq ? a->pl : a->Wq;
+                int body = a->Wq - lead < a->W ? a->Wq - lead : a->W;
+                fill_floats(o, lead, a->fill);
+                memcpy(o + lead, xr, body * sizeof(float));
+                fill_floats(o + lead + body, a->Wq - lead - body, a->fill);
+                continue;
+            }
+            for (int p = 0; p < a->sw; p++) {
+                float *op = o + (long)p * a->Wq;
+                /* the columns q of this phase that read X: col = q * sw + p - pl in [0, W) */
+                int q_lo = (a->pl - p + a->sw - 1) / a->sw, q_hi = (a->W - 1 + a->pl - p) / a->sw + 1;
+                if (a->pl - p < 0)
+                    q_lo = 0;
+                if (a->W - 1 + a->pl - p < 0) /* (C's division truncates toward zero) */
+                    q_hi = 0;
+                if (q_hi > a->Wq)
+                    q_hi = a->Wq;
+                if (q_lo > q_hi)
+                    q_lo = q_hi;
+                fill_floats(op, q_lo, a->fill);
+                int q = q_lo;
+                if (a->sw == 2) { /* 16 columns of a phase from 32 of the row: one permute */
+                    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12,
+                                                          10, 8, 6, 4, 2, 0);
+                    for (; q + 16 <= q_hi; q += 16) {
+                        long col = 2L * q + p - a->pl;
+                        int left = a->W - (int)col; /* columns of X from col on */
+                        __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+                        __mmask16 m1 = left >= 32 ? 0xFFFF : left <= 16 ? 0
+                                                          : (__mmask16)((1u << (left - 16)) - 1);
+                        __m512 lo = _mm512_maskz_loadu_ps(m0, xr + col);
+                        __m512 hi = _mm512_maskz_loadu_ps(m1, xr + col + 16);
+                        _mm512_storeu_ps(op + q, _mm512_permutex2var_ps(lo, even, hi));
+                    }
+                }
+                for (; q < q_hi; q++)
+                    op[q] = xr[q * a->sw + p - a->pl];
+                fill_floats(op + q_hi, a->Wq - q_hi, a->fill);
+            }
+        }
+    }
 }
 
 /* X (planes x H x W) into out (planes x Hp x sw x Wq), padded by pt rows above and pl

@@ -47,12 +47,6 @@ static inline store_t store_for(int k0, int kc, int K, int accumulate, int act, 
     return s;
 }
 
-/* one plane x (H x W) padded by pt rows above and pl columns before (and with `fill`
- * beyond x) into o (Hp x sw x Wq): each row split into its sw column phases of Wq columns
- * (conv.c) */
-void he_pad_plane(const float *x, float *o, int H, int W, int pt, int pl, int Hp, int sw, int Wq,
-                  float fill);
-
 /* The lanes of v set in m stored packed at c (and loaded so, spread to those lanes): in
  * registers, then one masked store or load of the first popcount(m) lanes. The memory
  * forms of vcompressps / vexpandps are microcoded on some CPUs (AMD Zen 4: over 100

@@ -434,6 +434,15 @@ def max_pool_2d(X: np.ndarray, kernel: tuple[int, int], strides: tuple[int, int]
     return Y
 
 
+#: a depthwise output pixel's tap in `_parts`' FLOPs, from two images on: with its loads
+#: and the plane's padding, small planes run at a few GFLOP/s against a GEMM's 100, so
+#: that counting 2 left MobileNetV2's 8x8 and 4x4 layers at batch 8 on one thread
+#: (32: 0.87-0.97x the model's time in two A/B runs; ConvNeXt 0.95-1.02x). At one image,
+#: 2: the workers have slept since the last batch-1 product (OpenBLAS's), and waking
+#: them cost more than the small planes' work (1.14-1.36x)
+DEPTHWISE_COST = 32.0
+
+
 def depthwise_2d(X: np.ndarray, W: np.ndarray, strides: tuple[int, int],
                  dilations: tuple[int, int], pads: tuple[int, int], out_sp: tuple[int, int],
                  bias: np.ndarray | None = None, z: np.ndarray | None = None,
@@ -453,7 +462,7 @@ def depthwise_2d(X: np.ndarray, W: np.ndarray, strides: tuple[int, int],
     if _lib().he_depthwise_mt(X.ctypes.data, W.ctypes.data, _ptr(bias), _ptr(z),
                               Y.ctypes.data, n * C, C, H, Wd, OH, OW, KH, KW, strides[0],
                               strides[1], dilations[0], dilations[1], pads[0], pads[1], act,
-                              lo, hi, _parts(n * C, 2.0 * Y.size * KH * KW)):
+                              lo, hi, _parts(n * C, (DEPTHWISE_COST if n > 1 else 2.0) * Y.size * KH * KW)):
         raise MemoryError("depthwise_2d: no memory for a row's lane masks")
     return Y
 
