@@ -813,3 +813,14 @@ def test_image_decoder_without_pillow(xp, monkeypatch):
     monkeypatch.setitem(sys.modules, "PIL.Image", None)
     with pytest.raises(ImportError, match="image"):
         ours(np, "ImageDecoder", [np.zeros(4, np.uint8)], opset=20)
+
+
+def test_random_uniform_never_reaches_high(xp):
+    """The draws lie in [low, high) in float32 too: a float64 draw within half a float32
+    step of ``high`` rounds up to it. Four float32 steps wide, an eighth of the draws
+    did, before the clamp."""
+    high = 1.0 + 2.0 ** -21
+    u = to_numpy(ours(xp, "RandomUniform", [], opset=22, shape=[100, 100], low=1.0,
+                      high=high, seed=3.0)[0])
+    assert u.dtype == np.float32 and u.min() >= 1.0 and u.max() < np.float32(high)
+    assert len(np.unique(u)) == 4  # every float32 step below high is drawn
