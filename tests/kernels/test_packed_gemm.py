@@ -131,6 +131,14 @@ def _count_packed(monkeypatch) -> list[int]:
     return _counting(monkeypatch, packed.PackedWeight, "packed")
 
 
+def _count_depthwise(monkeypatch) -> list[int]:
+    """Count the depthwise convs that native/depthwise.c computes."""
+    calls: list[int] = []
+    run = pg.depthwise_2d
+    monkeypatch.setattr(pg, "depthwise_2d", lambda *a, **k: calls.append(1) or run(*a, **k))
+    return calls
+
+
 @needs_packed
 @pytest.mark.parametrize("optimized", [True, False])
 def test_products_through_a_session(monkeypatch, optimized):
@@ -262,27 +270,40 @@ def test_build_is_cached_by_source_and_compiler(monkeypatch, tmp_path):
     assert not first.exists()  # the earlier build is cleaned up
 
 
-def _conv_model(rng, C, M, H, Wd, attrs, act="", residual=False):
+def _conv_model(rng, C, M, H, Wd, attrs, act="", residual=False, group=1):
+    """Conv (+ bias) of x (N, C, H, W), then an optional residual input ``r`` and an
+    activation: one the store applies (Relu, Clip) or one it leaves to the epilogue."""
     kh, kw = attrs.pop("k")
-    inits = {"w": rng.standard_normal((M, C, kh, kw), dtype=np.float32),
+    inits = {"w": rng.standard_normal((M, C // group, kh, kw), dtype=np.float32),
              "b": rng.standard_normal(M, dtype=np.float32),
              "lo": np.array(-0.5, np.float32), "hi": np.array(2.0, np.float32)}
     ins = [_f("x", ["N", C, H, Wd])]
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs)]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=group, **attrs)]
     y = "c"
     if residual:
         ins.append(_f("r", ["n", "m", "h", "w"]))
         nodes.append(helper.make_node("Add", ["c", "r"], ["s"]))
         y = "s"
-    if act == "Relu":
-        nodes.append(helper.make_node("Relu", [y], ["y"]))
-    elif act == "Clip":
-        nodes.append(helper.make_node("Clip", [y, "lo", "hi"], ["y"]))
-    elif act == "HardSigmoid":
-        nodes.append(helper.make_node("HardSigmoid", [y], ["y"]))
-    else:
-        nodes.append(helper.make_node("Identity", [y], ["y"]))
+    op, args = {"Relu": ("Relu", [y]), "Clip": ("Clip", [y, "lo", "hi"]),
+                "HardSigmoid": ("HardSigmoid", [y]),
+                "HardSwish": ("HardSwish", [y])}.get(act, ("Identity", [y]))
+    nodes.append(helper.make_node(op, args, ["y"]))
     return _model(nodes, ins, [_f("y", ["n", "m", "h", "w"])], inits)
+
+
+def _agrees_with_reference(model, rng, x_shape, residual=False) -> np.ndarray:
+    """A session's output against the ReferenceEvaluator's for 1 and 3 images (fed a
+    residual ``r`` of the output's shape when asked); the last reference output."""
+    sess = InferenceSession(model.SerializeToString(), ["cpu"])
+    ref = ReferenceEvaluator(model)
+    for n in (1, 3):
+        feeds = {"x": rng.standard_normal((n, *x_shape), dtype=np.float32)}
+        if residual:
+            shape = ref.run(None, {**feeds, "r": np.zeros(1, np.float32)})[0].shape
+            feeds["r"] = rng.standard_normal(shape, dtype=np.float32)
+        want = ref.run(None, feeds)[0]
+        np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+    return want
 
 
 CONVS = [  # (C, M, H, W, attributes): ragged widths, both pads, dilation, strides
@@ -315,15 +336,7 @@ def test_conv_through_a_session(monkeypatch, case, act, residual):
     model = _conv_model(rng, C, M, H, Wd, dict(attrs), act, residual)
     convs = _counting(monkeypatch, pg.PackedLeft, "conv")
     monkeypatch.setattr(pg, "SPLIT_FLOPS", 0.0)  # these small convs take it too
-    sess = InferenceSession(model.SerializeToString(), ["cpu"])
-    ref = ReferenceEvaluator(model)
-    for n in (1, 3):
-        feeds = {"x": rng.standard_normal((n, C, H, Wd), dtype=np.float32)}
-        if residual:
-            shape = ref.run(None, {**feeds, "r": np.zeros(1, np.float32)})[0].shape
-            feeds["r"] = rng.standard_normal(shape, dtype=np.float32)
-        want = ref.run(None, feeds)[0]
-        np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+    want = _agrees_with_reference(model, rng, (C, H, Wd), residual)
     # the lanes holding output pixels must be 4/5 at least: of the padded rows at strides
     # 1, else of the runs of 16 pixels within each output row
     OW = want.shape[-1]
@@ -335,22 +348,26 @@ def test_conv_through_a_session(monkeypatch, case, act, residual):
 @needs_packed
 @pytest.mark.parametrize("attrs", [{"pads": [1, 1]}, {"pads": [2, 0], "strides": [2]},
                                    {"pads": [2, 2], "dilations": [2]}])
-def test_conv1d_through_a_session(monkeypatch, attrs):
-    """A Whisper-style front end: Conv1d (k=3) + bias, then Relu."""
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_conv1d_through_a_session(monkeypatch, attrs, depthwise):
+    """A Whisper-style front end, Conv1d (k=3) + bias, then Relu; ungrouped (the packed
+    conv) or depthwise (depthwise.c)."""
     rng = np.random.default_rng(7)
-    inits = {"w": rng.standard_normal((20, 6, 3), dtype=np.float32),
-             "b": rng.standard_normal(20, dtype=np.float32)}
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs),
+    M, group = (6, 6) if depthwise else (20, 1)
+    inits = {"w": rng.standard_normal((M, 6 // group, 3), dtype=np.float32),
+             "b": rng.standard_normal(M, dtype=np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=group, **attrs),
              helper.make_node("Relu", ["c"], ["y"])]
     model = _model(nodes, [_f("x", ["N", 6, 61])], [_f("y", ["n", "m", "l"])], inits)
-    convs = _counting(monkeypatch, pg.PackedLeft, "conv")
+    calls = (_count_depthwise(monkeypatch) if depthwise
+             else _counting(monkeypatch, pg.PackedLeft, "conv"))
     monkeypatch.setattr(pg, "SPLIT_FLOPS", 0.0)
     sess = InferenceSession(model.SerializeToString(), ["cpu"])
     x = rng.standard_normal((2, 6, 61), dtype=np.float32)
     np.testing.assert_allclose(sess.run(None, {"x": x})[0],
                                ReferenceEvaluator(model).run(None, {"x": x})[0],
                                rtol=1e-4, atol=1e-4)
-    assert convs
+    assert calls
 
 
 # ------------------------------------------------------------------ gemm.c's workers
@@ -507,31 +524,6 @@ DEPTHWISE = [  # (C, H, W, attributes): MobileNet's and ConvNeXt's, and odd geom
 ]
 
 
-def _depthwise_model(rng, C, H, Wd, attrs, act="", residual=False):
-    kh, kw = attrs.pop("k")
-    inits = {"w": rng.standard_normal((C, 1, kh, kw), dtype=np.float32),
-             "b": rng.standard_normal(C, dtype=np.float32),
-             "lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)}
-    ins = [_f("x", ["N", C, H, Wd])]
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=C, **attrs)]
-    y = "c"
-    if residual:
-        ins.append(_f("r", ["n", "m", "h", "w"]))
-        nodes.append(helper.make_node("Add", ["c", "r"], ["s"]))
-        y = "s"
-    op = {"Relu": ("Relu", [y]), "Clip": ("Clip", [y, "lo", "hi"]),
-          "HardSwish": ("HardSwish", [y])}.get(act, ("Identity", [y]))
-    nodes.append(helper.make_node(op[0], op[1], ["y"]))
-    return _model(nodes, ins, [_f("y", ["n", "m", "h", "w"])], inits, opset=18)
-
-
-def _count_depthwise(monkeypatch) -> list[int]:
-    calls: list[int] = []
-    run = pg.depthwise_2d
-    monkeypatch.setattr(pg, "depthwise_2d", lambda *a, **k: calls.append(1) or run(*a, **k))
-    return calls
-
-
 @needs_packed
 @pytest.mark.parametrize("case", range(len(DEPTHWISE)))
 @pytest.mark.parametrize("act, residual", [("", False), ("Relu", True), ("Clip", False),
@@ -539,37 +531,10 @@ def _count_depthwise(monkeypatch) -> list[int]:
 def test_depthwise_through_a_session(monkeypatch, case, act, residual):
     C, H, Wd, attrs = DEPTHWISE[case]
     rng = np.random.default_rng(case)
-    model = _depthwise_model(rng, C, H, Wd, dict(attrs), act, residual)
+    model = _conv_model(rng, C, C, H, Wd, dict(attrs), act, residual, group=C)
     calls = _count_depthwise(monkeypatch)
-    sess = InferenceSession(model.SerializeToString(), ["cpu"])
-    ref = ReferenceEvaluator(model)
-    for n in (1, 3):
-        feeds = {"x": rng.standard_normal((n, C, H, Wd), dtype=np.float32)}
-        if residual:
-            shape = ref.run(None, {**feeds, "r": np.zeros(1, np.float32)})[0].shape
-            feeds["r"] = rng.standard_normal(shape, dtype=np.float32)
-        np.testing.assert_allclose(sess.run(None, feeds)[0], ref.run(None, feeds)[0],
-                                   rtol=1e-4, atol=1e-4)
+    _agrees_with_reference(model, rng, (C, H, Wd), residual)
     assert len(calls) == 2
-
-
-@needs_packed
-@pytest.mark.parametrize("attrs", [{"pads": [1, 1]}, {"pads": [2, 0], "strides": [2]},
-                                   {"pads": [2, 2], "dilations": [2]}])
-def test_depthwise_1d_through_a_session(monkeypatch, attrs):
-    rng = np.random.default_rng(8)
-    inits = {"w": rng.standard_normal((6, 1, 3), dtype=np.float32),
-             "b": rng.standard_normal(6, dtype=np.float32)}
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=6, **attrs),
-             helper.make_node("Relu", ["c"], ["y"])]
-    model = _model(nodes, [_f("x", ["N", 6, 45])], [_f("y", ["n", "m", "l"])], inits)
-    calls = _count_depthwise(monkeypatch)
-    sess = InferenceSession(model.SerializeToString(), ["cpu"])
-    x = rng.standard_normal((2, 6, 45), dtype=np.float32)
-    np.testing.assert_allclose(sess.run(None, {"x": x})[0],
-                               ReferenceEvaluator(model).run(None, {"x": x})[0],
-                               rtol=1e-4, atol=1e-4)
-    assert calls
 
 
 @needs_packed
@@ -577,7 +542,7 @@ def test_depthwise_nan_inf_and_other_dtypes(monkeypatch):
     """NaN and inf propagate as in the numpy path; float64 keeps the compiled numba
     kernel (depthwise.c is float32 only)."""
     rng = np.random.default_rng(9)
-    model = _depthwise_model(rng, 4, 9, 9, {"k": (3, 3), "pads": [1, 1, 1, 1]}, "Clip")
+    model = _conv_model(rng, 4, 4, 9, 9, {"k": (3, 3), "pads": [1, 1, 1, 1]}, "Clip", group=4)
     x = rng.standard_normal((2, 4, 9, 9), dtype=np.float32)
     x[0, 1, 4, 4] = np.nan
     x[1, 2, 0, 0] = np.inf
@@ -591,7 +556,7 @@ def test_depthwise_nan_inf_and_other_dtypes(monkeypatch):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     calls.clear()
     monkeypatch.setitem(pg._state, "reason", None)
-    m64 = _depthwise_model(rng, 4, 9, 9, {"k": (3, 3), "pads": [1, 1, 1, 1]})
+    m64 = _conv_model(rng, 4, 4, 9, 9, {"k": (3, 3), "pads": [1, 1, 1, 1]}, group=4)
     for t in m64.graph.initializer:
         if t.name in ("w", "b"):
             t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64),

@@ -22,8 +22,8 @@
 typedef struct {
     const float *X, *W, *bias, *z;
     float *Y;
-    int C, H, Wd, OH, OW, KH, KW, sh, sw, dh, dw, pt, pl;
-    int Hp, Wq, flat, runs;
+    int C, H, Wd, OH, OW, KH, KW, sw, pt, pl; /* (row stride and dilations: in the tables) */
+    int Hp, Wq, runs;
     const int *off;   /* KH*KW tap offsets in the padded plane */
     const int *in0;   /* per run: its first pixel's offset in the padded plane */
     const int *out0;  /* per run: its first stored pixel's index in the output plane */
@@ -253,8 +253,8 @@ int he_depthwise_mt(const float *X, const float *W, const float *bias, const flo
         }
         mask[u] = (unsigned short)m;
     }
-    dw_args a = {X, W, bias, z, Y, C, H, Wd, OH, OW, KH, KW, sh, sw, dh, dw, pt, pl, Hp, Wq,
-                 flat, runs, off, in0, out0, mask, act, lo, hi, 0};
+    dw_args a = {X, W, bias, z, Y, C, H, Wd, OH, OW, KH, KW, sw, pt, pl, Hp, Wq, runs, off, in0,
+                 out0, mask, act, lo, hi, 0};
     he_parallel(dw_task, &a, planes, parts);
     rc = a.failed ? -1 : 0;
 done:

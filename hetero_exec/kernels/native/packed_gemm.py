@@ -449,8 +449,8 @@ def depthwise_2d(X: np.ndarray, W: np.ndarray, strides: tuple[int, int],
                  act: int = ACT_NONE, lo: float = 0.0, hi: float = 0.0) -> np.ndarray:
     """act(depthwise(X, W) + bias + z) for X (n, C, H, W) float32 and W (C, KH, KW) (one
     input channel a group, multiplier 1), ``pads`` the top and left ones (the bottom and
-    right follow from ``out_sp``); returns (n, C, OH, OW). Read straight from X, the
-    padding masked off (native/depthwise.c)."""
+    right follow from ``out_sp``); returns (n, C, OH, OW). Each plane is padded into a
+    small buffer of the C worker's own (native/depthwise.c)."""
     n, C, H, Wd = X.shape
     KH, KW = W.shape[1:]
     OH, OW = out_sp
@@ -459,11 +459,12 @@ def depthwise_2d(X: np.ndarray, W: np.ndarray, strides: tuple[int, int],
     bias = _contiguous_f32(bias)
     Y = np.empty((n, C, OH, OW), np.float32)
     z = None if z is None else np.ascontiguousarray(z, np.float32).reshape(Y.shape)
+    cost = (DEPTHWISE_COST if n > 1 else 2.0) * Y.size * KH * KW
     if _lib().he_depthwise_mt(X.ctypes.data, W.ctypes.data, _ptr(bias), _ptr(z),
                               Y.ctypes.data, n * C, C, H, Wd, OH, OW, KH, KW, strides[0],
                               strides[1], dilations[0], dilations[1], pads[0], pads[1], act,
-                              lo, hi, _parts(n * C, (DEPTHWISE_COST if n > 1 else 2.0) * Y.size * KH * KW)):
-        raise MemoryError("depthwise_2d: no memory for a row's lane masks")
+                              lo, hi, _parts(n * C, cost)):
+        raise MemoryError("depthwise_2d: no memory for a padded plane or the run tables")
     return Y
 
 
@@ -479,11 +480,6 @@ def depthwise_fits(x_shape: tuple[int, ...], w_shape: tuple[int, ...], strides: 
     rows = max((OH - 1) * strides[0] + (KH - 1) * dilations[0] + 1, H) + KH * dilations[0]
     cols = max((OW - 1) * strides[1] + (KW - 1) * dilations[1] + 1, Wd) + 2 * strides[1] + 16
     return rows * cols < 2**31 - 1024 and OH * OW < 2**31
-
-
-def worth(rows: int, K: int, N: int) -> bool:
-    """Whether a product of ``rows`` rows by a (K, N) weight takes the packed path."""
-    return MIN_ROWS <= rows <= MAX_ROWS and K > 0 and N > 0
 
 
 def worth_left(images: int, M: int, K: int, L: int) -> bool:
