@@ -480,7 +480,7 @@ def _pointwise_packed(X, W, B, Z, activation, act, strides, group, out_sp, path:
         return None
     N, C = X.shape[:2]
     M = W.shape[0]
-    if not packed_gemm.worth_left(N, M, C, math.prod(out_sp)):
+    if C == 0:
         return None
     packed = path.band(np, key_w, None, ("packed_left", M, C),
                        lambda: packed_gemm.PackedLeft(W.reshape(M, C)))
@@ -489,11 +489,19 @@ def _pointwise_packed(X, W, B, Z, activation, act, strides, group, out_sp, path:
     return Y.reshape((N, M) + tuple(out_sp))
 
 
+def store_of(activation) -> tuple[int, float, float] | None:
+    """``activation`` ("", "Relu" or fused.epilogue_activation's callable) as the packed
+    kernels' store applies it (packed_gemm.store_act), or None when it cannot."""
+    if isinstance(activation, str):
+        return packed_gemm.store_act(activation)
+    name = getattr(activation, "activation", None)
+    return None if name is None else packed_gemm.store_act(name, activation.params)
+
+
 def _stored(run: Callable[[int, float, float], Any], activation, act):
     """``run(code, lo, hi)``, a packed product given the activation its store applies
     (none, Relu, Clip); an activation the store lacks gets its own pass after it."""
-    store = (packed_gemm.store_act(activation) if isinstance(activation, str)
-             else packed_gemm.store_act(activation.activation, activation.params))
+    store = store_of(activation)
     Y = run(*(store if store is not None else (packed_gemm.ACT_NONE, 0.0, 0.0)))
     if store is None:
         if act is not None:
@@ -655,13 +663,26 @@ def _specialize(op: str):
             return None  # the weight's shape decides the path: choose at run time
         path = _path_for(xp, w.shape, kwargs.get("group", 1),
                          _pads_zero(kwargs.get("auto_pad", "NOTSET"), kwargs.get("pads")))
+        from hetero_exec.kernels._conv_bound import BoundCalls
+
         if op == "Conv":
+            bound = BoundCalls(path, "")
+
             def conv(xp, X, W, B=None, **attrs):
+                if xp is np:
+                    call = bound.get(X, W, B, None, attrs)
+                    if call is not None:
+                        return (call(X, None),)
                 return (_conv_full(xp, X, W, B, path=path, **attrs),)
         else:
             act = epilogue_activation(kwargs.get("activation", ""), kwargs.get("activation_params"))
+            bound = BoundCalls(path, act)
 
             def conv(xp, X, W, B=None, Z=None, activation="", activation_params=None, **attrs):
+                if xp is np:
+                    call = bound.get(X, W, B, Z, attrs)
+                    if call is not None:
+                        return (call(X, Z),)
                 return (_conv_full(xp, X, W, B, Z=Z, path=path, activation=act, **attrs),)
         conv.__name__ = f"{op}_{path.kind}"
         conv.path = path

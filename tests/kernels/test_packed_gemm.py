@@ -63,6 +63,22 @@ def test_left_product(n, M, K, L, act):
 
 
 @needs_packed
+@pytest.mark.parametrize("L", [16, 40, 69])
+def test_left_product_split_by_rows(monkeypatch, L):
+    """One image of few 32-column panels (a small plane at batch 1) is cut by the
+    weight's rows; a ragged last block of rows too."""
+    monkeypatch.setattr(pg, "SPLIT_FLOPS", 0.0)
+    rng = np.random.default_rng(L)
+    W = rng.standard_normal((100, 37), dtype=np.float32)
+    X = rng.standard_normal((1, 37, L), dtype=np.float32)
+    bias, z = rng.standard_normal(100, dtype=np.float32), rng.standard_normal((1, 100, L),
+                                                                               dtype=np.float32)
+    got = pg.PackedLeft(W).matmul(X, bias=bias, z=z, act=pg.ACT_CLIP, lo=-0.5, hi=0.7)
+    want = _ref_act(W.astype(np.float64) @ X + bias[:, None] + z, pg.ACT_CLIP, -0.5, 0.7)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+@needs_packed
 def test_nan_and_inf_propagate_through_the_store():
     A = np.ones((4, 3), np.float32)
     A[1, 0], A[2, 0] = np.nan, np.inf
@@ -134,8 +150,8 @@ def _count_packed(monkeypatch) -> list[int]:
 def _count_depthwise(monkeypatch) -> list[int]:
     """Count the depthwise convs that native/depthwise.c computes."""
     calls: list[int] = []
-    run = pg.depthwise_2d
-    monkeypatch.setattr(pg, "depthwise_2d", lambda *a, **k: calls.append(1) or run(*a, **k))
+    run = pg.depthwise_call  # (depthwise_2d and the sessions' bound calls go through it)
+    monkeypatch.setattr(pg, "depthwise_call", lambda *a, **k: calls.append(1) or run(*a, **k))
     return calls
 
 
@@ -203,7 +219,7 @@ def _pointwise_model(rng, C=24, M=40, act="Relu", residual=False):
 def test_pointwise_conv_through_a_session(monkeypatch, act, residual):
     rng = np.random.default_rng(2)
     model = _pointwise_model(rng, act=act, residual=residual)
-    lefts = _counting(monkeypatch, pg.PackedLeft, "matmul")
+    lefts = _counting(monkeypatch, pg.PackedLeft, "matmul_call")
     monkeypatch.setattr(pg, "SPLIT_FLOPS", 0.0)  # this small model takes it too
     sess = InferenceSession(model.SerializeToString(), ["cpu"])
     ref = ReferenceEvaluator(model)
@@ -334,7 +350,7 @@ def test_conv_through_a_session(monkeypatch, case, act, residual):
     C, M, H, Wd, attrs = CONVS[case]
     rng = np.random.default_rng(case)
     model = _conv_model(rng, C, M, H, Wd, dict(attrs), act, residual)
-    convs = _counting(monkeypatch, pg.PackedLeft, "conv")
+    convs = _counting(monkeypatch, pg.PackedLeft, "conv_call")
     monkeypatch.setattr(pg, "SPLIT_FLOPS", 0.0)  # these small convs take it too
     want = _agrees_with_reference(model, rng, (C, H, Wd), residual)
     # the lanes holding output pixels must be 4/5 at least: of the padded rows at strides
@@ -360,7 +376,7 @@ def test_conv1d_through_a_session(monkeypatch, attrs, depthwise):
              helper.make_node("Relu", ["c"], ["y"])]
     model = _model(nodes, [_f("x", ["N", 6, 61])], [_f("y", ["n", "m", "l"])], inits)
     calls = (_count_depthwise(monkeypatch) if depthwise
-             else _counting(monkeypatch, pg.PackedLeft, "conv"))
+             else _counting(monkeypatch, pg.PackedLeft, "conv_call"))
     monkeypatch.setattr(pg, "SPLIT_FLOPS", 0.0)
     sess = InferenceSession(model.SerializeToString(), ["cpu"])
     x = rng.standard_normal((2, 6, 61), dtype=np.float32)

@@ -150,13 +150,13 @@ void he_pack_left(int M, int K, const float *W, long rs, long cs, float *out)
                 *out++ = i0 + r < M ? W[(long)(i0 + r) * rs + (long)k * cs] : 0.0f;
 }
 
-/* Per image n: Y_n (M x L) = act(W @ X_n + bias + Z_n), X_n (K x L) at X + n * xs with rows
- * ldx apart, Y_n and Z_n at n * ys with rows L apart (NCHW). Work items t in [t0, t1) are
- * (image, 32-column panel) pairs: t = n * panels + panel. Returns 0, or -1 when the
- * panel's scratch could not be allocated. */
+/* Per image n: rows [m0, m1) of Y_n (M x L) = act(W @ X_n + bias + Z_n), X_n (K x L) at
+ * X + n * xs with rows ldx apart, Y_n and Z_n at n * ys with rows L apart (NCHW). Work
+ * items t in [t0, t1) are (image, 32-column panel) pairs: t = n * panels + panel; m0 is a
+ * multiple of MR_LEFT. Returns 0, or -1 when the panel's scratch could not be allocated. */
 static int he_gemm_left(int M, int K, int L, const float *Wp, const float *X, long ldx,
-                        long xs, float *Y, long ys, int t0, int t1, const float *bias,
-                        const float *z, int act, float lo, float hi)
+                        long xs, float *Y, long ys, int t0, int t1, int m0, int m1,
+                        const float *bias, const float *z, int act, float lo, float hi)
 {
     float *panel = (float *)aligned_alloc(64, (size_t)K * NR * sizeof(float) + 64);
     if (!panel)
@@ -175,8 +175,8 @@ static int he_gemm_left(int M, int K, int L, const float *Wp, const float *X, lo
         for (int k0 = 0; k0 < K; k0 += KC) {
             int kc = K - k0 < KC ? K - k0 : KC;
             store_t s = store_for(k0, kc, K, 0, act, lo, hi);
-            for (int i0 = 0; i0 < M; i0 += MR_LEFT) {
-                int mr = M - i0 < MR_LEFT ? M - i0 : MR_LEFT;
+            for (int i0 = m0; i0 < m1; i0 += MR_LEFT) {
+                int mr = m1 - i0 < MR_LEFT ? m1 - i0 : MR_LEFT;
                 s.rbias = bias ? bias + i0 : 0;
                 s.z = z ? z + (long)n * ys + (long)i0 * L + j : 0;
                 s.ldz = L;
@@ -238,24 +238,31 @@ typedef struct {
     const float *bias, *z;
     int act;
     float lo, hi;
-    int failed;
+    int items, by_rows, failed;
 } left_args;
 
 static void left_task(void *p, int i0, int i1)
 {
     left_args *a = (left_args *)p;
-    if (he_gemm_left(a->M, a->K, a->L, a->Wp, a->X, a->ldx, a->xs, a->Y, a->ys, i0, i1, a->bias,
-                     a->z, a->act, a->lo, a->hi))
+    int t0 = i0, t1 = i1, m0 = 0, m1 = a->M;
+    if (a->by_rows) { /* every (image, panel) pair, on this part's blocks of rows */
+        t0 = 0, t1 = a->items;
+        m0 = i0 * MR_LEFT, m1 = i1 * MR_LEFT < a->M ? i1 * MR_LEFT : a->M;
+    }
+    if (he_gemm_left(a->M, a->K, a->L, a->Wp, a->X, a->ldx, a->xs, a->Y, a->ys, t0, t1, m0, m1,
+                     a->bias, a->z, a->act, a->lo, a->hi))
         __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
 }
 
-/* he_gemm_left over `items` (image, panel) pairs in `parts` parts: 0, or -1 when a
+/* he_gemm_left over `items` (image, panel) pairs in `parts` parts, cut by those pairs, or
+ * with `by_rows` by blocks of the weight's rows (fewer pairs than parts to share: a small
+ * plane at batch 1, where each part then copies the same panels): 0, or -1 when a
  * panel's scratch could not be allocated */
 int he_gemm_left_mt(int M, int K, int L, const float *Wp, const float *X, long ldx, long xs,
                     float *Y, long ys, int items, const float *bias, const float *z, int act,
-                    float lo, float hi, int parts)
+                    float lo, float hi, int by_rows, int parts)
 {
-    left_args a = {M, K, L, Wp, X, ldx, xs, Y, ys, bias, z, act, lo, hi, 0};
-    he_parallel(left_task, &a, items, parts);
+    left_args a = {M, K, L, Wp, X, ldx, xs, Y, ys, bias, z, act, lo, hi, items, by_rows, 0};
+    he_parallel(left_task, &a, by_rows ? (M + MR_LEFT - 1) / MR_LEFT : items, parts);
     return a.failed ? -1 : 0;
 }

@@ -91,9 +91,11 @@ _SIGNATURES = {
     "he_pad_mt": (None, [_P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _I]),
     "he_maxpool_mt": (None, [_P, _P, _I, _P, _I, _I, _I, _I, _I, _I, _I]),
     "he_pool_start": (_I, [_I, _L]),
+    "he_pool_hot": (_I, []),
     "he_depthwise_mt": (_I, [_P, _P, _P, _P, _P] + [_I] * 14 + [_I, _F, _F, _I]),
     "he_gemm_right_mt": (None, [_I, _I, _I, _P, _L, _P, _P, _L, _P, _P, _L, _I, _F, _F, _I]),
-    "he_gemm_left_mt": (_I, [_I, _I, _I, _P, _P, _L, _L, _P, _L, _I, _P, _P, _I, _F, _F, _I]),
+    "he_gemm_left_mt": (_I, [_I, _I, _I, _P, _P, _L, _L, _P, _L, _I, _P, _P, _I, _F, _F, _I,
+                             _I]),
     "he_conv_left_mt": (_I, [_I, _I, _P, _P, _P, _L, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I,
                              _F, _F, _I]),
 }
@@ -255,8 +257,21 @@ def _lib() -> Any:
     return lib
 
 
+_CHAR = ctypes.c_char
+
+
+def address(a: np.ndarray) -> int:
+    """``a``'s data pointer: by the buffer protocol for a writable C-contiguous array
+    (0.5 us, against 1.5-2 us for numpy's ``a.ctypes.data``, which a call of a small
+    kernel paid four or five times), else by ``a.ctypes.data``."""
+    try:
+        return ctypes.addressof(_CHAR.from_buffer(a))
+    except (TypeError, ValueError, BufferError):  # read-only, strided or empty
+        return a.ctypes.data
+
+
 def _ptr(a: np.ndarray | None) -> int | None:
-    return None if a is None else a.ctypes.data
+    return None if a is None else address(a)
 
 
 def _parts(n: int, flops: float) -> int:
@@ -265,6 +280,12 @@ def _parts(n: int, flops: float) -> int:
     from hetero_exec.kernels import _threads
 
     return _threads.split_parts(n, flops, alone_flops=SPLIT_FLOPS)
+
+
+def _threads_width() -> int:
+    from hetero_exec.kernels import _threads
+
+    return _threads.split_width()
 
 
 def _contiguous_f32(a: np.ndarray | None) -> np.ndarray | None:
@@ -301,7 +322,7 @@ class PackedRight:
         lib = _lib()
         # (split by row tiles for many rows, else by panels: gemm.c's he_gemm_right_mt)
         items = -(-M // MR_RIGHT) if M >= 8 * MR_RIGHT else self.panels
-        lib.he_gemm_right_mt(M, N, K, A2.ctypes.data, K, self.data.ctypes.data, Y2.ctypes.data,
+        lib.he_gemm_right_mt(M, N, K, address(A2), K, address(self.data), address(Y2),
                              N, _ptr(bias), _ptr(z2), N, act, lo, hi,
                              _parts(items, 2.0 * M * K * N))
         return Y
@@ -333,20 +354,41 @@ class PackedLeft:
             raise ValueError(f"PackedLeft: X has {K} rows, the weight {self.K} columns")
         if X.strides[2] != X.itemsize:
             X = np.ascontiguousarray(X)
-        M = self.M
-        Y = np.empty((n, M, L), np.float32) if out is None else out
-        bias = _contiguous_f32(bias)
-        z = None if z is None else np.ascontiguousarray(z, np.float32).reshape(n, M, L)
-        lib = _lib()
-        panels = -(-L // NR)
         ldx, xs = X.strides[1] // X.itemsize, X.strides[0] // X.itemsize
-        items = n * panels
-        if lib.he_gemm_left_mt(M, K, L, self.data.ctypes.data, X.ctypes.data, ldx, xs,
-                               Y.ctypes.data, M * L, items, _ptr(bias), _ptr(z), act, lo, hi,
-                               _parts(items, 2.0 * n * M * K * L)):
-            raise MemoryError(f"PackedLeft: no memory for a {K} x {NR} panel")
-        return Y
+        return self.matmul_call(n, L, ldx, xs, bias, act, lo, hi)(X, z, out)
 
+    def matmul_call(self, n: int, L: int, ldx: int, xs: int, bias: np.ndarray | None = None,
+                    act: int = ACT_NONE, lo: float = 0.0, hi: float = 0.0):
+        """`matmul` bound to images X (n, K, L) with rows ``ldx`` and images ``xs`` floats
+        apart: ``call(X, z=None, out=None) -> Y``, its arguments worked out once (a
+        Conv node's call at one input shape, kernels/_conv_bound.py)."""
+        M, K = self.M, self.K
+        bias = _contiguous_f32(bias)
+        panels = -(-L // NR)
+        items = n * panels
+        # few (image, panel) pairs to share (a small plane at batch 1): cut by the rows
+        blocks = -(-M // MR_LEFT)
+        by_rows = int(items < 4 * _threads_width() and blocks > items)
+        flops = 2.0 * n * M * K * L
+        fn = _lib().he_gemm_left_mt
+        head = (M, K, L, address(self.data))
+        mid = (ldx, xs)
+        tail_items = blocks if by_rows else items
+        shape = (n, M, L)
+        b = _ptr(bias)
+
+        def call(X: np.ndarray, z: np.ndarray | None = None,
+                 out: np.ndarray | None = None) -> np.ndarray:
+            Y = np.empty(shape, np.float32) if out is None else out
+            if z is not None:  # (held here while the kernel reads it)
+                z = np.ascontiguousarray(z, np.float32).reshape(shape)
+            if fn(*head, address(X), *mid, address(Y), M * L, items, b, _ptr(z), act, lo, hi,
+                  by_rows, _parts(tail_items, flops)):
+                raise MemoryError(f"PackedLeft: no memory for a {K} x {NR} panel")
+            return Y
+
+        call.keep = (self, bias)
+        return call
 
     def conv(self, X: np.ndarray, kernel: tuple[int, int], dilations: tuple[int, int],
              strides: tuple[int, int], pads: tuple[int, int, int, int],
@@ -358,7 +400,17 @@ class PackedLeft:
         place through its offset (no im2col) from one padded copy of X, whose rows a
         column stride s > 1 splits into their s phases (columns p, p + s, ...), so that
         the output pixels of a run read a run of one phase."""
-        n, C, H, Wd = X.shape
+        return self.conv_call(X.shape, kernel, dilations, strides, pads, out_sp, bias, act,
+                              lo, hi)(X, z)
+
+    def conv_call(self, x_shape: tuple[int, ...], kernel: tuple[int, int],
+                  dilations: tuple[int, int], strides: tuple[int, int],
+                  pads: tuple[int, int, int, int], out_sp: tuple[int, int],
+                  bias: np.ndarray | None = None, act: int = ACT_NONE, lo: float = 0.0,
+                  hi: float = 0.0):
+        """`conv` bound to inputs of ``x_shape``: ``call(X, z=None) -> Y``, the taps'
+        offsets, the tiling and the kernel's arguments worked out once."""
+        n, C, H, Wd = x_shape
         KH, KW = kernel
         dh, dw = dilations
         sh, sw = strides
@@ -366,25 +418,36 @@ class PackedLeft:
         if C * KH * KW != self.K:
             raise ValueError(f"PackedLeft.conv: {C}x{KH}x{KW} taps for a weight of {self.K}")
         lib = _lib()
-        Xr, Hp, Wq = _padded(X, pads, sw, 0.0)
+        Hp, Wq = H + pads[0] + pads[2], -(-(Wd + pads[1] + pads[3]) // sw)
         pitch = sw * Wq
         key = (C, Hp, pitch, KH, KW, dh, dw, sw)
         off = self._offsets.get(key)
         if off is None:
             off = _tap_offsets(C, Hp, Wq, KH, KW, dh, dw, sw)
             self._offsets[key] = off
-        M = self.M
-        Y = np.empty((n, M, OH, OW), np.float32)
+        M, K = self.M, self.K
+        shape = (n, M, OH, OW)
         bias = _contiguous_f32(bias)
-        z = None if z is None else np.ascontiguousarray(z, np.float32).reshape(Y.shape)
         flat = int(sh == 1 and sw == 1)  # runs over the padded grid, across its rows
         items = n * lib.he_conv_tiles(flat, OH, OW, pitch)  # (image, tile of two runs) pairs
-        if lib.he_conv_left_mt(M, self.K, self.data.ctypes.data, off.ctypes.data,
-                               Xr.ctypes.data, C * Hp * pitch, pitch, sh, flat, OH, OW,
-                               Y.ctypes.data, items, _ptr(bias), _ptr(z), act, lo, hi,
-                               _parts(items, 2.0 * n * M * self.K * OH * OW)):
-            raise MemoryError(f"PackedLeft.conv: no memory for a {self.K} x {NR} panel")
-        return Y
+        flops = 2.0 * n * M * K * OH * OW
+        fn = lib.he_conv_left_mt
+        head = (M, K, address(self.data), address(off))
+        mid = (C * Hp * pitch, pitch, sh, flat, OH, OW)
+        b = _ptr(bias)
+
+        def call(X: np.ndarray, z: np.ndarray | None = None) -> np.ndarray:
+            Xr = _padded(X, pads, sw, 0.0)[0]
+            Y = np.empty(shape, np.float32)
+            if z is not None:  # (held here while the kernel reads it)
+                z = np.ascontiguousarray(z, np.float32).reshape(shape)
+            if fn(*head, address(Xr), *mid, address(Y), items, b, _ptr(z), act, lo, hi,
+                  _parts(items, flops)):
+                raise MemoryError(f"PackedLeft.conv: no memory for a {K} x {NR} panel")
+            return Y
+
+        call.keep = (self, off, bias)
+        return call
 
 def _padded(X: np.ndarray, pads: tuple[int, int, int, int], sw: int,
             fill: float) -> tuple[np.ndarray, int, int]:
@@ -401,7 +464,7 @@ def _padded(X: np.ndarray, pads: tuple[int, int, int, int], sw: int,
     from hetero_exec.kernels._nn_common import scratch
 
     Xr = scratch(np, (n, C, Hp, sw * Wq), np.float32, slot=1)
-    _lib().he_pad_mt(X.ctypes.data, Xr.ctypes.data, n * C, H, Wd, pt, pl, Hp, sw, Wq, fill,
+    _lib().he_pad_mt(address(X), address(Xr), n * C, H, Wd, pt, pl, Hp, sw, Wq, fill,
                      _parts(n * C, 4.0 * Xr.size))
     return Xr, Hp, Wq
 
@@ -429,18 +492,21 @@ def max_pool_2d(X: np.ndarray, kernel: tuple[int, int], strides: tuple[int, int]
     Xr, Hp, Wq = _padded(X, pads, sw, float("-inf"))
     off = _tap_offsets(1, Hp, Wq, KH, KW, dilations[0], dilations[1], sw)
     Y = np.empty((n, C, OH, OW), np.float32)
-    _lib().he_maxpool_mt(Xr.ctypes.data, Y.ctypes.data, n * C, off.ctypes.data, KH * KW,
+    _lib().he_maxpool_mt(address(Xr), address(Y), n * C, address(off), KH * KW,
                          sw * Wq, Hp, sh, OH, OW, _parts(n * C, 2.0 * Y.size * KH * KW))
     return Y
 
 
-#: a depthwise output pixel's tap in `_parts`' FLOPs, from two images on: with its loads
-#: and the plane's padding, small planes run at a few GFLOP/s against a GEMM's 100, so
-#: that counting 2 left MobileNetV2's 8x8 and 4x4 layers at batch 8 on one thread
-#: (32: 0.87-0.97x the model's time in two A/B runs; ConvNeXt 0.95-1.02x). At one image,
-#: 2: the workers have slept since the last batch-1 product (OpenBLAS's), and waking
-#: them cost more than the small planes' work (1.14-1.36x)
+#: a depthwise output pixel's tap in `_parts`' FLOPs: with its loads and the plane's
+#: padding, small planes run at a few GFLOP/s against a GEMM's 100, so that counting 2
+#: left MobileNetV2's 8x8 and 4x4 layers at batch 8 on one thread (32: 0.87-0.97x the
+#: model's time in two A/B runs; ConvNeXt 0.95-1.02x)
 DEPTHWISE_COST = 32.0
+#: the same at one image while gemm.c's workers sleep (`he_pool_hot`): waking them cost
+#: more than a small plane's work (1.14-1.36x; ConvNeXt at batch 1, whose products are
+#: OpenBLAS's, 1.17-1.19x at 32). MobileNetV2 at batch 1, whose pointwise products keep
+#: the workers spinning, runs 0.91-0.92x with them split
+DEPTHWISE_COST_COLD = 2.0
 
 
 def depthwise_2d(X: np.ndarray, W: np.ndarray, strides: tuple[int, int],
@@ -451,21 +517,41 @@ def depthwise_2d(X: np.ndarray, W: np.ndarray, strides: tuple[int, int],
     input channel a group, multiplier 1), ``pads`` the top and left ones (the bottom and
     right follow from ``out_sp``); returns (n, C, OH, OW). Each plane is padded into a
     small buffer of the C worker's own (native/depthwise.c)."""
-    n, C, H, Wd = X.shape
-    KH, KW = W.shape[1:]
+    return depthwise_call(X.shape, W, strides, dilations, pads, out_sp, bias, act, lo, hi)(X, z)
+
+
+def depthwise_call(x_shape: tuple[int, ...], W: np.ndarray, strides: tuple[int, int],
+                   dilations: tuple[int, int], pads: tuple[int, int], out_sp: tuple[int, int],
+                   bias: np.ndarray | None = None, act: int = ACT_NONE, lo: float = 0.0,
+                   hi: float = 0.0):
+    """`depthwise_2d` bound to inputs of ``x_shape``: ``call(X, z=None) -> Y``, the
+    kernel's arguments worked out once (a Conv node's call at one input shape)."""
+    n, C, H, Wd = x_shape
+    KH, KW = W.shape[-2:]
     OH, OW = out_sp
-    X = np.ascontiguousarray(X, dtype=np.float32)
     W = np.ascontiguousarray(W, dtype=np.float32).reshape(C, KH, KW)
     bias = _contiguous_f32(bias)
-    Y = np.empty((n, C, OH, OW), np.float32)
-    z = None if z is None else np.ascontiguousarray(z, np.float32).reshape(Y.shape)
-    cost = (DEPTHWISE_COST if n > 1 else 2.0) * Y.size * KH * KW
-    if _lib().he_depthwise_mt(X.ctypes.data, W.ctypes.data, _ptr(bias), _ptr(z),
-                              Y.ctypes.data, n * C, C, H, Wd, OH, OW, KH, KW, strides[0],
-                              strides[1], dilations[0], dilations[1], pads[0], pads[1], act,
-                              lo, hi, _parts(n * C, cost)):
-        raise MemoryError("depthwise_2d: no memory for a padded plane or the run tables")
-    return Y
+    shape = (n, C, OH, OW)
+    cost = DEPTHWISE_COST * n * C * OH * OW * KH * KW
+    cold = DEPTHWISE_COST_COLD * n * C * OH * OW * KH * KW
+    lib = _lib()
+    fn, hot = lib.he_depthwise_mt, lib.he_pool_hot
+    head = (address(W), _ptr(bias))
+    mid = (n * C, C, H, Wd, OH, OW, KH, KW, strides[0], strides[1], dilations[0],
+           dilations[1], pads[0], pads[1], act, lo, hi)
+
+    def call(X: np.ndarray, z: np.ndarray | None = None) -> np.ndarray:
+        X = np.ascontiguousarray(X, dtype=np.float32)
+        Y = np.empty(shape, np.float32)
+        if z is not None:  # (held here while the kernel reads it)
+            z = np.ascontiguousarray(z, np.float32).reshape(shape)
+        parts = _parts(n * C, cost if n > 1 or hot() else cold)
+        if fn(address(X), *head, _ptr(z), address(Y), *mid, parts):
+            raise MemoryError("depthwise_2d: no memory for a padded plane or the run tables")
+        return Y
+
+    call.keep = (W, bias)
+    return call
 
 
 def depthwise_fits(x_shape: tuple[int, ...], w_shape: tuple[int, ...], strides: tuple[int, int],
@@ -480,14 +566,6 @@ def depthwise_fits(x_shape: tuple[int, ...], w_shape: tuple[int, ...], strides: 
     rows = max((OH - 1) * strides[0] + (KH - 1) * dilations[0] + 1, H) + KH * dilations[0]
     cols = max((OW - 1) * strides[1] + (KW - 1) * dilations[1] + 1, Wd) + 2 * strides[1] + 16
     return rows * cols < 2**31 - 1024 and OH * OW < 2**31
-
-
-def worth_left(images: int, M: int, K: int, L: int) -> bool:
-    """Whether ``images`` products of a (M, K) weight by (K, L) take the packed path.
-    From two images on the store's fused bias and activation win (MobileNetV2 at batch
-    8: 0.75-0.79x the time); one image's plane runs faster on OpenBLAS (at batch 1,
-    1.04-1.10x when single images took it too)."""
-    return images >= 2 and 2.0 * images * M * K * L >= SPLIT_FLOPS and K > 0
 
 
 def conv_fits(K: int, padded: tuple[int, ...], out_sp: tuple[int, ...],

@@ -129,6 +129,13 @@ int he_pool_start(int n, long spin_ns)
     return running;
 }
 
+/* 1 while every worker still spins after its last part (a split now costs no wake-up),
+ * else 0. Read without the lock: a hint for splitting small work, not a promise. */
+int he_pool_hot(void)
+{
+    return P.workers > 0 && __atomic_load_n(&P.sleepers, __ATOMIC_RELAXED) == 0;
+}
+
 /* fn(args, i0, i1) over [0, n) in `parts` parts: the first here, the others on the
  * workers; returns when all are done. */
 void he_parallel(task_fn fn, void *args, int n, int parts)
