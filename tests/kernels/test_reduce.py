@@ -204,3 +204,55 @@ def test_softmax_gives_no_subnormals():
         assert got[0, 1] == 0 and got[0, 2] == 0  # exp(-100), exp(-95): subnormal, now 0
     nan = np.array([[1.0, np.nan, 0.0]], np.float32)
     assert np.isnan(Softmax(np, nan)[0]).all()
+
+
+# --- constant axes, specialised once per node (reduce._specialize_reduce) ----------------------
+
+
+def _reduce_model(op, opset, axes, keepdims, dtype=np.float32):
+    from onnx import helper, numpy_helper
+
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    rank = 3 if keepdims else 3 - len(axes or range(3))
+    inputs, inits, attrs = ["x"], [], {"keepdims": keepdims}
+    if axes is not None and opset >= _input_axes_opset(op):
+        inputs.append("axes")
+        inits.append(numpy_helper.from_array(np.array(axes, np.int64), "axes"))
+    elif axes is not None:
+        attrs["axes"] = axes
+    graph = helper.make_graph([helper.make_node(op, inputs, ["y"], **attrs)], "g",
+                              [helper.make_tensor_value_info("x", elem, ["a", 4, "c"])],
+                              [helper.make_tensor_value_info("y", elem, [f"d{i}" for i in range(rank)])],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize("era", ["attribute", "input"])
+@pytest.mark.parametrize("axes, keepdims", [(None, 1), ([1], 0), ([-1, 0], 1), ([0, 1, 2], 0)])
+def test_constant_axes_take_the_specialised_reduction(monkeypatch, op, era, axes, keepdims):
+    """Through a session, against the reference; the general kernel (`_reduce`) runs
+    only for the empty set reduced."""
+    from onnx.reference import ReferenceEvaluator
+
+    from hetero_exec import InferenceSession
+    from hetero_exec.kernels import reduce
+
+    opset = 11 if era == "attribute" else _input_axes_opset(op)
+    model = _reduce_model(op, opset, axes, keepdims)
+    general: list[int] = []
+    full = reduce._reduce
+    monkeypatch.setattr(reduce, "_reduce", lambda *a, **k: general.append(1) or full(*a, **k))
+    sess, ref = InferenceSession(model.SerializeToString(), ["cpu"]), ReferenceEvaluator(model)
+    for shape in [(3, 4, 5), (1, 4, 1)]:
+        x = RNG.standard_normal(shape).astype(np.float32)
+        got = sess.run(None, {"x": x})[0]
+        want = ref.run(None, {"x": x})[0]
+        assert got.dtype == np.float32 and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert not general
+    if op in ("ReduceSum", "ReduceMean"):  # an empty set: the general kernel's identity
+        x = np.zeros((0, 4, 2), np.float32)
+        got, want = sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0]
+        np.testing.assert_allclose(got, want)
+        assert general == [1] if axes is None or 0 in [a % 3 for a in axes] else not general
