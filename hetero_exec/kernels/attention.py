@@ -16,6 +16,7 @@ import numpy as np
 
 from hetero_exec.kernels._common import np_dtype
 from hetero_exec.kernels.fused import FUSED_DOMAIN, product
+from hetero_exec.kernels.native import packed_gemm
 from hetero_exec.kernels.reduce import exp_scores_inplace
 from hetero_exec.kernels.registry import kernel
 
@@ -361,7 +362,10 @@ _SCORE_BLOCK = 1 << 21
 
 
 def _softmax_last_inplace(xp, s):
-    """Softmax over the last axis, written into ``s``: the Softmax kernel's arithmetic."""
+    """Softmax over the last axis, written into ``s``: the Softmax kernel's arithmetic
+    (compiled for float32 on the host, native/softmax.c)."""
+    if xp is np and packed_gemm.softmax_fits(s):
+        return packed_gemm.softmax_rows(s)
     s -= xp.max(s, axis=-1, keepdims=True)
     exp_scores_inplace(xp, s)
     s /= xp.sum(s, axis=-1, keepdims=True)

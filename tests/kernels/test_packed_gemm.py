@@ -583,3 +583,45 @@ def test_depthwise_nan_inf_and_other_dtypes(monkeypatch):
     np.testing.assert_allclose(InferenceSession(m64.SerializeToString(), ["cpu"]).run(
         None, {"x": x64})[0], ReferenceEvaluator(m64).run(None, {"x": x64})[0], rtol=1e-10)
     assert not calls
+
+
+# ------------------------------------------------------------------ softmax.c
+
+
+@needs_packed
+@pytest.mark.parametrize("n", [1, 5, 16, 17, 128, 1000])
+def test_softmax_rows_against_float64(monkeypatch, n):
+    """The Softmax kernel (and FusedAttention's scores) on the compiled rows: within
+    float32's rounding of the float64 softmax, every row summing to 1."""
+    from hetero_exec.kernels.attention import _softmax_last_inplace
+    from hetero_exec.kernels.reduce import Softmax
+
+    ran: list[int] = []
+    run = pg.softmax_rows
+    monkeypatch.setattr(pg, "softmax_rows", lambda x: ran.append(1) or run(x))
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal((3, 7, n)) * 8).astype(np.float32)
+    z = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
+    want = np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)
+    for got in (Softmax(np, x)[0], _softmax_last_inplace(np, x.copy())):
+        # (x - max rounds to float32 first: an error of |z| * 6e-8 in the exponent)
+        np.testing.assert_allclose(got, want, rtol=1e-6 + 6e-8 * np.abs(z).max(), atol=1e-37)
+        np.testing.assert_allclose(got.sum(axis=-1), 1.0, rtol=1e-5)
+    assert ran == [1, 1]
+
+
+@needs_packed
+def test_softmax_rows_special_values_as_numpy():
+    """-inf scores give 0; a NaN anywhere, or a row whose maximum is +-inf, gives a row of
+    NaN (numpy's arithmetic: inf - inf); the strided input takes numpy's path, same result."""
+    from hetero_exec.kernels.reduce import Softmax
+
+    x = np.array([[0.0, -np.inf, 1.0, -np.inf], [np.nan, 0.0, 0.0, 1.0],
+                  [-np.inf] * 4, [np.inf, 0.0, 0.0, 0.0], [-200.0, 0.0, -90.0, 3.0]], np.float32)
+    got = pg.softmax_rows(x.copy())
+    assert np.isnan(got[1:4]).all() and not np.isnan(got[[0, 4]]).any()
+    np.testing.assert_allclose(got[0], [0.26894142, 0.0, 0.7310586, 0.0], rtol=1e-6)
+    assert got[4, 0] == 0.0 and got[4, 2] == 0.0  # exp(-203), exp(-93): 0, not subnormal
+    strided = np.asfortranarray(x)
+    np.testing.assert_array_equal(np.isnan(Softmax(np, strided)[0]), np.isnan(got))
+    np.testing.assert_allclose(Softmax(np, strided)[0], got, rtol=1e-6, atol=1e-37)

@@ -53,7 +53,7 @@ SOURCE = Path(__file__).with_name("gemm.c")
 #: every source of the library (the products, the convolutions, the workers) and their
 #: shared header
 SOURCES = (SOURCE, SOURCE.with_name("conv.c"), SOURCE.with_name("depthwise.c"),
-           SOURCE.with_name("workers.c"))
+           SOURCE.with_name("softmax.c"), SOURCE.with_name("workers.c"))
 HEADERS = (SOURCE.with_name("he.h"),)
 CFLAGS = ("-O3", "-mavx512f", "-mfma", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread")
 
@@ -92,6 +92,7 @@ _SIGNATURES = {
     "he_maxpool_mt": (None, [_P, _P, _I, _P, _I, _I, _I, _I, _I, _I, _I]),
     "he_pool_start": (_I, [_I, _L]),
     "he_pool_hot": (_I, []),
+    "he_softmax_mt": (None, [_P, _I, _I, _I]),
     "he_depthwise_mt": (_I, [_P, _P, _P, _P, _P] + [_I] * 14 + [_I, _F, _F, _I]),
     "he_gemm_right_mt": (None, [_I, _I, _I, _P, _L, _P, _P, _L, _P, _P, _L, _I, _F, _F, _I]),
     "he_gemm_left_mt": (_I, [_I, _I, _I, _P, _P, _L, _L, _P, _L, _I, _P, _P, _I, _F, _F, _I,
@@ -552,6 +553,27 @@ def depthwise_call(x_shape: tuple[int, ...], W: np.ndarray, strides: tuple[int, 
 
     call.keep = (W, bias)
     return call
+
+
+def softmax_rows(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis of ``x`` (C-contiguous float32), in place
+    (native/softmax.c), its rows split over gemm.c's workers; returns x. NaN, and rows of
+    +-inf, give what numpy's arithmetic gives (NaN rows)."""
+    n = x.shape[-1]
+    rows = x.size // n if n else 0
+    if rows and n:
+        _lib().he_softmax_mt(address(x), rows, n, _parts(rows, SOFTMAX_COST * x.size))
+    return x
+
+
+#: an element of a softmax in `_parts`' FLOPs (its exp polynomial, max, sum and divide)
+SOFTMAX_COST = 16.0
+
+
+def softmax_fits(x: Any) -> bool:
+    """Whether `softmax_rows` computes ``x``'s softmax over its last axis."""
+    return (type(x) is np.ndarray and x.dtype == np.float32 and x.ndim >= 1
+            and x.flags.c_contiguous and x.size < 2**31 and available())
 
 
 def depthwise_fits(x_shape: tuple[int, ...], w_shape: tuple[int, ...], strides: tuple[int, int],
