@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetero_exec.kernels import native
+from hetero_exec.kernels import conv, native
 from hetero_exec.kernels._nn_common import conv_geometry, spatial_attrs
 from hetero_exec.kernels.native import packed_gemm
 
@@ -101,22 +101,37 @@ def bind(X: np.ndarray, W: np.ndarray, B: np.ndarray | None, Z: np.ndarray | Non
             return product(X.reshape(N, C, L), Z).reshape(out_shape)
     elif kind in ("im2col", "shift"):
         padded = (C, H + pb[0] + pe[0], Wd + pb[1] + pe[1])
-        if group != 1 or not packed_gemm.conv_fits(C * KH * KW, padded, out_sp, strides):
+        tiled = conv.patchify_fits(W.shape, strides, dilations, pb, pe)
+        if group != 1 or not (tiled or packed_gemm.conv_fits(C * KH * KW, padded, out_sp,
+                                                             strides)):
             return None
         packed = path.band(np, W, None, ("packed_left", W.shape),
                            lambda: packed_gemm.PackedLeft(W.reshape(M, C * KH * KW)))
-        call = packed.conv_call(X.shape, (KH, KW), dilations, strides,
-                                (pb[0], pb[1], pe[0], pe[1]), out_sp, B, code, lo, hi)
+        if tiled:
+            call = _patchified(packed, N, KH, KW, out_sp, out_shape, B, store)
+        else:
+            call = packed.conv_call(X.shape, (KH, KW), dilations, strides,
+                                    (pb[0], pb[1], pe[0], pe[1]), out_sp, B, code, lo, hi)
     else:
         return None
     return _contiguous(call if after is None else _then(call, after))
 
 
+def _patchified(packed, N: int, KH: int, KW: int, out_sp, out_shape, B, store) -> BoundCall:
+    """A conv whose kernel tiles its input: its patches copied out, then one product."""
+    OH, OW = out_sp
+    L = OH * OW
+    product = packed.matmul_call(N, L, L, packed.K * L, B, *store)
+
+    def call(X: np.ndarray, Z: np.ndarray | None) -> np.ndarray:
+        return product(conv.patches(X, KH, KW, OH, OW), Z).reshape(out_shape)
+
+    return call
+
+
 def _store(activation) -> tuple[tuple[int, float, float], Callable[[np.ndarray], None] | None]:
     """The activation as the kernels' store applies it (none, Relu, Clip), and the pass
     after the kernel for one it lacks (conv._stored's rule)."""
-    from hetero_exec.kernels import conv
-
     store = conv.store_of(activation)
     if store is not None:
         return store, None

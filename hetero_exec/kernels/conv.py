@@ -528,14 +528,42 @@ def _conv_packed(X, W, B, Z, activation, act, strides, dilations, pb, pe, group,
     N, C, H, Wd = X.shape
     M, _, KH, KW = W.shape
     padded = (C, H + pb[0] + pe[0], Wd + pb[1] + pe[1])
-    if not packed_gemm.conv_fits(C * KH * KW, padded, tuple(out_sp), tuple(strides)):
+    tiled = patchify_fits(W.shape, strides, dilations, pb, pe)
+    if not tiled and not packed_gemm.conv_fits(C * KH * KW, padded, tuple(out_sp),
+                                               tuple(strides)):
         return None
+    if tiled:
+        OH, OW = out_sp
+        packed = path.band(np, key_w, None, ("packed_left", W.shape),
+                           lambda: packed_gemm.PackedLeft(W.reshape(M, C * KH * KW)))
+        Y = _stored(lambda code, lo, hi: packed.matmul(
+            patches(X, KH, KW, OH, OW), bias=B, z=None if Z is None else Z.reshape(N, M, -1),
+            act=code, lo=lo, hi=hi), activation, act)
+        return Y.reshape(N, M, OH, OW)
     packed = path.band(np, key_w, None, ("packed_left", W.shape),
                        lambda: packed_gemm.PackedLeft(W.reshape(M, C * KH * KW)))
     pads = (pb[0], pb[1], pe[0], pe[1])
     return _stored(lambda code, lo, hi: packed.conv(X, (KH, KW), tuple(dilations), tuple(strides),
                                                     pads, tuple(out_sp), bias=B, z=Z, act=code,
                                                     lo=lo, hi=hi), activation, act)
+
+
+def patchify_fits(w_shape, strides, dilations, pb, pe) -> bool:
+    """A conv whose kernel tiles its input (kernel = strides, no dilation, no padding: a
+    ViT/Swin patch embedding, ConvNeXt's stem and downsampling): one copy of the input
+    into patches (`patches`), then a plain product by the packed weight."""
+    return (len(w_shape) == 4 and tuple(w_shape[2:]) == tuple(strides) and not any(pb)
+            and not any(pe) and all(d == 1 for d in dilations) and max(strides) > 1)
+
+
+def patches(X, KH: int, KW: int, OH: int, OW: int):
+    """X (N, C, H, W) cut into its (KH, KW) tiles as a (N, C*KH*KW, OH*OW) scratch
+    buffer (slot 1; rows in the weight's (C, KH, KW) order): never return it."""
+    N, C = X.shape[:2]
+    tiles = X[:, :, :OH * KH, :OW * KW].reshape(N, C, OH, KH, OW, KW)
+    out = scratch(np, (N, C, KH, KW, OH, OW), np.float32, slot=1)
+    np.copyto(out, tiles.transpose(0, 1, 3, 5, 2, 4))
+    return out.reshape(N, C * KH * KW, OH * OW)
 
 
 # --------------------------------------------------------------------------- core

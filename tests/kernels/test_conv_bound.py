@@ -128,3 +128,35 @@ def test_the_table_stays_bounded():
                                    np.einsum("mc,nchw->nmhw", w[:, :, 0, 0], x), rtol=1e-5,
                                    atol=1e-5)
         assert len(calls._calls) <= _conv_bound.LIMIT
+
+
+@pytest.mark.parametrize("k, shape", [((2, 2), (2, 5, 12, 12)), ((4, 4), (1, 3, 17, 18)),
+                                      ((2, 3), (3, 4, 9, 10)), ((16, 16), (2, 3, 32, 48))])
+@pytest.mark.parametrize("activation", ["", "Relu", "HardSigmoid"])
+def test_a_kernel_that_tiles_its_input_is_one_product(monkeypatch, k, shape, activation):
+    """Kernel = strides, no padding (patch embeddings, ConvNeXt's downsampling): the
+    input's tiles copied out once and one product by the packed weight; rows and columns
+    the tiles leave over are dropped, as the conv drops them. Bound and general route."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(shape, dtype=np.float32)
+    w = rng.standard_normal((7, shape[1], *k), dtype=np.float32)
+    b = rng.standard_normal(7, dtype=np.float32)
+    attrs = {"strides": list(k)}
+    want = ReferenceEvaluator(_conv_act_model(w, b, attrs, activation)).run(None, {"x": x})[0]
+    cut: list[int] = []
+    tiles = conv.patches
+    monkeypatch.setattr(conv, "patches", lambda *a: cut.append(1) or tiles(*a))
+    act = epilogue_activation(activation)
+    got = _conv_full(np, x, w, b, activation=act, path=ConvPath("im2col"), **attrs)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    call = _conv_bound.BoundCalls(ConvPath("im2col"), act).get(x, w, b, None, attrs)
+    np.testing.assert_allclose(call(x, None), want, rtol=1e-5, atol=1e-4)
+    assert cut == [1, 1]
+
+
+def _conv_act_model(w, b, attrs, activation):
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs),
+             helper.make_node(activation or "Identity", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [_f("x", None)], [_f("y", None)],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
