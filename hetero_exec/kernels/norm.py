@@ -13,6 +13,7 @@ from hetero_exec.kernels import native
 from hetero_exec.kernels._common import norm_axis, np_dtype
 from hetero_exec.kernels._nn_common import acc_dtype
 from hetero_exec.kernels.fused import FUSED_DOMAIN
+from hetero_exec.kernels.native import packed_gemm
 from hetero_exec.kernels.registry import kernel
 
 
@@ -215,6 +216,13 @@ def FusedLayerNorm(xp, X, scale=None, bias=None, axis=-1, epsilon=1e-5, axes=Non
     if axes is None:
         return LayerNormalization(xp, X, scale, bias, axis=axis, epsilon=epsilon, stash_type=0)
     ax = tuple(axes)
+    if ax == (1,) and X.ndim >= 3 and X.dtype == np.float32 and native.takes(xp, X) \
+            and packed_gemm.available():
+        g, b = _channel_vector(scale, X), _channel_vector(bias, X)
+        if (scale is None or g is not None) and (bias is None or b is not None):
+            # a channels-first LayerNorm (ConvNeXt's): native/norm.c, over the channels
+            X3 = np.ascontiguousarray(X).reshape(X.shape[0], X.shape[1], -1)
+            return (packed_gemm.layer_norm_channels(X3, g, b, float(epsilon)).reshape(X.shape),)
     d = X - xp.mean(X, axis=ax, keepdims=True)
     var = xp.mean(d * d, axis=ax, keepdims=True)
     d *= 1.0 / xp.sqrt(var + epsilon)
@@ -223,6 +231,17 @@ def FusedLayerNorm(xp, X, scale=None, bias=None, axis=-1, epsilon=1e-5, axes=Non
     if bias is not None:
         d += bias
     return (d,)
+
+
+def _channel_vector(v, X):
+    """``v`` as C float32 values when it broadcasts against X (n, C, ...) along axis 1
+    only (a (C, 1, 1) or (1, C, 1, 1) scale), else None."""
+    if v is None or v.dtype != np.float32 or v.size != X.shape[1] or v.ndim > X.ndim:
+        return None
+    aligned = (1,) * (X.ndim - v.ndim) + tuple(v.shape)
+    if aligned[1] != X.shape[1] or any(d != 1 for i, d in enumerate(aligned) if i != 1):
+        return None
+    return np.ascontiguousarray(v).reshape(X.shape[1])
 
 
 @kernel("FusedRMSNorm", since=1, domain=FUSED_DOMAIN)

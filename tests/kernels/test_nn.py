@@ -539,3 +539,29 @@ def test_quantize_float8_no_saturate():
 ])
 def test_dynamic_quantize_linear(xp, x):
     check(xp, "DynamicQuantizeLinear", [x], n_outputs=3, opset=11)
+
+
+@pytest.mark.parametrize("shape, sshape", [((2, 40, 5, 7), (40, 1, 1)), ((3, 8, 33), (1, 8, 1)),
+                                           ((1, 16, 4, 4), None), ((2, 6, 3, 3), (6, 3, 3))])
+def test_channels_first_layer_norm(monkeypatch, shape, sshape):
+    """FusedLayerNorm over axis 1 (ConvNeXt's channels-first LayerNorm): native/norm.c
+    for a per-channel scale and bias, numpy for a scale that varies over the pixels too;
+    both against float64."""
+    from hetero_exec.kernels.native import packed_gemm as pg
+    from hetero_exec.kernels.norm import FusedLayerNorm
+
+    if not pg.available():
+        pytest.skip(pg.unavailable_reason())
+    ran: list[int] = []
+    run = pg.layer_norm_channels
+    monkeypatch.setattr(pg, "layer_norm_channels", lambda *a: ran.append(1) or run(*a))
+    x = f32(*shape) * 3 + 1
+    g = None if sshape is None else f32(*sshape)
+    b = None if sshape is None else f32(*sshape)
+    got = FusedLayerNorm(np, x, g, b, epsilon=1e-6, axes=[1])[0]
+    x64 = x.astype(np.float64)
+    d = x64 - x64.mean(axis=1, keepdims=True)
+    want = d / np.sqrt((d * d).mean(axis=1, keepdims=True) + 1e-6)
+    want = want * (1 if g is None else g) + (0 if b is None else b)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert ran == ([] if sshape == (6, 3, 3) else [1])

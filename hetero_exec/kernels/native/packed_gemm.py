@@ -53,7 +53,8 @@ SOURCE = Path(__file__).with_name("gemm.c")
 #: every source of the library (the products, the convolutions, the workers) and their
 #: shared header
 SOURCES = (SOURCE, SOURCE.with_name("conv.c"), SOURCE.with_name("depthwise.c"),
-           SOURCE.with_name("softmax.c"), SOURCE.with_name("workers.c"))
+           SOURCE.with_name("softmax.c"), SOURCE.with_name("norm.c"),
+           SOURCE.with_name("workers.c"))
 HEADERS = (SOURCE.with_name("he.h"),)
 CFLAGS = ("-O3", "-mavx512f", "-mfma", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread")
 
@@ -93,6 +94,7 @@ _SIGNATURES = {
     "he_pool_start": (_I, [_I, _L]),
     "he_pool_hot": (_I, []),
     "he_softmax_mt": (None, [_P, _I, _I, _I]),
+    "he_layer_norm_channels_mt": (None, [_P, _P, _P, _F, _P, _I, _I, _I, _I]),
     "he_depthwise_mt": (_I, [_P, _P, _P, _P, _P] + [_I] * 14 + [_I, _F, _F, _I]),
     "he_gemm_right_mt": (None, [_I, _I, _I, _P, _L, _P, _P, _L, _P, _P, _L, _I, _F, _F, _I]),
     "he_gemm_left_mt": (_I, [_I, _I, _I, _P, _P, _L, _L, _P, _L, _I, _P, _P, _I, _F, _F, _I,
@@ -574,6 +576,24 @@ def softmax_fits(x: Any) -> bool:
     """Whether `softmax_rows` computes ``x``'s softmax over its last axis."""
     return (type(x) is np.ndarray and x.dtype == np.float32 and x.ndim >= 1
             and x.flags.c_contiguous and x.size < 2**31 and available())
+
+
+def layer_norm_channels(X: np.ndarray, scale: np.ndarray | None, bias: np.ndarray | None,
+                        eps: float) -> np.ndarray:
+    """LayerNorm over axis 1 of X (n, C, L), C-contiguous float32, scale and bias (C,) or
+    None: each pixel normalised over its channels (a channels-first LayerNorm)."""
+    n, C, L = X.shape
+    Y = np.empty_like(X)
+    scale, bias = _contiguous_f32(scale), _contiguous_f32(bias)
+    runs = -(-L // 16)
+    _lib().he_layer_norm_channels_mt(address(X), _ptr(scale), _ptr(bias), eps, address(Y), n,
+                                     C, L, _parts(n * runs, NORM_COST * X.size))
+    return Y
+
+
+#: an element of the channels' LayerNorm in `_parts`' FLOPs (three reads, the sums, the
+#: scaling)
+NORM_COST = 8.0
 
 
 def depthwise_fits(x_shape: tuple[int, ...], w_shape: tuple[int, ...], strides: tuple[int, int],
