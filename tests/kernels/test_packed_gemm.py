@@ -625,3 +625,41 @@ def test_softmax_rows_special_values_as_numpy():
     strided = np.asfortranarray(x)
     np.testing.assert_array_equal(np.isnan(Softmax(np, strided)[0]), np.isnan(got))
     np.testing.assert_allclose(Softmax(np, strided)[0], got, rtol=1e-6, atol=1e-37)
+
+
+# ------------------------------------------------------------------ act.c
+
+
+@needs_packed
+@pytest.mark.parametrize("name", ["", "Relu", "Clip", "HardSigmoid", "HardSwish", "Gelu",
+                                  "GeluTanh", "SiLU", "Sigmoid", "Tanh"])
+def test_last_axis_activation_matches_the_numba_epilogue(monkeypatch, name):
+    """act(y + bias) on 16 lanes (native/act.c) against numba's float32 loop, which has
+    the same rationals; at +-inf, NaN, the rationals' clamps and far beyond them too.
+    FusedMatMul's epilogue takes it."""
+    from hetero_exec.kernels import native
+    from hetero_exec.kernels.fused import FusedMatMul
+
+    rng = np.random.default_rng(len(name))
+    special = [np.nan, np.inf, -np.inf, 100, -100, 0, 1e30, -1e30, 3e38, -3e38, 7.9, -7.9,
+               7.91, -7.91, 4.5 * np.sqrt(2), -6.4]
+    y = np.concatenate([np.array(special, np.float32),
+                        (rng.standard_normal(3 * 37 - 16) * 5).astype(np.float32)]).reshape(3, 37)
+    bias = np.concatenate([np.zeros(16, np.float32), rng.standard_normal(21).astype(np.float32)])
+    code = native.ACT_CODES[name]
+    p0, p1 = native.ACT_DEFAULTS.get(name, (-1.0, 2.0)) if name != "Clip" else (-1.0, 2.0)
+    want, got = y.copy(), y.copy()
+    with np.errstate(all="ignore"):
+        native.module("epilogue").last_axis(want, bias, code, p0, p1, 0, 3)
+    pg.last_axis(got, bias, code, p0, p1)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+    ran: list[int] = []
+    run = pg.last_axis
+    monkeypatch.setattr(pg, "last_axis", lambda *a: ran.append(1) or run(*a))
+    a, w = rng.standard_normal((5, 8), dtype=np.float32), rng.standard_normal((8, 37), dtype=np.float32)
+    out = FusedMatMul(np, a, w, bias, name, [p0, p1] if name in native.ACT_DEFAULTS else None)[0]
+    want = a @ w + bias
+    native.module("epilogue").last_axis(want, np.zeros(0, np.float32), code, p0, p1, 0, 5)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    assert ran

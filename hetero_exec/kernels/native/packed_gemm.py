@@ -53,7 +53,7 @@ SOURCE = Path(__file__).with_name("gemm.c")
 #: every source of the library (the products, the convolutions, the workers) and their
 #: shared header
 SOURCES = (SOURCE, SOURCE.with_name("conv.c"), SOURCE.with_name("depthwise.c"),
-           SOURCE.with_name("softmax.c"), SOURCE.with_name("norm.c"),
+           SOURCE.with_name("softmax.c"), SOURCE.with_name("norm.c"), SOURCE.with_name("act.c"),
            SOURCE.with_name("workers.c"))
 HEADERS = (SOURCE.with_name("he.h"),)
 CFLAGS = ("-O3", "-mavx512f", "-mfma", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread")
@@ -94,6 +94,7 @@ _SIGNATURES = {
     "he_pool_start": (_I, [_I, _L]),
     "he_pool_hot": (_I, []),
     "he_softmax_mt": (None, [_P, _I, _I, _I]),
+    "he_last_axis_mt": (None, [_P, _P, _I, _I, _I, _F, _F, _I]),
     "he_layer_norm_channels_mt": (None, [_P, _P, _P, _F, _P, _I, _I, _I, _I]),
     "he_depthwise_mt": (_I, [_P, _P, _P, _P, _P] + [_I] * 14 + [_I, _F, _F, _I]),
     "he_gemm_right_mt": (None, [_I, _I, _I, _P, _L, _P, _P, _L, _P, _P, _L, _I, _F, _F, _I]),
@@ -594,6 +595,21 @@ def layer_norm_channels(X: np.ndarray, scale: np.ndarray | None, bias: np.ndarra
 #: an element of the channels' LayerNorm in `_parts`' FLOPs (three reads, the sums, the
 #: scaling)
 NORM_COST = 8.0
+
+
+def last_axis(Y: np.ndarray, bias: np.ndarray | None, code: int, p0: float, p1: float) -> None:
+    """act(Y + bias) in place over the last axis of Y (rows, cols), C-contiguous float32,
+    bias (cols,) float32 or None; ``code`` one of kernels/native.ACT_CODES (native/act.c),
+    the rows split over gemm.c's workers."""
+    rows, cols = Y.shape
+    if rows and cols:
+        bias = _contiguous_f32(bias)
+        _lib().he_last_axis_mt(address(Y), _ptr(bias), rows, cols, code, p0, p1,
+                               _parts(rows, ACT_COST * Y.size))
+
+
+#: an element of an activation pass in `_parts`' FLOPs (the rationals' ~20 operations)
+ACT_COST = 8.0
 
 
 def depthwise_fits(x_shape: tuple[int, ...], w_shape: tuple[int, ...], strides: tuple[int, int],
