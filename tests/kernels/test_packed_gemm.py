@@ -537,6 +537,8 @@ DEPTHWISE = [  # (C, H, W, attributes): MobileNet's and ConvNeXt's, and odd geom
     (3, 8, 16, {"k": (3, 7), "pads": [1, 9, 1, 9], "dilations": [1, 3]}),  # runs by rows
     (3, 6, 70, {"k": (1, 1)}),
     (3, 5, 40, {"k": (2, 4), "pads": [0, 0, 0, 0]}),  # no padding at all
+    (20, 8, 8, {"k": (3, 3), "pads": [1, 1, 1, 1]}),  # a block of 16 channels and 4 more
+    (33, 5, 6, {"k": (7, 7), "pads": [3, 2, 3, 4]}),
 ]
 
 
@@ -544,7 +546,10 @@ DEPTHWISE = [  # (C, H, W, attributes): MobileNet's and ConvNeXt's, and odd geom
 @pytest.mark.parametrize("case", range(len(DEPTHWISE)))
 @pytest.mark.parametrize("act, residual", [("", False), ("Relu", True), ("Clip", False),
                                            ("HardSwish", True)])
-def test_depthwise_through_a_session(monkeypatch, case, act, residual):
+@pytest.mark.parametrize("along", [False, True])
+def test_depthwise_through_a_session(monkeypatch, case, act, residual, along):
+    """By planes (depthwise.c) and along the channels (depthwise_cl.c), every geometry."""
+    monkeypatch.setattr(pg, "depthwise_along_channels", lambda *a: along)
     C, H, Wd, attrs = DEPTHWISE[case]
     rng = np.random.default_rng(case)
     model = _conv_model(rng, C, C, H, Wd, dict(attrs), act, residual, group=C)
@@ -554,9 +559,11 @@ def test_depthwise_through_a_session(monkeypatch, case, act, residual):
 
 
 @needs_packed
-def test_depthwise_nan_inf_and_other_dtypes(monkeypatch):
-    """NaN and inf propagate as in the numpy path; float64 keeps the compiled numba
-    kernel (depthwise.c is float32 only)."""
+@pytest.mark.parametrize("along", [False, True])
+def test_depthwise_nan_inf_and_other_dtypes(monkeypatch, along):
+    """NaN and inf propagate as in the numpy path, by planes and along the channels;
+    float64 keeps the compiled numba kernel (depthwise.c is float32 only)."""
+    monkeypatch.setattr(pg, "depthwise_along_channels", lambda *a: along)
     rng = np.random.default_rng(9)
     model = _conv_model(rng, 4, 4, 9, 9, {"k": (3, 3), "pads": [1, 1, 1, 1]}, "Clip", group=4)
     x = rng.standard_normal((2, 4, 9, 9), dtype=np.float32)

@@ -53,6 +53,7 @@ SOURCE = Path(__file__).with_name("gemm.c")
 #: every source of the library (the products, the convolutions, the workers) and their
 #: shared header
 SOURCES = (SOURCE, SOURCE.with_name("conv.c"), SOURCE.with_name("depthwise.c"),
+           SOURCE.with_name("depthwise_cl.c"),
            SOURCE.with_name("softmax.c"), SOURCE.with_name("norm.c"), SOURCE.with_name("act.c"),
            SOURCE.with_name("workers.c"))
 HEADERS = (SOURCE.with_name("he.h"),)
@@ -94,6 +95,7 @@ _SIGNATURES = {
     "he_pool_start": (_I, [_I, _L]),
     "he_pool_hot": (_I, []),
     "he_softmax_mt": (None, [_P, _I, _I, _I]),
+    "he_depthwise_cl_mt": (_I, [_P, _P, _P, _P, _P] + [_I] * 14 + [_I, _F, _F, _I]),
     "he_last_axis_mt": (None, [_P, _P, _I, _I, _I, _F, _F, _I]),
     "he_layer_norm_channels_mt": (None, [_P, _P, _P, _F, _P, _I, _I, _I, _I]),
     "he_depthwise_mt": (_I, [_P, _P, _P, _P, _P] + [_I] * 14 + [_I, _F, _F, _I]),
@@ -539,17 +541,21 @@ def depthwise_call(x_shape: tuple[int, ...], W: np.ndarray, strides: tuple[int, 
     cost = DEPTHWISE_COST * n * C * OH * OW * KH * KW
     cold = DEPTHWISE_COST_COLD * n * C * OH * OW * KH * KW
     lib = _lib()
-    fn, hot = lib.he_depthwise_mt, lib.he_pool_hot
+    hot = lib.he_pool_hot
     head = (address(W), _ptr(bias))
-    mid = (n * C, C, H, Wd, OH, OW, KH, KW, strides[0], strides[1], dilations[0],
-           dilations[1], pads[0], pads[1], act, lo, hi)
+    # small planes along the channels (depthwise_cl.c), 16 channels an item; else by planes
+    along = depthwise_along_channels(OH * OW, KH * KW)
+    fn = lib.he_depthwise_cl_mt if along else lib.he_depthwise_mt
+    items = n * -(-C // 16) if along else n * C
+    mid = (n if along else n * C, C, H, Wd, OH, OW, KH, KW, strides[0], strides[1],
+           dilations[0], dilations[1], pads[0], pads[1], act, lo, hi)
 
     def call(X: np.ndarray, z: np.ndarray | None = None) -> np.ndarray:
         X = np.ascontiguousarray(X, dtype=np.float32)
         Y = np.empty(shape, np.float32)
         if z is not None:  # (held here while the kernel reads it)
             z = np.ascontiguousarray(z, np.float32).reshape(shape)
-        parts = _parts(n * C, cost if n > 1 or hot() else cold)
+        parts = _parts(items, cost if n > 1 or hot() else cold)
         if fn(address(X), *head, _ptr(z), address(Y), *mid, parts):
             raise MemoryError("depthwise_2d: no memory for a padded plane or the run tables")
         return Y
@@ -610,6 +616,15 @@ def last_axis(Y: np.ndarray, bias: np.ndarray | None, code: int, p0: float, p1: 
 
 #: an element of an activation pass in `_parts`' FLOPs (the rationals' ~20 operations)
 ACT_COST = 8.0
+
+
+def depthwise_along_channels(out_pixels: int, taps: int) -> bool:
+    """Whether a depthwise conv runs along the channels (depthwise_cl.c) rather than by
+    planes: output planes of at most 64 pixels, or 256 for 5x5 kernels and larger. On
+    MobileNetV2's and ConvNeXt's layers it took 0.29-0.87x the plane kernel's time there
+    (4x4 and 8x8 planes, strided ones, 7x7 on 16x16), and 0.74-1.3x for 3x3 on 16x16 and
+    1.8-2.2x on ConvNeXt's 32x32 planes (bench/bench_conv.py)."""
+    return out_pixels <= 64 or (out_pixels <= 256 and taps >= 25)
 
 
 def depthwise_fits(x_shape: tuple[int, ...], w_shape: tuple[int, ...], strides: tuple[int, int],
