@@ -29,9 +29,14 @@ def _ref_act(y, act, lo, hi):
 
 @needs_packed
 @pytest.mark.parametrize("M, K, N", [(1, 1, 1), (4, 7, 31), (5, 300, 33), (13, 513, 64),
-                                     (32, 256, 100), (70, 257, 45)])
+                                     (32, 256, 100), (70, 257, 45), (96, 384, 130)])
 @pytest.mark.parametrize("act", [pg.ACT_NONE, pg.ACT_RELU, pg.ACT_CLIP])
-def test_right_product(M, K, N, act):
+@pytest.mark.parametrize("split", [False, True])
+def test_right_product(monkeypatch, M, K, N, act, split):
+    """On one thread and split over the workers (by row tiles from 64 rows, else by
+    panels)."""
+    if split:
+        monkeypatch.setattr(pg, "SPLIT_FLOPS", 0.0)
     rng = np.random.default_rng(M * 1000 + K + N)
     A = rng.standard_normal((M, K), dtype=np.float32)
     Bt = rng.standard_normal((N, K), dtype=np.float32)

@@ -68,8 +68,12 @@ ACT_NONE, ACT_RELU, ACT_CLIP = 0, 1, 2
 #: the rows a right-hand product takes the packed path for. Below: a GEMV-like product is
 #: memory-bound, and 1-3 rows leave the tile's FMA chains too short to hide their latency.
 #: Above: OpenBLAS's packing is a small part of the call, and its kernel runs as fast as
-#: ours a core (bench/README.md, "packed GEMM").
-MIN_ROWS, MAX_ROWS = 4, 32
+#: ours a core (bench/README.md, "packed GEMM"). Up to 96 since the softmax, epilogues
+#: and bound convs run on gemm.c's workers too, which are then often awake: ViT at batch
+#: 1 (65 rows) 0.85-0.91x the time, ConvNeXt 0.87-0.99x, the rest within 2% (at 128,
+#: BERT's 128 rows at batch 1 took 1.075x; 32 before, when 33-128 rows measured
+#: 1.03-1.07x)
+MIN_ROWS, MAX_ROWS = 4, 96
 #: a product is split over gemm.c's workers from this many FLOPs (~30 us of work: a
 #: hand-off to a spinning worker costs a few us, to a sleeping one 40-130 us here)
 SPLIT_FLOPS = 4e6
