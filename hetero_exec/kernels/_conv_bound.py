@@ -90,15 +90,15 @@ def bind(X: np.ndarray, W: np.ndarray, B: np.ndarray | None, Z: np.ndarray | Non
         call = packed_gemm.depthwise_call(X.shape, W.reshape(C, KH, KW), strides, dilations,
                                           (pb[0], pb[1]), out_sp, B, code, lo, hi)
     elif kind == "pointwise":
-        L = H * Wd
-        if any(pb) or any(pe) or group != 1 or any(s != 1 for s in strides) or C == 0:
+        L = math.prod(out_sp)
+        if any(pb) or any(pe) or group != 1 or C == 0:
             return None
         packed = path.band(np, W, None, ("packed_left", M, C),
                            lambda: packed_gemm.PackedLeft(W.reshape(M, C)))
         product = packed.matmul_call(N, L, L, C * L, B, code, lo, hi)
 
         def call(X: np.ndarray, Z: np.ndarray | None) -> np.ndarray:
-            return product(X.reshape(N, C, L), Z).reshape(out_shape)
+            return product(conv.strided_pixels(X, strides, out_sp), Z).reshape(out_shape)
     elif kind in ("im2col", "shift"):
         padded = (C, H + pb[0] + pe[0], Wd + pb[1] + pe[1])
         tiled = conv.patchify_fits(W.shape, strides, dilations, pb, pe)

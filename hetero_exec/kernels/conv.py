@@ -472,11 +472,12 @@ def _shift(xp, X, W, B, pb, pe, out_sp, path: ConvPath | None, key_w, key_b):
 
 def _pointwise_packed(X, W, B, Z, activation, act, strides, group, out_sp, path: ConvPath,
                       key_w):
-    """The ungrouped, unstrided float32 1x1 conv on its weight packed once (kept by the
-    node's path), bias, residual and Relu/Clip added as the tiles are stored; None when
-    this call does not suit it."""
-    if (group != 1 or any(s != 1 for s in strides) or X.dtype != np.float32
-            or W.dtype != np.float32 or not packed_gemm.available()):
+    """The ungrouped float32 1x1 conv on its weight packed once (kept by the node's path),
+    bias, residual and Relu/Clip added as the tiles are stored (a strided one on its
+    pixels gathered first: ResNet's downsampling shortcuts); None when this call does not
+    suit it."""
+    if (group != 1 or X.dtype != np.float32 or W.dtype != np.float32
+            or not packed_gemm.available()):
         return None
     N, C = X.shape[:2]
     M = W.shape[0]
@@ -484,9 +485,24 @@ def _pointwise_packed(X, W, B, Z, activation, act, strides, group, out_sp, path:
         return None
     packed = path.band(np, key_w, None, ("packed_left", M, C),
                        lambda: packed_gemm.PackedLeft(W.reshape(M, C)))
-    Y = _stored(lambda code, lo, hi: packed.matmul(X.reshape(N, C, -1), bias=B, z=Z, act=code,
-                                                   lo=lo, hi=hi), activation, act)
+    Xs = strided_pixels(X, strides, out_sp)
+    Y = _stored(lambda code, lo, hi: packed.matmul(Xs, bias=B, z=Z, act=code, lo=lo, hi=hi),
+                activation, act)
     return Y.reshape((N, M) + tuple(out_sp))
+
+
+def strided_pixels(X, strides, out_sp):
+    """X (N, C, *S) as (N, C, L) on the pixels a 1x1 conv of these strides reads: a view
+    at strides 1, else those pixels gathered into a scratch buffer (slot 1: never return
+    it)."""
+    N, C = X.shape[:2]
+    if all(s == 1 for s in strides):
+        return X.reshape(N, C, -1)
+    picked = X[(slice(None), slice(None)) + tuple(slice(None, s * o, s)
+                                                  for s, o in zip(strides, out_sp))]
+    out = scratch(np, picked.shape, np.float32, slot=1)
+    np.copyto(out, picked)
+    return out.reshape(N, C, -1)
 
 
 def store_of(activation) -> tuple[int, float, float] | None:

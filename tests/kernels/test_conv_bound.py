@@ -80,22 +80,29 @@ def test_a_weight_fed_each_run_rebinds():
 @pytest.mark.parametrize("kind, ws, attrs", [
     ("depthwise_native", (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1], "strides": [2, 1]}),
     ("pointwise", (10, 6, 1, 1), {}),
+    ("pointwise", (10, 6, 1, 1), {"strides": [2, 3]}),  # ResNet's downsampling shortcut
     ("im2col", (10, 6, 3, 3), {"pads": [1, 0, 1, 2]}),
 ])
 @pytest.mark.parametrize("activation", ["", "Clip", "HardSigmoid"])
-def test_bind_matches_the_general_route(kind, ws, attrs, activation):
+def test_bind_matches_the_reference(kind, ws, attrs, activation):
     """A strided view of the input and a residual, the activation in the store (Clip)
-    or after it (HardSigmoid)."""
+    or after it (HardSigmoid); the general route agrees too."""
     rng = np.random.default_rng(2)
     act = epilogue_activation(activation, (0.0, 6.0) if activation == "Clip" else None)
     big = rng.standard_normal((2, 9, 11, 16), dtype=np.float32)
     x = big[:, 1:7, :, 2:15]  # not contiguous
     w = rng.standard_normal(ws, dtype=np.float32)
     b = rng.standard_normal(ws[0], dtype=np.float32)
-    want = _conv_full(np, np.ascontiguousarray(x), w, b, path=ConvPath(kind), **attrs)
+    conv_ref = ReferenceEvaluator(_conv_act_model(w, b, attrs, "", group=attrs.get("group", 1)))
+    want = conv_ref.run(None, {"x": np.ascontiguousarray(x)})[0]
     z = rng.standard_normal(want.shape, dtype=np.float32)
-    want = _conv_full(np, np.ascontiguousarray(x), w, b, Z=z, activation=act,
-                      path=ConvPath(kind), **attrs)
+    want = want + z
+    if activation == "Clip":
+        want = np.clip(want, 0.0, 6.0)
+    elif activation == "HardSigmoid":
+        want = np.clip(0.2 * want + 0.5, 0.0, 1.0)
+    np.testing.assert_allclose(_conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath(kind),
+                                          **attrs), want, rtol=1e-5, atol=1e-4)
     calls = _conv_bound.BoundCalls(ConvPath(kind), act)
     call = calls.get(x, w, b, z, attrs)
     assert call is not None
@@ -111,7 +118,6 @@ def test_calls_the_kernels_do_not_take_keep_the_general_route():
     calls = _conv_bound.BoundCalls(ConvPath("pointwise"), "")
     assert calls.get(x64, w, None, None, {}) is None  # float64
     x = x64.astype(np.float32)
-    assert calls.get(x, w, None, None, {"strides": [2, 2]}) is None  # strided 1x1
     assert calls.get(x[:, :3], w, None, None, {}) is None  # channels the weight lacks
     grouped = _conv_bound.BoundCalls(ConvPath("im2col"), "")
     assert grouped.get(x, rng.standard_normal((4, 2, 3, 3), dtype=np.float32), None, None,
@@ -154,8 +160,9 @@ def test_a_kernel_that_tiles_its_input_is_one_product(monkeypatch, k, shape, act
     assert cut == [1, 1]
 
 
-def _conv_act_model(w, b, attrs, activation):
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs),
+def _conv_act_model(w, b, attrs, activation, group=1):
+    attrs = {k: v for k, v in attrs.items() if k != "group"}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=group, **attrs),
              helper.make_node(activation or "Identity", ["c"], ["y"])]
     graph = helper.make_graph(nodes, "g", [_f("x", None)], [_f("y", None)],
                               [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
