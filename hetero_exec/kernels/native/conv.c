@@ -1,5 +1,6 @@
-/* Convolution and MaxPool by indirection, on an input padded once: the cpu provider's
- * ungrouped Conv (FusedConv) and 2-D MaxPool (see native/packed_gemm.py). */
+/* Convolution by indirection, on an input padded once: the cpu provider's ungrouped Conv
+ * (FusedConv; see native/packed_gemm.py). 2-D MaxPool, which padded its input here too,
+ * is depthwise.c's now, a plane at a time. */
 #include "he.h"
 
 /* ----------------------------------------------- convolution by indirection (no im2col) */
@@ -303,47 +304,4 @@ void he_pad_mt(const float *X, float *out, int planes, int H, int W, int pt, int
 {
     pad_args a = {X, out, H, W, pt, pl, Hp, sw, Wq, fill};
     he_parallel(pad_task, &a, planes, parts);
-}
-
-/* ---------------------------------------------------------------------- 2-D MaxPool */
-
-typedef struct {
-    const float *X;
-    float *Y;
-    const int *off;
-    int taps, pitch, Hp, sh, OH, OW;
-} maxpool_args;
-
-/* planes [p0, p1): Y[oh][ow] = max over the taps of X[oh*sh*pitch + ow + off[t]] on an
- * input padded with -inf and phased as for he_conv_left; NaN propagates, as numpy's */
-static void maxpool_task(void *args, int p0, int p1)
-{
-    const maxpool_args *a = (const maxpool_args *)args;
-    const __m512 ninf = _mm512_set1_ps(-__builtin_inff()), nan = _mm512_set1_ps(__builtin_nanf(""));
-    for (int pi = p0; pi < p1; pi++) {
-        const float *x = a->X + (long)pi * a->Hp * a->pitch;
-        float *y = a->Y + (long)pi * a->OH * a->OW;
-        for (int oh = 0; oh < a->OH; oh++) {
-            const float *row = x + (long)oh * a->sh * a->pitch;
-            for (int ow0 = 0; ow0 < a->OW; ow0 += 16) {
-                int len = a->OW - ow0 < 16 ? a->OW - ow0 : 16;
-                __mmask16 m = (__mmask16)((1u << len) - 1), isnan = 0;
-                __m512 acc = ninf;
-                for (int t = 0; t < a->taps; t++) {
-                    __m512 v = _mm512_maskz_loadu_ps(m, row + ow0 + a->off[t]);
-                    isnan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-                    acc = _mm512_max_ps(acc, v);
-                }
-                acc = _mm512_mask_mov_ps(acc, isnan, nan);
-                _mm512_mask_storeu_ps(y + (long)oh * a->OW + ow0, m, acc);
-            }
-        }
-    }
-}
-
-void he_maxpool_mt(const float *X, float *Y, int planes, const int *off, int taps, int pitch,
-                   int Hp, int sh, int OH, int OW, int parts)
-{
-    maxpool_args a = {X, Y, off, taps, pitch, Hp, sh, OH, OW};
-    he_parallel(maxpool_task, &a, planes, parts);
 }

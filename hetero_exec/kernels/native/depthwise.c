@@ -30,6 +30,8 @@ typedef struct {
     const unsigned short *mask; /* per run: the lanes stored */
     int act;
     float lo, hi;
+    int pool;   /* MaxPool: the maximum over the taps, no weights (he_maxpool_plane_mt) */
+    float fill; /* the padding: 0, or -inf for MaxPool */
     int failed;
 } dw_args;
 
@@ -81,6 +83,37 @@ runs_block(const dw_args *a, const float *p, const float *w, __m512 b, float *y,
     }
 }
 
+/* MaxPool's runs [u, u + nr) of one plane padded with -inf: the maximum over the taps,
+ * NaN where any tap is NaN (as numpy's maximum) */
+static inline __attribute__((always_inline)) void
+pool_block(const dw_args *a, const float *p, float *y, int u, const int nr)
+{
+    const int KT = a->KH * a->KW;
+    const __m512 nan = _mm512_set1_ps(__builtin_nanf("")), none = _mm512_setzero_ps();
+    const float *base[RUNS];
+    __m512 acc[RUNS];
+    __mmask16 isnan[RUNS];
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++) {
+        base[r] = p + a->in0[u + r];
+        acc[r] = _mm512_set1_ps(-__builtin_inff());
+        isnan[r] = 0;
+    }
+    for (int t = 0; t < KT; t++) {
+        int o = a->off[t];
+#pragma GCC unroll 8
+        for (int r = 0; r < nr; r++) {
+            __m512 v = _mm512_loadu_ps(base[r] + o);
+            isnan[r] |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            acc[r] = _mm512_max_ps(acc[r], v);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++)
+        store_run(_mm512_mask_mov_ps(acc[r], isnan[r], nan), y + a->out0[u + r], 0,
+                  (__mmask16)a->mask[u + r], ACT_NONE, none, none);
+}
+
 /* the lanes k in [lo, hi) of 32 */
 static inline unsigned range_mask(int lo, int hi)
 {
@@ -118,14 +151,14 @@ static int pad_chunks(const dw_args *a, chunk_t *out)
     return n;
 }
 
-/* one plane padded with zeros into o (Hp x sw x Wq), a chunk a masked load and a store,
- * no call per row (a 4x4 plane's taps are only a few dozen FMAs) */
+/* one plane padded with a->fill into o (Hp x sw x Wq), a chunk a masked load and a
+ * store, no call per row (a 4x4 plane's taps are only a few dozen FMAs) */
 static inline void pad_plane(const dw_args *a, const chunk_t *chunks, int n, const float *x,
                              float *o)
 {
     const int sw = a->sw, W = a->Wd;
     const long pitch = (long)sw * a->Wq;
-    const __m512 zero = _mm512_setzero_ps();
+    const __m512 fill = _mm512_set1_ps(a->fill);
     const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4,
                                           2, 0);
     const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
@@ -135,7 +168,7 @@ static inline void pad_plane(const dw_args *a, const chunk_t *chunks, int n, con
         /* (a chunk's last lanes spill into the next phase or row: written again there) */
         if (h < 0 || h >= a->H) {
             for (int q = 0; q < pitch; q += 16)
-                _mm512_storeu_ps(orow + q, zero);
+                _mm512_storeu_ps(orow + q, fill);
             continue;
         }
         const float *xr = x + (long)h * W;
@@ -143,17 +176,17 @@ static inline void pad_plane(const dw_args *a, const chunk_t *chunks, int n, con
             const chunk_t c = chunks[k];
             __m512 v;
             if (sw == 1) {
-                v = _mm512_maskz_loadu_ps((__mmask16)c.mask, xr + c.col0);
+                v = _mm512_mask_loadu_ps(fill, (__mmask16)c.mask, xr + c.col0);
             } else if (sw == 2) {
-                __m512 lo = _mm512_maskz_loadu_ps((__mmask16)(c.mask & 0xFFFF), xr + c.col0);
-                __m512 hi = _mm512_maskz_loadu_ps((__mmask16)(c.mask >> 16), xr + c.col0 + 16);
+                __m512 lo = _mm512_mask_loadu_ps(fill, (__mmask16)(c.mask & 0xFFFF), xr + c.col0);
+                __m512 hi = _mm512_mask_loadu_ps(fill, (__mmask16)(c.mask >> 16), xr + c.col0 + 16);
                 v = _mm512_permutex2var_ps(lo, even, hi);
             } else {
                 __m512i col = _mm512_add_epi32(_mm512_set1_epi32(c.col0),
                                                _mm512_mullo_epi32(lane, _mm512_set1_epi32(sw)));
                 __mmask16 m = _mm512_cmpge_epi32_mask(col, _mm512_setzero_si512()) &
                               _mm512_cmplt_epi32_mask(col, _mm512_set1_epi32(W));
-                v = _mm512_mask_i32gather_ps(zero, m, col, xr, 4);
+                v = _mm512_mask_i32gather_ps(fill, m, col, xr, 4);
             }
             _mm512_storeu_ps(orow + c.dst, v);
         }
@@ -174,10 +207,26 @@ static void dw_task(void *args, int p0, int p1)
         __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
         return;
     }
+    if (a->fill != 0.0f)
+        for (long i = 0; i < padded + 64; i++)
+            p[i] = a->fill;
     int n = pad_chunks(a, chunks);
     long in_plane = (long)a->H * a->Wd, out_plane = (long)a->OH * a->OW;
     for (int pi = p0; pi < p1; pi++) {
         pad_plane(a, chunks, n, a->X + (long)pi * in_plane, p);
+        if (a->pool) {
+            float *y = a->Y + (long)pi * out_plane;
+            int u = 0;
+            for (; u + RUNS <= a->runs; u += RUNS)
+                pool_block(a, p, y, u, RUNS);
+            switch (a->runs - u) {
+#define T(n) case n: pool_block(a, p, y, u, n); break;
+                T(1) T(2) T(3) T(4) T(5) T(6) T(7)
+#undef T
+                default: break;
+            }
+            continue;
+        }
         int c = pi % a->C;
         const float *w = a->W + (long)c * a->KH * a->KW;
         const __m512 b = _mm512_set1_ps(a->bias ? a->bias[c] : 0.0f);
@@ -201,10 +250,10 @@ static void dw_task(void *args, int p0, int p1)
  * images x C, W (C x KH x KW), bias (C) or NULL, Z of Y's layout or NULL; pt, pl the top
  * and left pads (the bottom and right ones follow from OH and OW); over `parts` parts:
  * 0, or -1 when a buffer could not be allocated */
-int he_depthwise_mt(const float *X, const float *W, const float *bias, const float *z,
-                    float *Y, int planes, int C, int H, int Wd, int OH, int OW, int KH, int KW,
-                    int sh, int sw, int dh, int dw, int pt, int pl, int act, float lo, float hi,
-                    int parts)
+static int depthwise_or_pool(const float *X, const float *W, const float *bias, const float *z,
+                             float *Y, int planes, int C, int H, int Wd, int OH, int OW, int KH,
+                             int KW, int sh, int sw, int dh, int dw, int pt, int pl, int act,
+                             float lo, float hi, int pool, int parts)
 {
     /* the padded plane: rows and (phased) columns enough for every tap of every pixel,
      * and for the input itself */
@@ -254,7 +303,7 @@ int he_depthwise_mt(const float *X, const float *W, const float *bias, const flo
         mask[u] = (unsigned short)m;
     }
     dw_args a = {X, W, bias, z, Y, C, H, Wd, OH, OW, KH, KW, sw, pt, pl, Hp, Wq, runs, off, in0,
-                 out0, mask, act, lo, hi, 0};
+                 out0, mask, act, lo, hi, pool, pool ? -__builtin_inff() : 0.0f, 0};
     he_parallel(dw_task, &a, planes, parts);
     rc = a.failed ? -1 : 0;
 done:
@@ -263,4 +312,23 @@ done:
     free(out0);
     free(mask);
     return rc;
+}
+
+int he_depthwise_mt(const float *X, const float *W, const float *bias, const float *z,
+                    float *Y, int planes, int C, int H, int Wd, int OH, int OW, int KH, int KW,
+                    int sh, int sw, int dh, int dw, int pt, int pl, int act, float lo, float hi,
+                    int parts)
+{
+    return depthwise_or_pool(X, W, bias, z, Y, planes, C, H, Wd, OH, OW, KH, KW, sh, sw, dh,
+                             dw, pt, pl, act, lo, hi, 0, parts);
+}
+
+/* MaxPool (no indices) of X (planes x H x W) into Y (planes x OH x OW): each plane padded
+ * with -inf into the worker's buffer and pooled from there, by the depthwise conv's runs;
+ * 0, or -1 when a buffer could not be allocated */
+int he_maxpool_plane_mt(const float *X, float *Y, int planes, int H, int Wd, int OH, int OW,
+                        int KH, int KW, int sh, int sw, int dh, int dw, int pt, int pl, int parts)
+{
+    return depthwise_or_pool(X, 0, 0, 0, Y, planes, 1, H, Wd, OH, OW, KH, KW, sh, sw, dh, dw,
+                             pt, pl, ACT_NONE, 0.0f, 0.0f, 1, parts);
 }
