@@ -154,6 +154,10 @@ def _native_rms_norm(X2, sc, epsilon: float):
 def LayerNormalization(xp, X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1, *,
                        num_outputs=1):
     axis = norm_axis(axis, X.ndim)
+    if num_outputs <= 1 and axis == X.ndim - 1:
+        Y = _permuted_layer_norm(xp, X, Scale, B, epsilon)
+        if Y is not None:
+            return (Y,)
     X2, sdt, sc, rows, cols = _normalized_rows(xp, X, axis, stash_type, Scale)
     bi = None if B is None else _trailing(xp, B, X.shape[axis:], cols, sdt)
     dt = X.dtype
@@ -231,6 +235,29 @@ def FusedLayerNorm(xp, X, scale=None, bias=None, axis=-1, epsilon=1e-5, axes=Non
     if bias is not None:
         d += bias
     return (d,)
+
+
+def _permuted_layer_norm(xp, X, scale, bias, epsilon):
+    """LayerNorm over the last axis of a float32 view (n, *S, C) whose channels are axis 1
+    of a C-contiguous array (n, C, *S): ConvNeXt's LayerNorm of its depthwise conv's
+    output permuted to channels-last. The rows would be copied out of the strided view
+    first (2.5 ns a value); native/norm.c reads the NCHW array instead and writes the
+    normalised rows in (n, *S, C) order. None when X is not such a view."""
+    if (X.ndim < 3 or X.dtype != np.float32 or X.flags.c_contiguous or X.size == 0
+            or not native.takes(xp, X) or not packed_gemm.available()):
+        return None
+    base = np.moveaxis(X, -1, 1)
+    C = X.shape[-1]
+    if not base.flags.c_contiguous:
+        return None
+    vectors = []
+    for v in (scale, bias):
+        if v is not None and (v.dtype != np.float32 or v.size != C):
+            return None
+        vectors.append(None if v is None else v.reshape(C))
+    Y = packed_gemm.layer_norm_channels(base.reshape(X.shape[0], C, -1), *vectors,
+                                        float(epsilon), channels_last=True)
+    return Y.reshape(X.shape)
 
 
 def _channel_vector(v, X):

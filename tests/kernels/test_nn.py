@@ -579,3 +579,28 @@ def test_channels_first_layer_norm(monkeypatch, shape, sshape):
     want = want * (1 if g is None else g) + (0 if b is None else b)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert ran == ([] if sshape == (6, 3, 3) else [1])
+
+
+@pytest.mark.parametrize("shape", [(2, 40, 5, 7), (1, 17, 33), (3, 96, 4, 4)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_layer_norm_of_a_channels_last_view(monkeypatch, shape, with_bias):
+    """LayerNorm over the last axis of an NCHW array permuted to channels-last (ConvNeXt's
+    block): native/norm.c reads the NCHW array and writes channels-last, against the
+    reference on the copied view."""
+    from hetero_exec.kernels.native import packed_gemm as pg
+    from hetero_exec.kernels.norm import LayerNormalization
+
+    if not pg.available():
+        pytest.skip(pg.unavailable_reason())
+    ran: list[int] = []
+    run = pg.layer_norm_channels
+    monkeypatch.setattr(pg, "layer_norm_channels", lambda *a, **k: ran.append(1) or run(*a, **k))
+    x = np.moveaxis(f32(*shape) * 2 + 1, 1, -1)  # a view: (n, *S, C)
+    C = shape[1]
+    args = [x, f32(C)] + ([f32(C)] if with_bias else [])
+    want = reference("LayerNormalization", [np.ascontiguousarray(a) for a in args],
+                     axis=-1, epsilon=1e-5)[0]
+    got = LayerNormalization(np, *args, axis=-1, epsilon=1e-5)[0]
+    assert got.shape == x.shape and got.flags.c_contiguous
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert ran == [1]

@@ -101,7 +101,7 @@ _SIGNATURES = {
     "he_softmax_mt": (None, [_P, _I, _I, _I]),
     "he_depthwise_cl_mt": (_I, [_P, _P, _P, _P, _P] + [_I] * 14 + [_I, _F, _F, _I]),
     "he_last_axis_mt": (None, [_P, _P, _I, _I, _I, _F, _F, _I]),
-    "he_layer_norm_channels_mt": (None, [_P, _P, _P, _F, _P, _I, _I, _I, _I]),
+    "he_layer_norm_channels_mt": (_I, [_P, _P, _P, _F, _P, _I, _I, _I, _I, _I]),
     "he_depthwise_mt": (_I, [_P, _P, _P, _P, _P] + [_I] * 14 + [_I, _F, _F, _I]),
     "he_gemm_right_mt": (None, [_I, _I, _I, _P, _L, _P, _P, _L, _P, _P, _L, _I, _F, _F, _I]),
     "he_gemm_left_mt": (_I, [_I, _I, _I, _P, _P, _L, _L, _P, _L, _I, _P, _P, _I, _F, _F, _I,
@@ -594,15 +594,19 @@ def softmax_fits(x: Any) -> bool:
 
 
 def layer_norm_channels(X: np.ndarray, scale: np.ndarray | None, bias: np.ndarray | None,
-                        eps: float) -> np.ndarray:
+                        eps: float, channels_last: bool = False) -> np.ndarray:
     """LayerNorm over axis 1 of X (n, C, L), C-contiguous float32, scale and bias (C,) or
-    None: each pixel normalised over its channels (a channels-first LayerNorm)."""
+    None: each pixel normalised over its channels (a channels-first LayerNorm). Returns
+    (n, C, L), or with ``channels_last`` (n, L, C): a LayerNorm over the last axis of
+    X's permuted view (ConvNeXt's after its depthwise conv), written out in that order."""
     n, C, L = X.shape
-    Y = np.empty_like(X)
+    Y = np.empty((n, L, C) if channels_last else (n, C, L), np.float32)
     scale, bias = _contiguous_f32(scale), _contiguous_f32(bias)
     runs = -(-L // 16)
-    _lib().he_layer_norm_channels_mt(address(X), _ptr(scale), _ptr(bias), eps, address(Y), n,
-                                     C, L, _parts(n * runs, NORM_COST * X.size))
+    if _lib().he_layer_norm_channels_mt(address(X), _ptr(scale), _ptr(bias), eps, address(Y),
+                                        n, C, L, int(channels_last),
+                                        _parts(n * runs, NORM_COST * X.size)):
+        raise MemoryError(f"layer_norm_channels: no memory for a {C} x 16 block")
     return Y
 
 
