@@ -413,8 +413,9 @@ def _known_input(graph: Graph, name: str) -> KnownInput:
         return KnownInput()
     v = graph.value(name)
     shape = tuple(v.shape) if v.shape is not None else None
-    value = graph.initializers.get(name)
-    return KnownInput(shape, v.dtype, value, value is not None and name in graph.inputs)
+    owner = graph.defining(name)  # (a body's capture: a constant of an enclosing graph)
+    value = owner.initializers.get(name)
+    return KnownInput(shape, v.dtype, value, value is not None and name in owner.inputs)
 
 
 def _static_inputs(graph: Graph, node: Node) -> bool:

@@ -111,6 +111,15 @@ class Graph:
             v = self.values[name] = Value(name, kind="unknown")
         return v
 
+    def defining(self, name: str) -> "Graph":
+        """The graph whose value ``name`` is: this one, or the enclosing graph a body
+        captures it from (the nearest that initializes, produces or takes it)."""
+        g = self
+        while g.parent is not None and name not in g.initializers and name not in g.producer \
+                and name not in g.inputs:
+            g = g.parent
+        return g
+
     def opset(self, domain: str) -> int:
         d = "" if domain in ("", "ai.onnx") else domain
         return self.opsets.get(d, 1)

@@ -131,15 +131,16 @@ _FAST: dict[str, tuple[str, bool]] = {"ReduceSum": ("add", False), "ReduceMean":
 
 
 def _specialize_reduce(general: Callable, fast: tuple[str, bool]) -> Callable:
-    """A reduction over constant axes of a float32/float64 input of known rank, as one
-    ufunc reduce: the axes parsed and the dtypes chosen once, not each call (two
-    ReduceSum were 40% of a small Loop body's iteration, bench/README.md). A call that
-    reduces an empty set, or an input of another rank, takes the general kernel."""
+    """A reduction over constant axes of a float32/float64 input, as one ufunc reduce: the
+    axes parsed and the dtypes chosen once (per input rank: an If's output may have none
+    declared), not each call (two ReduceSum were 40% of a small Loop body's iteration,
+    bench/README.md). A call that reduces an empty set, or whose axes its input's rank
+    does not have, takes the general kernel."""
     ufunc_name, mean = fast
 
     def hook(xp, kwargs: dict, inputs):
         data = inputs[0]
-        if xp is not np or data.shape is None or data.dtype not in _FAST_DTYPES:
+        if xp is not np or data.dtype not in _FAST_DTYPES:
             return None
         if len(inputs) > 1:  # axes as an input: a constant one only
             if inputs[1].value is None or inputs[1].overridable:
@@ -147,18 +148,24 @@ def _specialize_reduce(general: Callable, fast: tuple[str, bool]) -> Callable:
             axes = inputs[1].value
         else:
             axes = kwargs.get("axes")
-        rank = len(data.shape)
         listed = host_ints(axes) if axes is not None else []
         if not listed and kwargs.get("noop_with_empty_axes", 0):
             return None
-        if any(not -rank <= a < rank for a in listed):
-            return None  # the general kernel names the bad axis
-        ax = tuple(sorted({a % rank for a in listed})) if listed else tuple(range(rank))
         keep = bool(kwargs.get("keepdims", 1))
         ufunc = getattr(np, ufunc_name)
+        by_rank: dict[int, tuple[int, ...] | None] = {}
+
+        def axes_for(rank: int) -> tuple[int, ...] | None:
+            if any(not -rank <= a < rank for a in listed):
+                return None  # the general kernel names the bad axis
+            return tuple(sorted({a % rank for a in listed})) if listed else tuple(range(rank))
 
         def reduce(xp, data, axes=None, keepdims=1, noop_with_empty_axes=0):
-            if data.ndim != rank or (data.size == 0 and not all(data.shape[a] for a in ax)):
+            ax = by_rank.get(data.ndim, ())
+            if ax == ():
+                ax = by_rank[data.ndim] = axes_for(data.ndim)
+            if (ax is None or data.dtype not in _FAST_DTYPES
+                    or (data.size == 0 and not all(data.shape[a] for a in ax))):
                 return general(xp, data, axes, keepdims, noop_with_empty_axes)
             y = ufunc.reduce(data, axis=ax, keepdims=keep)
             if mean:

@@ -256,3 +256,26 @@ def test_constant_axes_take_the_specialised_reduction(monkeypatch, op, era, axes
         got, want = sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0]
         np.testing.assert_allclose(got, want)
         assert general == [1] if axes is None or 0 in [a % 3 for a in axes] else not general
+
+
+def test_a_reduction_of_an_if_output_of_no_declared_rank_is_specialised_too(monkeypatch):
+    """bench's loop_if: a Loop body whose second ReduceSum reads an If's output, declared
+    without a shape; both reductions skip the general kernel, and the run agrees with
+    onnxruntime (the reference evaluator's Loop fails on this model's scan output)."""
+    import onnxruntime
+
+    from bench.models import loop_if
+    from hetero_exec import InferenceSession
+    from hetero_exec.kernels import reduce
+
+    general: list[int] = []
+    full = reduce._reduce
+    monkeypatch.setattr(reduce, "_reduce", lambda *a, **k: general.append(1) or full(*a, **k))
+    model = loop_if(trips=5, width=8)
+    h0 = RNG.standard_normal((3, 8)).astype(np.float32)
+    got = InferenceSession(model.SerializeToString(), ["cpu"]).run(None, {"h0": h0})
+    want = onnxruntime.InferenceSession(model.SerializeToString(),
+                                        providers=["CPUExecutionProvider"]).run(None, {"h0": h0})
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    assert not general

@@ -129,11 +129,7 @@ class Rewriter:
     def defining(self, name: str) -> Graph:
         """The graph whose value ``name`` is: this one, or the enclosing graph a body
         captures it from."""
-        g = self.graph
-        while g.parent is not None and name not in g.initializers and name not in g.producer \
-                and name not in g.inputs:
-            g = g.parent
-        return g
+        return self.graph.defining(name)
 
     def dtype(self, name: str) -> np.dtype | None:
         g = self.defining(name)
