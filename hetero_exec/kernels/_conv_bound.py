@@ -3,11 +3,13 @@
 The general route (conv._conv_full) works out the node's geometry, its path and the
 compiled kernel's arguments on every call: 40-50 us of Python a node, where most of
 MobileNetV2's convolutions at batch 1 are 5-100 us of work. Where a call takes one of
-the compiled kernels (kernels/native: the depthwise, pointwise and packed convolutions),
-the node binds it at the first call of each input shape (`bind`), and later calls at that
-shape, with the same weight and bias arrays, only allocate the output and call the kernel.
-Every other call (another dtype or device, a grouped or strided 1x1 conv, a geometry the
-kernels do not take, inputs the general route must reject) keeps the general route.
+the compiled kernels (kernels/native: the depthwise, pointwise and packed convolutions,
+and a kernel that tiles its input as one product), the node binds it at the first call
+of each input shape (`bind`), and later calls at that shape, with the same weight and
+bias arrays, only allocate the output (and gather the pixels a strided 1x1 conv reads)
+and call the kernel. Every other call (another dtype or device, a grouped conv, a
+geometry the kernels do not take, inputs the general route must reject) keeps the
+general route.
 """
 
 from __future__ import annotations
