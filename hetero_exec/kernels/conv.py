@@ -16,7 +16,9 @@ of the kernel table) from its attributes and weight shape, see `choose_path`:
 * ``depthwise_native`` (the same nodes, float32/float64, when the compiled kernels of
   kernels/native are available). float32 on AVX-512: kernels/native/depthwise.c, each
   plane padded into a small buffer, eight runs of 16 output pixels summed at once (a
-  tap is a load and an FMA), bias, residual and Relu/Clip as a run is stored. float64,
+  tap is a load and an FMA), bias, residual and Relu/Clip as a run is stored; output
+  planes of at most 64 pixels (256 from 5x5 kernels) along the channels instead,
+  16 channels a vector (depthwise_cl.c). float64,
   or without AVX-512: per channel, the padded input copied once into the stride's
   phase planes, then one vectorized multiply-add over the output plane per tap, with
   the bias and the activation on the way out; planes of at most 64 pixels
@@ -548,16 +550,14 @@ def _conv_packed(X, W, B, Z, activation, act, strides, dilations, pb, pe, group,
     if not tiled and not packed_gemm.conv_fits(C * KH * KW, padded, tuple(out_sp),
                                                tuple(strides)):
         return None
+    packed = path.band(np, key_w, None, ("packed_left", W.shape),
+                       lambda: packed_gemm.PackedLeft(W.reshape(M, C * KH * KW)))
     if tiled:
         OH, OW = out_sp
-        packed = path.band(np, key_w, None, ("packed_left", W.shape),
-                           lambda: packed_gemm.PackedLeft(W.reshape(M, C * KH * KW)))
         Y = _stored(lambda code, lo, hi: packed.matmul(
             patches(X, KH, KW, OH, OW), bias=B, z=None if Z is None else Z.reshape(N, M, -1),
             act=code, lo=lo, hi=hi), activation, act)
         return Y.reshape(N, M, OH, OW)
-    packed = path.band(np, key_w, None, ("packed_left", W.shape),
-                       lambda: packed_gemm.PackedLeft(W.reshape(M, C * KH * KW)))
     pads = (pb[0], pb[1], pe[0], pe[1])
     return _stored(lambda code, lo, hi: packed.conv(X, (KH, KW), tuple(dilations), tuple(strides),
                                                     pads, tuple(out_sp), bias=B, z=Z, act=code,

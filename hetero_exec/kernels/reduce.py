@@ -161,9 +161,9 @@ def _specialize_reduce(general: Callable, fast: tuple[str, bool]) -> Callable:
             return tuple(sorted({a % rank for a in listed})) if listed else tuple(range(rank))
 
         def reduce(xp, data, axes=None, keepdims=1, noop_with_empty_axes=0):
-            ax = by_rank.get(data.ndim, ())
-            if ax == ():
-                ax = by_rank[data.ndim] = axes_for(data.ndim)
+            if data.ndim not in by_rank:
+                by_rank[data.ndim] = axes_for(data.ndim)
+            ax = by_rank[data.ndim]
             if (ax is None or data.dtype not in _FAST_DTYPES
                     or (data.size == 0 and not all(data.shape[a] for a in ax))):
                 return general(xp, data, axes, keepdims, noop_with_empty_axes)

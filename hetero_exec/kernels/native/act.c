@@ -106,7 +106,7 @@ typedef struct {
     for (int r = r0; r < r1; r++) {                                                      \
         float *y = a->y + (long)r * a->cols;                                              \
         for (int k = 0; k < a->cols; k += 16) {                                           \
-            __mmask16 m = a->cols - k >= 16 ? 0xFFFF : (__mmask16)((1u << (a->cols - k)) - 1); \
+            __mmask16 m = first_lanes(a->cols - k);                                      \
             __m512 v = _mm512_maskz_loadu_ps(m, y + k);                                    \
             if (a->b)                                                                     \
                 v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, a->b + k));                   \

@@ -280,9 +280,8 @@ static void pad_task(void *args, int p0, int p1)
                     for (; q + 16 <= q_hi; q += 16) {
                         long col = 2L * q + p - a->pl;
                         int left = a->W - (int)col; /* columns of X from col on */
-                        __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
-                        __mmask16 m1 = left >= 32 ? 0xFFFF : left <= 16 ? 0
-                                                          : (__mmask16)((1u << (left - 16)) - 1);
+                        __mmask16 m0, m1;
+                        col_masks(left, &m0, &m1);
                         __m512 lo = _mm512_maskz_loadu_ps(m0, xr + col);
                         __m512 hi = _mm512_maskz_loadu_ps(m1, xr + col + 16);
                         _mm512_storeu_ps(op + q, _mm512_permutex2var_ps(lo, even, hi));

@@ -76,8 +76,7 @@ static void dwcl_task(void *args, int t0, int t1)
     const __m512 zero = _mm512_setzero_ps();
     for (int t = t0; t < t1; t++) {
         int n = t / a->blocks, c0 = (t % a->blocks) * 16;
-        int nc = C - c0 < 16 ? C - c0 : 16;
-        __mmask16 m = nc == 16 ? 0xFFFF : (__mmask16)((1u << nc) - 1);
+        __mmask16 m = first_lanes(C - c0);
         const float *x = a->X + ((long)n * C + c0) * in_plane;
         for (int h = 0; h < H; h++) {
             float *row = p + ((long)(h + a->pt) * a->Wp + a->pl) * 16;

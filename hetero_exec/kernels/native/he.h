@@ -30,10 +30,17 @@ typedef struct {
 } store_t;
 
 
+/* the first n of 16 lanes: all from 16 on, none below 1 (a row's tail) */
+static inline __mmask16 first_lanes(int n)
+{
+    return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+
+/* the lanes of the first nr columns of a 32-column panel, in its two halves */
 static inline void col_masks(int nr, __mmask16 *m0, __mmask16 *m1)
 {
-    *m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
-    *m1 = nr >= 32 ? (__mmask16)0xFFFF : nr <= 16 ? (__mmask16)0 : (__mmask16)((1u << (nr - 16)) - 1);
+    *m0 = first_lanes(nr);
+    *m1 = first_lanes(nr - 16);
 }
 
 static inline store_t store_for(int k0, int kc, int K, int accumulate, int act, float lo, float hi)
@@ -53,14 +60,12 @@ static inline store_t store_for(int k0, int kc, int K, int accumulate, int act, 
  * cycles a store); here both forms measured the same. */
 static inline __attribute__((always_inline)) void compress_store(float *c, __mmask16 m, __m512 v)
 {
-    _mm512_mask_storeu_ps(c, (__mmask16)((1u << __builtin_popcount(m)) - 1),
-                          _mm512_maskz_compress_ps(m, v));
+    _mm512_mask_storeu_ps(c, first_lanes(__builtin_popcount(m)), _mm512_maskz_compress_ps(m, v));
 }
 
 static inline __attribute__((always_inline)) __m512 expand_load(__mmask16 m, const float *c)
 {
-    return _mm512_maskz_expand_ps(
-        m, _mm512_maskz_loadu_ps((__mmask16)((1u << __builtin_popcount(m)) - 1), c));
+    return _mm512_maskz_expand_ps(m, _mm512_maskz_loadu_ps(first_lanes(__builtin_popcount(m)), c));
 }
 
 /* fn(args, i0, i1) over [0, n) in `parts` parts, the first on the calling thread and the

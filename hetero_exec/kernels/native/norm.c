@@ -8,8 +8,6 @@
  * version measured no faster.) */
 #include "he.h"
 
-static inline __mmask16 left_mask(int left) { return left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1); }
-
 typedef struct {
     const float *x, *g, *b;
     float *y;
@@ -37,7 +35,7 @@ static void channels_task(void *p, int t0, int t1)
     }
     for (int t = t0; t < t1; t++) {
         int n = t / a->runs, l0 = (t % a->runs) * 16;
-        __mmask16 k = left_mask(L - l0);
+        __mmask16 k = first_lanes(L - l0);
         const float *x = a->x + (long)n * C * L + l0;
         float *y = a->y + (long)n * C * L + l0;
         __m512 s = _mm512_setzero_ps();
@@ -65,7 +63,7 @@ static void channels_task(void *p, int t0, int t1)
             for (int q = 0; q < nk; q++) {
                 float *out = a->y + ((long)n * L + l0 + q) * C;
                 for (int c0 = 0; c0 < C; c0 += 16) {
-                    __mmask16 mc = left_mask(C - c0);
+                    __mmask16 mc = first_lanes(C - c0);
                     _mm512_mask_storeu_ps(out + c0, mc, _mm512_mask_i32gather_ps(
                         _mm512_setzero_ps(), mc, by16, block + (long)c0 * 16 + q, 4));
                 }

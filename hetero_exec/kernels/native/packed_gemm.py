@@ -9,8 +9,11 @@ its weights once, runs those products 2-3x faster than numpy's OpenBLAS.
 ungrouped Convs, each tap read through its offset from one padded copy of the input,
 no im2col) hold their weight packed in the micro-kernel's order and add bias, residual
 and Relu/Clip as each tile is stored, which also saves the epilogue's pass over the
-output. `max_pool_2d` runs MaxPool on the same padded input, `depthwise_2d` the depthwise
-Conv (native/depthwise.c).
+output. The same library holds the float32 passes numpy makes slow: `depthwise_2d` (the
+depthwise Conv, by planes or along the channels: native/depthwise.c, depthwise_cl.c),
+`max_pool_2d` (by depthwise.c's runs), `softmax_rows` (softmax.c), `last_axis` (the
+FusedMatMul epilogue, act.c) and `layer_norm_channels` (norm.c). The `*_call` forms bind a
+kernel's arguments once for a Conv node's input shape (kernels/_conv_bound.py).
 
 The C sources are compiled by the system's C compiler (``$CC``, else ``cc``) on first
 use, into ``__pycache__`` beside them (or the user's cache directory), keyed by the hash
@@ -50,12 +53,11 @@ log = logging.getLogger(__name__)
 #: "0" (or "false", "off", "no"): numpy's BLAS for every product
 ENV = "HETERO_EXEC_PACKED_GEMM"
 SOURCE = Path(__file__).with_name("gemm.c")
-#: every source of the library (the products, the convolutions, the workers) and their
-#: shared header
-SOURCES = (SOURCE, SOURCE.with_name("conv.c"), SOURCE.with_name("depthwise.c"),
-           SOURCE.with_name("depthwise_cl.c"),
-           SOURCE.with_name("softmax.c"), SOURCE.with_name("norm.c"), SOURCE.with_name("act.c"),
-           SOURCE.with_name("workers.c"))
+#: every source of the library (the products, the convolutions, the row kernels, the
+#: workers) and their shared header
+SOURCES = tuple(SOURCE.with_name(name) for name in (
+    "gemm.c", "conv.c", "depthwise.c", "depthwise_cl.c", "softmax.c", "norm.c", "act.c",
+    "workers.c"))
 HEADERS = (SOURCE.with_name("he.h"),)
 CFLAGS = ("-O3", "-mavx512f", "-mfma", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread")
 
@@ -397,7 +399,7 @@ class PackedLeft:
                 raise MemoryError(f"PackedLeft: no memory for a {K} x {NR} panel")
             return Y
 
-        call.keep = (self, bias)
+        call.keep = (self, bias)  # (the call holds their pointers only)
         return call
 
     def conv(self, X: np.ndarray, kernel: tuple[int, int], dilations: tuple[int, int],
@@ -456,7 +458,7 @@ class PackedLeft:
                 raise MemoryError(f"PackedLeft.conv: no memory for a {K} x {NR} panel")
             return Y
 
-        call.keep = (self, off, bias)
+        call.keep = (self, off, bias)  # (the call holds their pointers only)
         return call
 
 def _padded(X: np.ndarray, pads: tuple[int, int, int, int], sw: int,
@@ -568,7 +570,7 @@ def depthwise_call(x_shape: tuple[int, ...], W: np.ndarray, strides: tuple[int, 
             raise MemoryError("depthwise_2d: no memory for a padded plane or the run tables")
         return Y
 
-    call.keep = (W, bias)
+    call.keep = (W, bias)  # (the call holds their pointers only)
     return call
 
 

@@ -30,14 +30,12 @@ static inline __attribute__((always_inline)) __m512 exp_nonpositive(__m512 z)
     return _mm512_maskz_scalef_ps(live, p, n);
 }
 
-static inline __mmask16 tail_mask(int left) { return left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1); }
-
 static void softmax_row(float *x, int n)
 {
     __m512 vmax = _mm512_set1_ps(-INFINITY);
     __mmask16 nan = 0;
     for (int i = 0; i < n; i += 16) {
-        __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail_mask(n - i), x + i);
+        __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), first_lanes(n - i), x + i);
         nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
         vmax = _mm512_max_ps(vmax, v);
     }
@@ -51,7 +49,7 @@ static void softmax_row(float *x, int n)
     }
     __m512 vm = _mm512_set1_ps(m), vsum = _mm512_setzero_ps();
     for (int i = 0; i < n; i += 16) {
-        __mmask16 k = tail_mask(n - i);
+        __mmask16 k = first_lanes(n - i);
         __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), vm));
         e = _mm512_maskz_mov_ps(k, e);
         _mm512_mask_storeu_ps(x + i, k, e);
@@ -61,7 +59,7 @@ static void softmax_row(float *x, int n)
      * 1) is stored as 0: no subnormal leaves here either */
     __m512 s = _mm512_set1_ps(_mm512_reduce_add_ps(vsum)), tiny = _mm512_set1_ps(FLT_MIN);
     for (int i = 0; i < n; i += 16) {
-        __mmask16 k = tail_mask(n - i);
+        __mmask16 k = first_lanes(n - i);
         __m512 y = _mm512_div_ps(_mm512_maskz_loadu_ps(k, x + i), s);
         _mm512_mask_storeu_ps(x + i, k, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, tiny, _CMP_GE_OQ), y));
     }
