@@ -27,13 +27,14 @@ class PackedWeight:
     initializer, which a run may feed: there only the initializer itself is served, and
     a fed weight takes the unpacked path."""
 
-    __slots__ = ("value", "transpose", "K", "_packed", "_lock")
+    __slots__ = ("value", "transpose", "K", "N", "_packed", "_lock")
 
     def __init__(self, known: KnownInput, transpose: bool = False):
         value = known.value
         self.value = value if known.overridable else None  # None: the first run's array
         self.transpose = transpose
         self.K = int(value.shape[1 if transpose else 0])
+        self.N = int(value.shape[0 if transpose else 1])
         self._packed: Any = None
         self._lock = threading.Lock()
 
@@ -46,8 +47,7 @@ class PackedWeight:
                     self.value = B
         if B is not self.value or type(A) is not np.ndarray or A.ndim < 2:
             return False
-        rows = A.size // self.K
-        return (packed_gemm.MIN_ROWS <= rows <= packed_gemm.MAX_ROWS
+        return (packed_gemm.right_takes(A.size // self.K, self.N)
                 and A.dtype == np.float32 and A.shape[-1] == self.K)
 
     def packed(self) -> packed_gemm.PackedRight:

@@ -9,10 +9,16 @@ processes). bench/README.md ("Threads") has the measurements.
 
 So the executors enter `run_threads` around a run:
 
-* a run alone in the process gives the BLAS its width (one thread per core, or fewer
-  when the run asks: `intra_op_threads`, per calling thread, is a session's
-  ``intra_op_num_threads`` or a Ray stage's share of its node's cores). On a quiet
-  machine nothing splits a product better than the BLAS itself;
+* a run alone in the process splits its products over gemm.c's C workers, the same
+  threads as the C kernels' (`one_pool`: native/blas.c cuts a product into one-thread
+  BLAS calls), up to its width (one thread per core, or fewer when the run asks:
+  `intra_op_threads`, per calling thread, is a session's ``intra_op_num_threads`` or a
+  Ray stage's share of its node's cores). Two pools of spinning threads, the BLAS's and
+  ours, took each other's cores on 2 cores: after a product OpenBLAS's worker spun on
+  while ours ran the next depthwise conv, and ConvNeXt at batch 1 flipped between 5.3
+  and 7.8 ms a run by where the scheduler had put them (bench/README.md). Without the
+  C kernels or with ``HETERO_EXEC_BLAS_SPLIT=0``, the BLAS gets the run's width and
+  splits its products itself;
 * as soon as two runs overlap (``run_many``, ``run_async``, a Ray stage running a
   group's requests side by side), the BLAS is held at one thread until the last one
   leaves: the runs already keep the cores busy, and splitting their products too
@@ -21,7 +27,8 @@ So the executors enter `run_threads` around a run:
 OpenBLAS's workers spin 2**28 cycles (~0.1 s of a core) after each call before they
 sleep. The first run shortens that to 2**20 (~0.4 ms: `_shorten_spin`), long enough to
 stay awake between one run's products, short enough to give the core back when the
-run ends: to the next stage actor on the node, to onnxruntime in a benchmark.
+run ends: to the next stage actor on the node, to onnxruntime in a benchmark. gemm.c's
+workers spin as long (native/packed_gemm.py).
 
 `single_blas_thread` holds the BLAS at one thread whatever else runs; inside it the
 kernels split their large products and independent blocks over a small pool of our own
@@ -46,7 +53,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -62,11 +69,16 @@ _MIN_PART = 16
 #: OpenBLAS's idle workers spin 2**n cycles before they sleep (`_shorten_spin`)
 SPIN_ENV = "HETERO_EXEC_BLAS_THREAD_TIMEOUT"
 DEFAULT_SPIN_EXPONENT = 20
+#: "0" (or "false", "off", "no"): a lone run's products split on the BLAS's own threads
+SPLIT_ENV = "HETERO_EXEC_BLAS_SPLIT"
 
 _LOCK = threading.Lock()
 _depth = 0  # runs inside run_threads or single_blas_thread, all threads together
 _holds = 0  # of them, single_blas_thread's
 _held = False  # the BLAS at one thread now (our pool splits)
+_c_split = False  # a run alone, its BLAS products split on gemm.c's workers (`one_pool`)
+_one_pool: bool | None = None
+_blas_matmul: Callable[..., Any] | None = None  # packed_gemm's, once `one_pool` says yes
 _NESTED = threading.local()  # a thread's own depth: only its outermost entry counts
 _saved: list[int] = []
 _libs: list[Any] | None = None  # _Blas
@@ -162,8 +174,47 @@ def _openblas(path: str) -> _Blas | None:
         if get is not None and set_ is not None:
             set_.argtypes, set_.restype, get.restype = [ctypes.c_int], None, ctypes.c_int
             _shorten_spin(dll)
+            _find_gemm(dll, pre, suf)
             return _Blas(get, set_)
     return None
+
+
+class BlasGemm(NamedTuple):
+    """Addresses of numpy's OpenBLAS's CBLAS products, for native/blas.c's split of a
+    product over gemm.c's workers."""
+
+    sgemm: int
+    dgemm: int
+    sgemv: int
+    dgemv: int
+    ilp64: bool  # 64-bit integers
+
+
+_gemm: BlasGemm | None = None
+
+
+def _find_gemm(dll: Any, pre: str, suf: str) -> None:
+    """Record the library's CBLAS products (numpy's scipy-openblas names them
+    ``scipy_cblas_sgemm64_``...: 64-bit integers, as a ``64_`` suffix or USE64BITINT in
+    the build's configuration says)."""
+    global _gemm
+    fns = [getattr(dll, f"{pre}cblas_{name}{suf}", None)
+           for name in ("sgemm", "dgemm", "sgemv", "dgemv")]
+    if None in fns:
+        return
+    ilp64 = bool(suf)
+    config = getattr(dll, f"{pre}openblas_get_config{suf}", None) or getattr(
+        dll, "openblas_get_config", None)
+    if config is not None and not ilp64:
+        config.restype = ctypes.c_char_p
+        ilp64 = b"USE64BITINT" in (config() or b"")
+    _gemm = BlasGemm(*(ctypes.cast(f, ctypes.c_void_p).value for f in fns), ilp64)
+
+
+def blas_gemm() -> BlasGemm | None:
+    """numpy's OpenBLAS's CBLAS products, or None (another BLAS, or none found)."""
+    _blas_libs()
+    return _gemm
 
 
 def _spin_exponent() -> int | None:
@@ -258,7 +309,7 @@ def single_blas_thread() -> Iterator[None]:
 
 @contextmanager
 def _entered(hold: bool) -> Iterator[None]:
-    global _depth, _holds, _held, _saved
+    global _depth, _holds, _held, _saved, _c_split
     libs = _blas_libs()
     nested = getattr(_NESTED, "depth", 0)
     if not libs or nested:  # no BLAS to drive, or this thread's outer run already counts
@@ -268,16 +319,23 @@ def _entered(hold: bool) -> Iterator[None]:
         finally:
             _NESTED.depth = nested
         return
+    pool = one_pool()
     with _LOCK:
         if _depth == 0:
             _saved = [lib.get_num_threads() for lib in libs]
         _depth += 1
         _holds += hold
         if _holds or _depth >= 2:
+            _c_split = False
             if not _held:
                 for lib in libs:
                     lib.set_num_threads(1)
                 _held = True
+        elif pool:  # alone, one pool: BLAS calls at one thread, split on gemm.c's workers
+            if libs[0].get_num_threads() != 1:
+                for lib in libs:
+                    lib.set_num_threads(1)
+            _c_split = True
         else:  # alone: the BLAS splits this run's products itself, at its width
             # (above the count it started with, too: Ray starts a fractional-CPU actor's
             # BLAS at OMP_NUM_THREADS=1, and a lone stage there may use its node's cores)
@@ -296,7 +354,33 @@ def _entered(hold: bool) -> Iterator[None]:
             if _depth == 0:
                 for lib, n in zip(libs, _saved):
                     lib.set_num_threads(n)
-                _held = False
+                _held = _c_split = False
+
+
+def one_pool() -> bool:
+    """Whether a run alone splits its BLAS products on gemm.c's workers (native/blas.c),
+    with the BLAS at one thread, rather than on the BLAS's own threads: numpy's OpenBLAS
+    and the C kernels available, and ``HETERO_EXEC_BLAS_SPLIT`` not off. Decided once per
+    process (`reset_one_pool` decides again)."""
+    global _one_pool
+    if _one_pool is None:
+        from hetero_exec.kernels import native
+        from hetero_exec.kernels.native import packed_gemm
+
+        _one_pool = (not native.switched_off(SPLIT_ENV) and blas_gemm() is not None
+                     and packed_gemm.available())
+        if _one_pool:
+            global _blas_matmul
+            _blas_matmul = packed_gemm.blas_matmul
+        log.debug("BLAS products of a lone run split on %s",
+                  "gemm.c's workers" if _one_pool else "the BLAS's own threads")
+    return _one_pool
+
+
+def reset_one_pool() -> None:
+    """Decide `one_pool` again (after HETERO_EXEC_BLAS_SPLIT changed)."""
+    global _one_pool
+    _one_pool = None
 
 
 def _helpers() -> tuple[ThreadPoolExecutor, threading.Semaphore] | None:
@@ -326,7 +410,13 @@ def matmul(xp, a, b, out=None):
         flat = matmul(xp, a.reshape(-1, a.shape[-1]), b,
                       None if out is None else out.reshape(-1, b.shape[-1]))
         return flat.reshape(a.shape[:-1] + (b.shape[-1],)) if out is None else out
-    if xp is not np or not _holds or a.ndim < 2 or b.ndim < 2:
+    if xp is not np or a.ndim < 2 or b.ndim < 2:
+        return xp.matmul(a, b, out=out)
+    if not _holds:
+        if _c_split and _blas_matmul is not None:
+            y = _blas_matmul(a, b, out)
+            if y is not None:
+                return y
         return xp.matmul(a, b, out=out)
     rows, inner, cols = a.shape[-2], a.shape[-1], b.shape[-1]
     if out is None:

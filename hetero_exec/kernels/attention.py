@@ -46,9 +46,11 @@ def _grouped_matmul(xp, a, b, kv_heads):
         return _mm(xp, a, b)
     if kv_heads <= 0 or hq % kv_heads:
         raise ValueError(f"{hq} query heads are not a multiple of {kv_heads} key/value heads")
-    g = hq // kv_heads
-    out = _mm(xp, a.reshape(bsz, kv_heads, g, a.shape[2], a.shape[3]), b[:, :, None])
-    return out.reshape(bsz, hq, out.shape[-2], out.shape[-1])
+    # the g query heads of a kv head as one taller matrix: one product per kv head, with
+    # no operand broadcast along a middle axis (which a BLAS batch cannot stride over)
+    rows = a.shape[2]
+    out = _mm(xp, a.reshape(bsz, kv_heads, (hq // kv_heads) * rows, a.shape[3]), b)
+    return out.reshape(bsz, hq, rows, out.shape[-1])
 
 
 def _softmax_guarded(xp, x, inplace=False):

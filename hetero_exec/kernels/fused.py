@@ -15,7 +15,7 @@ import numpy as np
 
 from hetero_exec.kernels import native
 from hetero_exec.kernels._packed import fused_matmul_hook
-from hetero_exec.kernels._threads import PARALLEL_FLOPS, matmul
+from hetero_exec.kernels._threads import matmul
 from hetero_exec.kernels.elementwise import Gelu
 from hetero_exec.kernels.linalg import _float_operands
 from hetero_exec.kernels.native import packed_gemm
@@ -75,10 +75,8 @@ def activate(xp, Y, activation: str, params: Sequence[float] | None = None, op: 
 
 
 def product(xp, a, b, out=None):
-    """a @ b: a large product split over our threads (kernels/_threads.matmul), a small one
-    straight to the BLAS (the split's bookkeeping costs microseconds)."""
-    if a.ndim >= 2 and b.ndim >= 2 and (2.0 * a.size * b.shape[-1] >= PARALLEL_FLOPS
-                                        or (a.ndim > 2 and b.ndim == 2)):
+    """a @ b: split over our threads where it pays (kernels/_threads.matmul)."""
+    if a.ndim >= 2 and b.ndim >= 2:
         return matmul(xp, a, b, out=out)  # (its batch dims folded into one GEMM)
     return xp.matmul(a, b, out=out) if out is not None else xp.matmul(a, b)
 

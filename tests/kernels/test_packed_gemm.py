@@ -171,11 +171,15 @@ def test_products_through_a_session(monkeypatch, optimized):
         so.graph_optimization_level = hetero_exec.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = InferenceSession(model.SerializeToString(), so, ["cpu"])
     ref = ReferenceEvaluator(model)
-    for n in (1, 6, 32, 40):  # below, inside and above the packed rows
+    # below the packed rows (none), inside them (the three weights Gemm_packed and
+    # MatMul_packed take), and above them: there only the weights of at least
+    # WIDE_COLUMNS columns (70, not 33)
+    for n, packed_here in ((1, 0), (6, 3), (32, 3), (200, 2)):
+        before = len(hits)
         x = rng.standard_normal((n, 40), dtype=np.float32)
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0],
                                    rtol=1e-4, atol=1e-3)
-    assert len(hits) >= 2 * 3  # two batches inside the range, three constant weights
+        assert len(hits) - before == packed_here, n
 
 
 @needs_packed

@@ -202,6 +202,8 @@ def test_a_run_alone_gives_the_blas_its_width_and_overlapping_runs_hold_it(monke
     if before is None:
         pytest.skip("no BLAS thread control here")
     monkeypatch.setattr(_threads, "cores", lambda: 2)
+    # (with one pool a lone run holds the BLAS at one thread too: tests/kernels/test_blas_split.py)
+    monkeypatch.setattr(_threads, "_one_pool", False)
     with run_threads():
         assert blas_threads() == 2  # alone: the BLAS splits the run's products itself
     with intra_op_threads(1), run_threads():
@@ -264,7 +266,7 @@ def _idle_cpu(env_extra: dict) -> dict:
 
     env = {k: v for k, v in os.environ.items()
            if k not in ("OPENBLAS_THREAD_TIMEOUT", _threads.SPIN_ENV, "OPENBLAS_NUM_THREADS",
-                        "OMP_NUM_THREADS")}
+                        "OMP_NUM_THREADS", _threads.SPLIT_ENV)}
     env.update(env_extra)
     out = subprocess.run([sys.executable, "-c", _IDLE_CPU], env=env, capture_output=True,
                          text=True, timeout=120, check=True)
@@ -274,16 +276,20 @@ def _idle_cpu(env_extra: dict) -> dict:
 def test_idle_blas_workers_sleep_soon_after_a_run():
     """OpenBLAS's workers spin ~0.1 s (a whole core) after each threaded call; after ours
     they sleep within 2**20 cycles, so a sleeping driver burns (almost) no CPU. With the
-    setting off the spin shows, which is what makes this test able to fail."""
+    setting off the spin shows, which is what makes this test able to fail. (The runs
+    here split their products on the BLAS's own threads: HETERO_EXEC_BLAS_SPLIT=0.)"""
     if _threads.cores() < 2:
         pytest.skip("one core: OpenBLAS runs no workers")
-    short = _idle_cpu({})
+    own = {_threads.SPLIT_ENV: "0", "HETERO_EXEC_PACKED_GEMM": "0"}
+    short = _idle_cpu(own)
     if short["blas"] is None or short["blas"] < 2:
         pytest.skip("no threaded, controllable OpenBLAS here")
     assert short["timeout"] == str(_threads.DEFAULT_SPIN_EXPONENT)
     assert short["idle_cpu_s"] < 0.03, short
-    spinning = _idle_cpu({_threads.SPIN_ENV: "off"})
+    spinning = _idle_cpu({**own, _threads.SPIN_ENV: "off"})
     assert spinning["timeout"] is None
     assert spinning["idle_cpu_s"] > 0.05, spinning
     # the user's own setting wins over ours
-    assert _idle_cpu({"OPENBLAS_THREAD_TIMEOUT": "28"})["idle_cpu_s"] > 0.05
+    assert _idle_cpu({**own, "OPENBLAS_THREAD_TIMEOUT": "28"})["idle_cpu_s"] > 0.05
+    # one pool (the default): gemm.c's workers take the products and spin 0.4 ms at most
+    assert _idle_cpu({})["idle_cpu_s"] < 0.03

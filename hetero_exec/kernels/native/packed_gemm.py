@@ -23,11 +23,13 @@ lacks AVX-512F, no compiler is found, the build or the check fails, or
 `unavailable_reason` says why and the callers keep numpy's BLAS.
 
 A product is split over gemm.c's own worker threads (one per core but the caller's),
-which spin ``HETERO_EXEC_WORKER_SPIN_US`` (100) microseconds after each part before they
+which spin ``HETERO_EXEC_WORKER_SPIN_US`` (400) microseconds after each part before they
 sleep: handing a part to kernels/_threads.py's Python helpers, which sleep and need the
 GIL back, cost 40-130 us here, more than a small product. How many parts follows
 `_threads.split_parts`, the rule of the numba kernels' splits; ctypes releases the GIL
-for the whole call.
+for the whole call. In a run alone the same workers take the products that stay on
+numpy's OpenBLAS too (`blas_matmul`, native/blas.c), as one-thread BLAS calls: one pool
+of threads for the whole run (kernels/_threads.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -57,7 +60,7 @@ SOURCE = Path(__file__).with_name("gemm.c")
 #: workers) and their shared header
 SOURCES = tuple(SOURCE.with_name(name) for name in (
     "gemm.c", "conv.c", "depthwise.c", "depthwise_cl.c", "softmax.c", "norm.c", "act.c",
-    "workers.c"))
+    "blas.c", "workers.c"))
 HEADERS = (SOURCE.with_name("he.h"),)
 CFLAGS = ("-O3", "-mavx512f", "-mfma", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread")
 
@@ -67,21 +70,33 @@ MR_RIGHT = 8
 MR_LEFT = 12
 #: activation codes of the kernels' store (he.h; the others run after it, as before)
 ACT_NONE, ACT_RELU, ACT_CLIP = 0, 1, 2
-#: the rows a right-hand product takes the packed path for. Below: a GEMV-like product is
-#: memory-bound, and 1-3 rows leave the tile's FMA chains too short to hide their latency.
-#: Above: OpenBLAS's packing is a small part of the call, and its kernel runs as fast as
-#: ours a core (bench/README.md, "packed GEMM"). Up to 96 since the softmax, epilogues
-#: and bound convs run on gemm.c's workers too, which are then often awake: ViT at batch
-#: 1 (65 rows) 0.85-0.91x the time, ConvNeXt 0.87-0.99x, the rest within 2% (at 128,
-#: BERT's 128 rows at batch 1 took 1.075x; 32 before, when 33-128 rows measured
-#: 1.03-1.07x)
+#: the rows a right-hand product takes the packed path for, whatever its width (below:
+#: a GEMV-like product is memory-bound, and 1-3 rows leave the tile's FMA chains too
+#: short to hide their latency)
 MIN_ROWS, MAX_ROWS = 4, 96
+#: more rows take it too for a weight of at least WIDE_COLUMNS columns, up to an output
+#: of WIDE_OUTPUT values: split on gemm.c's workers it ran at 0.65-1.0x the time of
+#: OpenBLAS on its own threads on the benchmark models' shapes (128-6272 rows), and
+#: 1.02-1.10x at 512 x 4096 and 1024 x 8192 (gpt2's LM head at batch 8); narrower
+#: weights leave a panel's lanes empty (48 columns: 1.0-1.9x, 40: 1.2x)
+WIDE_COLUMNS, WIDE_OUTPUT = 64, 2**22
+
+
+def right_takes(rows: int, cols: int) -> bool:
+    """Whether a right-hand product of ``rows`` by a weight of ``cols`` columns runs packed."""
+    return MIN_ROWS <= rows and (rows <= MAX_ROWS
+                                 or (cols >= WIDE_COLUMNS and rows * cols <= WIDE_OUTPUT))
+
+
 #: a product is split over gemm.c's workers from this many FLOPs (~30 us of work: a
 #: hand-off to a spinning worker costs a few us, to a sleeping one 40-130 us here)
 SPLIT_FLOPS = 4e6
-#: microseconds gemm.c's workers spin after a part before they sleep (0: never spin)
+#: microseconds gemm.c's workers spin after a part before they sleep (0: never spin).
+#: As long as OpenBLAS's workers after our shortening (2**20 cycles, kernels/_threads.py),
+#: since they now take a run's BLAS products too (`blas_matmul`): at 100 us they slept
+#: between BERT's products and each woke at 40-130 us (BERT at batch 1 1.15x the time)
 SPIN_ENV = "HETERO_EXEC_WORKER_SPIN_US"
-DEFAULT_SPIN_US = 100
+DEFAULT_SPIN_US = 400
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
@@ -108,6 +123,8 @@ _SIGNATURES = {
     "he_gemm_right_mt": (None, [_I, _I, _I, _P, _L, _P, _P, _L, _P, _P, _L, _I, _F, _F, _I]),
     "he_gemm_left_mt": (_I, [_I, _I, _I, _P, _P, _L, _L, _P, _L, _I, _P, _P, _I, _F, _F, _I,
                              _I]),
+    "he_blas_gemm_mt": (None, [_P, _P, _I, _I, _I, _I, _L, _L, _L, _L, _P, _L, _L, _P, _L, _L, _P,
+                               _L, _L, _I, _I]),
     "he_conv_left_mt": (_I, [_I, _I, _P, _P, _P, _L, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I,
                              _F, _F, _I]),
 }
@@ -676,3 +693,117 @@ def conv_fits(K: int, padded: tuple[int, ...], out_sp: tuple[int, ...],
     lanes = Wp if strides[0] == strides[1] == 1 else RUN * -(-OW // RUN)
     return OW >= LANES_FILLED * lanes
 
+
+#: a BLAS product split over gemm.c's workers (`blas_matmul`) from this many FLOPs: a
+#: hand-off to a spinning worker costs a few us, and OpenBLAS's own rule splits from
+#: 2**19 (its threshold of m*n*k >= 65536 * 4)
+BLAS_SPLIT_FLOPS = 1e6
+#: a part's least rows, or columns, of one matrix product (OpenBLAS's float32 tile is
+#: 16 x 4 on AVX-512, its float64 one 16 x 2)
+BLAS_UNIT_ROWS, BLAS_UNIT_COLS = 16, 64
+
+
+def _blas_layout(x: np.ndarray) -> tuple[int, int] | None:
+    """(stored transposed, leading dimension) of x's last two axes as a CBLAS row-major
+    operand, or None when neither axis is unit-stride."""
+    r, c = x.shape[-2:]
+    s0, s1 = x.strides[-2:]
+    es = x.itemsize
+    if s0 % es or s1 % es:
+        return None
+    if c <= 1 or s1 == es:
+        ld = s0 // es if r > 1 else max(c, 1)
+        if ld >= max(c, 1):
+            return 0, ld
+    if r <= 1 or s0 == es:
+        ld = s1 // es if c > 1 else max(r, 1)
+        if ld >= max(r, 1):
+            return 1, ld
+    return None
+
+
+def _batch_stride(x: np.ndarray, batch: tuple[int, ...]) -> int | None:
+    """Bytes from one matrix of x to the next over the flattened ``batch`` (0: x is one
+    matrix, broadcast), or None when x's batch axes are not one stride apart."""
+    xb = x.shape[:-2]
+    if math.prod(xb) == 1:
+        return 0
+    if (1,) * (len(batch) - len(xb)) + xb != batch:
+        return None  # broadcast along some of the batch axes only
+    stride, inner = None, 1
+    for n, st in zip(reversed(xb), reversed(x.strides[:-2])):
+        if n == 1:
+            continue
+        if stride is None:
+            stride = st
+        elif st != stride * inner:
+            return None
+        inner *= n
+    return stride
+
+
+def blas_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray | None:
+    """``a @ b`` (float32 or float64, both at least 2-D, numpy's broadcasting over the
+    batch axes) as one-thread calls of numpy's OpenBLAS split over gemm.c's workers
+    (native/blas.c), `_threads.split_parts` deciding the parts; None when the product is
+    not one to split (too small for a second part, another dtype, no OpenBLAS GEMM found,
+    batch axes that are not one stride apart, an ``out`` that is not C-contiguous): the
+    caller's own matmul then runs it, at one thread."""
+    from hetero_exec.kernels import _threads
+
+    dt = a.dtype
+    M, K = a.shape[-2:]
+    N = b.shape[-1]
+    if a.ndim == 2 and b.ndim == 2:
+        batch: tuple[int, ...] = ()
+        count = 1
+    else:
+        try:
+            batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except ValueError:
+            return None
+        count = math.prod(batch)
+    flops = 2.0 * count * M * N * K
+    # (the cheap tests first: most small products stop here)
+    if flops < BLAS_SPLIT_FLOPS or dt != b.dtype or dt not in _BLAS_DTYPES or K != b.shape[-2]:
+        return None
+    if count == 1:
+        items = -(-M // BLAS_UNIT_ROWS) if M >= N else -(-N // BLAS_UNIT_COLS)
+    else:
+        items = count
+    parts = _threads.split_parts(items, flops, alone_flops=BLAS_SPLIT_FLOPS)
+    gemm = _threads.blas_gemm()
+    if parts < 2 or gemm is None or count >= 2**31:
+        return None
+    if out is None:
+        out = np.empty(batch + (M, N), dt)
+    elif (out.shape != batch + (M, N) or out.dtype != dt or not out.flags.c_contiguous
+          or np.may_share_memory(out, a) or np.may_share_memory(out, b)):
+        return None
+    la, lb = _blas_layout(a), _blas_layout(b)
+    if la is None:
+        a = np.ascontiguousarray(a)
+        la = (0, K)
+    if lb is None:
+        b = np.ascontiguousarray(b)
+        lb = (0, N)
+    sa = 0 if count == 1 else _batch_stride(a, batch)
+    sb = 0 if count == 1 else _batch_stride(b, batch)
+    if sa is None or sb is None:
+        return None
+    f64 = dt == np.float64
+    _lib().he_blas_gemm_mt(gemm.dgemm if f64 else gemm.sgemm, gemm.dgemv if f64 else gemm.sgemv,
+                           gemm.ilp64, f64, la[0], lb[0], count, M, N, K,
+                           _read_address(a), la[1], sa, _read_address(b), lb[1], sb,
+                           address(out), N, M * N * out.itemsize,
+                           BLAS_UNIT_ROWS if M >= N else BLAS_UNIT_COLS, parts)
+    return out
+
+
+_BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _read_address(a: np.ndarray) -> int:
+    """The address of a's first element, for reading (a view's too, strided or read-only:
+    by the array interface)."""
+    return a.__array_interface__["data"][0]
