@@ -30,7 +30,7 @@ from actors.transport import make_transport
 from actors.transport.base import SeamKey
 from actors.transport.shared_memory import ShmArray
 from hetero_exec.errors import HeteroExecError, KernelError
-from hetero_exec.exec.chain import SegmentChain, calls_blas
+from hetero_exec.exec.chain import SegmentChain, calls_blas, folded_seams
 from hetero_exec.exec.plan import Compiler
 from hetero_exec.providers import Provider, parse_provider
 
@@ -62,6 +62,7 @@ def compile_stage(spec: StageSpec, device_id: int | None = None
     blas = calls_blas(graph.nodes)
     providers: dict[str, Provider] = {}  # one per device: a seam between two segments of
     # the same device is then no move at all (the chain compares providers by identity)
+    folded: dict[str, Any] = {}  # seams an earlier segment folded: constants here
     for part in spec.segments:
         started = time.perf_counter()
         provider = providers.get(part.provider_name)
@@ -70,9 +71,11 @@ def compile_stage(spec: StageSpec, device_id: int | None = None
         compiler = Compiler.for_provider(provider, spec.fold_constants, placer)
         lo, hi = part.nodes
         try:
-            plan = compiler.compile(graph, graph.nodes[lo:hi], part.inputs, part.outputs)
+            plan = compiler.compile(graph, graph.nodes[lo:hi], part.inputs, part.outputs,
+                                    known={n: folded[n] for n in part.inputs if n in folded})
         except Exception as e:
             raise SegmentRunError(part.label, e) from None
+        folded.update(folded_seams(provider, plan))
         parts.append((provider, plan))
         stats.append(SegmentStats(part, provider, time.perf_counter() - started))
     return SegmentChain(parts, blas=blas), stats

@@ -54,6 +54,16 @@ def move_value(v: Any, src: Any, dst: Any) -> Any:
     return v
 
 
+def folded_seams(provider: Provider, plan: RunPlan) -> dict[str, Any]:
+    """The outputs of ``plan`` that are the same on every run (a Transpose of a weight
+    pinned to cpu, folded there), as host values. A later segment compiles them as
+    constants (`Compiler.compile`'s ``known``): moved to its provider once, at build,
+    rather than across the seam on every run (gpt2's tied LM head: 8.4 MB a run), and
+    constants its kernels can specialise on (a packed weight)."""
+    return {name: provider.to_host(v) if provider.is_device else v
+            for name, v in plan.constant_outputs.items()}
+
+
 class SegmentChain:
     """``(provider, RunPlan)`` pairs, run in order.
 

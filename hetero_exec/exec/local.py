@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any, Mapping, Sequence
 
-from hetero_exec.exec.chain import calls_blas, move_value
+from hetero_exec.exec.chain import calls_blas, folded_seams, move_value
 from hetero_exec.exec.executor import execute
 from hetero_exec.exec.feeds import FeedChecker
 from hetero_exec.exec.plan import Compiler, RunPlan
@@ -18,7 +18,9 @@ from hetero_exec.kernels._threads import run_threads
 
 class CompiledSegment:
     def __init__(self, graph: Graph, segment, fold_constants: bool = True, providers=None,
-                 profiled: bool = False):
+                 profiled: bool = False, folded: dict[str, Any] | None = None):
+        """``folded``: seams earlier segments folded (`folded_seams`); those this segment
+        reads become its constants, and its own are added."""
         prov = segment.provider
         self.segment = segment
         self.provider = prov
@@ -30,7 +32,11 @@ class CompiledSegment:
         compiler = Compiler.for_provider(prov, fold_constants, placer)
         if profiled:  # a profile times every node: no merged element-wise runs
             compiler.merge_elementwise = False
-        self.plan: RunPlan = compiler.compile(graph, segment.nodes, segment.inputs, segment.outputs)
+        folded = {} if folded is None else folded
+        self.plan: RunPlan = compiler.compile(
+            graph, segment.nodes, segment.inputs, segment.outputs,
+            known={n: folded[n] for n in segment.inputs if n in folded})
+        folded.update(folded_seams(prov, self.plan))
         self.runs = 0
         self.seconds = 0.0
         self._lock = threading.Lock()
@@ -50,8 +56,9 @@ class LocalExecutor:
         self.checker = FeedChecker(graph)
         # a heterogeneous session places control-flow bodies with the same rules
         ranked = build.all_providers if len(build.placement.segments) > 1 else None
+        folded: dict[str, Any] = {}
         self.segments = [CompiledSegment(graph, s, options.fold_constants, ranked,
-                                         bool(options.enable_profiling))
+                                         bool(options.enable_profiling), folded)
                          for s in build.placement.segments]
         self.copies = 0
         self.copy_bytes = 0

@@ -7,10 +7,11 @@ and no string lookups (SEMANTICS.md section 4).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -61,6 +62,9 @@ class RunPlan:
     provider: str = "cpu"
     #: the steps as plain tuples for the run loop (see `fast_step`)
     fast_steps: list[tuple] = field(default_factory=list)
+    #: outputs that are the same on every run (folded from constants, or constants
+    #: themselves), by name: the plan's own values, on its provider
+    constant_outputs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.fast_steps = [fast_step(st) for st in self.steps]
@@ -167,6 +171,7 @@ class Compiler:
         #: runs of element-wise float steps become one step (exec/elementwise_runs.py); on
         #: cpu, where a step's dispatch is most of a small tensor's cost
         self.merge_elementwise = not self.device and provider == "cpu"
+        self._known: dict[str, Any] = {}  # the constant inputs of the plan being compiled
 
     @classmethod
     def for_provider(cls, provider: Any, fold_constants: bool = True,
@@ -179,8 +184,22 @@ class Compiler:
         return self.compile(graph, graph.nodes, graph.inputs, graph.outputs, outer)
 
     def compile(self, graph: Graph, nodes: Sequence[Node], inputs: Sequence[str],
-                outputs: Sequence[str], outer: dict[str, int] | None = None) -> RunPlan:
-        """Compile ``nodes`` (already in a valid order) fed by ``inputs`` into a RunPlan."""
+                outputs: Sequence[str], outer: dict[str, int] | None = None,
+                known: Mapping[str, Any] | None = None) -> RunPlan:
+        """Compile ``nodes`` (already in a valid order) fed by ``inputs`` into a RunPlan.
+        ``known``: inputs that are constants (host values), such as a seam an earlier
+        segment folded: they become this plan's constants, moved to its provider once,
+        and are fed no more."""
+        previous, self._known = self._known, dict(known or {})
+        try:  # (bodies compile inside: each with its own known constants)
+            return self._compile(graph, nodes, inputs, outputs, outer)
+        finally:
+            self._known = previous
+
+    def _compile(self, graph: Graph, nodes: Sequence[Node], inputs: Sequence[str],
+                 outputs: Sequence[str], outer: dict[str, int] | None) -> RunPlan:
+        known = self._known
+        inputs = [name for name in inputs if name not in known]
         slot_of: dict[str, int] = {"": NONE_SLOT}
         template: list[Any] = [None, None]
         constants: set[int] = set()
@@ -206,7 +225,7 @@ class Compiler:
         host_slots: set[int] = set()  # slots holding host values in a device plan
         device_reads = {r for node in nodes if node not in host_nodes for r in node_reads(node)}
         graph_inputs = set(graph.inputs)
-        for name, arr in graph.initializers.items():
+        for name, arr in itertools.chain(graph.initializers.items(), known.items()):
             if name not in wanted:
                 continue
             s = slot(name)
@@ -298,9 +317,12 @@ class Compiler:
             for idx, (node, fn, in_slots, cap_slots, out_slots, kwargs, wants_scope, step_xp)
             in enumerate(raw_steps)
         ]
+        constant_outputs = {name: template[s] for name, s in zip(outputs, output_slots)
+                            if s in constants and template[s] is not None}
         return RunPlan(steps=steps, template=template, input_slots=input_slots,
                        output_slots=output_slots, output_names=list(outputs), captures=captures,
-                       slot_of=slot_of, xp=self.xp, provider=self.provider)
+                       slot_of=slot_of, xp=self.xp, provider=self.provider,
+                       constant_outputs=constant_outputs)
 
     # -- one node --------------------------------------------------------------
 
@@ -349,7 +371,8 @@ class Compiler:
         failing hook costs only the specialisation, logged, never the node."""
         if kdef.specialize is None:
             return kdef.fn
-        known = [_known_input(graph, name) for name in node.inputs]
+        known = [KnownInput(*_declared(graph, name), self._known[name])
+                 if name in self._known else _known_input(graph, name) for name in node.inputs]
         try:
             fn = kdef.specialize(self.xp, kwargs, known)
         except Exception as e:
@@ -408,14 +431,19 @@ def _converting(fn: Callable, positions: Sequence[int], convert: Callable[[Any],
     return moved
 
 
+def _declared(graph: Graph, name: str) -> tuple[tuple | None, Any]:
+    """(shape, dtype) the graph declares for value ``name``."""
+    v = graph.value(name)
+    return (tuple(v.shape) if v.shape is not None else None), v.dtype
+
+
 def _known_input(graph: Graph, name: str) -> KnownInput:
     if not name:
         return KnownInput()
-    v = graph.value(name)
-    shape = tuple(v.shape) if v.shape is not None else None
+    shape, dtype = _declared(graph, name)
     owner = graph.defining(name)  # (a body's capture: a constant of an enclosing graph)
     value = owner.initializers.get(name)
-    return KnownInput(shape, v.dtype, value, value is not None and name in owner.inputs)
+    return KnownInput(shape, dtype, value, value is not None and name in owner.inputs)
 
 
 def _static_inputs(graph: Graph, node: Node) -> bool:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import helper as h
 
 from hetero_exec import InferenceSession
 from hetero_exec.exec.local import LocalExecutor
-from tests.placement._models import assert_outputs, cnn, mlp, ort, rand
+from tests.placement._models import assert_outputs, cnn, init, mlp, model, ort, rand, vi
 
 
 @pytest.fixture(autouse=True)
@@ -139,3 +140,28 @@ def test_output_subset_and_intermediate_on_device():
     (y,) = sess.run(["y"], {"x": x})
     assert isinstance(y, np.ndarray)
     assert_outputs([y], ort(m, {"x": x}), rtol=1e-4, atol=1e-5)
+
+
+def _tied_head():
+    """y = x @ Transpose(w), the Transpose named "tr": a tied LM head, whose transposed
+    weight a cpu pin makes a seam into the device's MatMul."""
+    w = rand(24, 16, seed=5)
+    nodes = [h.make_node("Transpose", ["w"], ["wt"], name="tr"),
+             h.make_node("MatMul", ["x", "wt"], ["y"], name="head")]
+    return model(nodes, [vi("x", shape=[3, 16])], [vi("y", shape=[3, 24])], [init("w", w)])
+
+
+def test_a_seam_folded_from_constants_moves_once_at_build():
+    m = _tied_head()
+    sess = InferenceSession(m, providers=["sim-gpu", "cpu"], hetero=True, affinity=[("tr", "cpu")])
+    assert [s.value for s in sess.placement.seams] == ["wt"]
+    ex, dev = sess._executor, _device(sess)
+    # the device's plan holds the transposed weight as its own constant: not an input
+    assert [n for n, _ in ex.segments[1].plan.input_slots] == ["x"]
+    x = rand(3, 16, seed=1)
+    d0 = dev.bytes_to_device
+    for run in (1, 2):
+        assert_outputs(sess.run(None, {"x": x}), ort(m, {"x": x}), rtol=1e-5, atol=1e-5)
+        # each run moves x alone to the device, never the 24 x 16 weight
+        assert (ex.copies, ex.copy_bytes) == (run, run * x.nbytes)
+        assert dev.bytes_to_device - d0 == run * x.nbytes

@@ -194,3 +194,26 @@ def test_typed_errors_cross_pickling():
         )
     )
     assert isinstance(k, KernelError) and k.segment == "segment#1 (cpu)"
+
+
+def test_a_stage_compiles_a_seam_folded_from_constants_as_a_constant():
+    """A weight transposed on cpu (folded there) and read by the device segment of the
+    same stage is the device plan's constant, moved once at build, not per run."""
+    from onnx import numpy_helper
+
+    w = np.arange(24 * 16, dtype=np.float32).reshape(24, 16) / 100
+    nodes = [helper.make_node("Transpose", ["w"], ["wt"]), helper.make_node("MatMul", ["x", "wt"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [3, 16])],
+                          [helper.make_tensor_value_info("y", 1, [3, 24])],
+                          [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    graph, build = hand_build(model, ["cpu", "sim-gpu:0"])
+    (spec,) = specs_of(graph, build.placement, [])
+    chain, _ = compile_stage(spec)
+    (_, cpu_plan), (dev, dev_plan) = chain.parts
+    assert list(cpu_plan.constant_outputs) == ["wt"]
+    assert [n for n, _ in dev_plan.input_slots] == ["x"]
+    x = np.linspace(-1, 1, 48, dtype=np.float32).reshape(3, 16)
+    before = dev.bytes_to_device
+    np.testing.assert_allclose(chain.run({"x": x}, ["y"])[0], x @ w.T, rtol=1e-6)
+    assert dev.bytes_to_device - before == x.nbytes
