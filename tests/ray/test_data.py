@@ -68,6 +68,22 @@ def test_infer_cpu_plan_row_by_row(ray_session, model_path):
     check_rows(out.take_all(), items, model_path)
 
 
+def test_infer_a_model_given_as_bytes_or_proto(ray_session, model_path):
+    """A model that is no path travels to the replicas through the object store, once
+    (an ObjectRef of its bytes), and a HeteroPredictor takes such a reference itself."""
+    ray = ray_session
+    proto = onnx.load(model_path)
+    items = rows(21, seed=3)
+    for model in (proto.SerializeToString(), proto):
+        out = infer(ray.data.from_items(items), model, providers=["cpu"], batch_size=8,
+                    num_cpus=CPU)
+        check_rows(out.take_all(), items, model_path)
+    predict = HeteroPredictor(ray.put(proto.SerializeToString()), ["cpu"])
+    x = np.stack([r["x"] for r in items])
+    np.testing.assert_allclose(predict({"x": x})["y"], ort_rows(model_path, list(x)),
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_map_batches_mixed_plan_in_replica(ray_session, model_path):
     ray = ray_session
     local = InferenceSession(model_path, MIXED, hetero=True)
