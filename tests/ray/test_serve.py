@@ -387,10 +387,35 @@ def test_msgpack_body_carries_strings_and_frames(server):
 # -- the CLI ------------------------------------------------------------------------------------
 
 
+def _haproxy_folders() -> set[str]:
+    """The folders Serve's HAProxy ingresses keep their configuration in, one per node."""
+    from ray.serve._private.constants import RAY_SERVE_HAPROXY_SOCKET_PATH
+
+    base = os.path.dirname(RAY_SERVE_HAPROXY_SOCKET_PATH)
+    return set(os.listdir(base)) if os.path.isdir(base) else set()
+
+
+def _haproxy_running() -> bool:
+    """Whether an HAProxy process runs on this host (the session's Ray runs none: its
+    Serve keeps Serve's own proxy)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "haproxy":
+                    return True
+        except OSError:
+            pass
+    return False
+
+
 def test_cli_serves_until_sigint(models):
+    """The CLI's own Ray serves through Serve's HAProxy ingress (actors/connect.py
+    serve_ingress_env) and leaves none of its files behind."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": ROOT}
     env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_SERVE_ENABLE_HA_PROXY", None)
+    folders = _haproxy_folders()
     proc = subprocess.Popen(
         [sys.executable, "-m", "hetero_exec.cli", "serve", models["mlp"], "--name", "cli",
          "--port", str(port), "--providers", "cpu"],
@@ -408,11 +433,18 @@ def test_cli_serves_until_sigint(models):
         assert proc.poll() is None, proc.stdout.read()
         x = rand(2, seed=7)
         close(client.infer(x)["y"], ort(models["mlp"], {"x": x})[0])
+        # a bad request through HAProxy: the app's own 4xx, and the server keeps serving
+        with pytest.raises(InferenceServerError) as bad:
+            client.infer({"nope": x})
+        assert bad.value.status == 400 and "nope" in bad.value.message
+        close(client.infer(x)["y"], ort(models["mlp"], {"x": x})[0])
+        assert _haproxy_running()
         client.close()
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, out[-2000:]
         assert "serving cli at http://127.0.0.1" in out and "shutting down" in out
+        assert _haproxy_folders() <= folders
     finally:
         if proc.poll() is None:  # a failed check: stop it the clean way first
             proc.send_signal(signal.SIGINT)
