@@ -90,14 +90,14 @@ def _after_fork_in_child() -> None:
     """A forked child has none of the parent's threads: a fresh lock and pool (the old
     pool's threads do not exist there, so a split would wait for ever), no run inside,
     and the BLAS count a run of the parent was holding given back."""
-    global _LOCK, _depth, _holds, _held, _pool, _pool_free, _NESTED, _affinity
+    global _LOCK, _depth, _holds, _held, _pool, _pool_free, _NESTED, _affinity, _c_split
     _LOCK = threading.Lock()
     _affinity = None
     _pool, _pool_free = None, None
     if _depth and _libs:
         for lib, n in zip(_libs, _saved):
             lib.set_num_threads(n)
-    _depth, _holds, _held = 0, 0, False
+    _depth, _holds, _held, _c_split = 0, 0, False, False
     _NESTED = threading.local()
 
 
