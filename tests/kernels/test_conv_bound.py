@@ -167,3 +167,42 @@ def _conv_act_model(w, b, attrs, activation, group=1):
     graph = helper.make_graph(nodes, "g", [_f("x", None)], [_f("y", None)],
                               [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("xs, ws, attrs", [
+    ((1, 32, 7, 7), (64, 32, 3, 3), {"pads": [1, 1, 1, 1]}),  # ResNet-18's last stage
+    ((3, 16, 14, 14), (72, 16, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((2, 8, 9, 5), (64, 8, 3, 3), {"pads": [2, 0, 1, 2], "dilations": [2, 1]}),
+    ((1, 8, 6, 6), (80, 8, 5, 5), {"pads": [2, 2, 2, 2], "strides": [1, 2]}),
+    ((1, 8, 9, 9), (64, 8, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+])
+@pytest.mark.parametrize("activation, residual", [("", False), ("Relu", True), ("Clip", False),
+                                                  ("Clip", True), ("HardSigmoid", True)])
+def test_narrow_planes_take_pixel_patches(monkeypatch, xs, ws, attrs, activation, residual):
+    """Planes too narrow for the packed conv's lanes (conv_fits says no), by a weight of
+    at least 64 channels: each output pixel's patch a row, times the weight packed
+    transposed (packed_gemm.conv_patches, PackedRight), against the reference."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal(xs, dtype=np.float32)
+    w = rng.standard_normal(ws, dtype=np.float32) * 0.2
+    b = rng.standard_normal(ws[0], dtype=np.float32)
+    want = ReferenceEvaluator(_conv_act_model(w, b, attrs, "")).run(None, {"x": x})[0]
+    z = rng.standard_normal(want.shape, dtype=np.float32) if residual else None
+    if residual:
+        want = want + z
+    params = (0.0, 1.5) if activation == "Clip" else None
+    if activation == "Relu":
+        want = np.maximum(want, 0)
+    elif activation == "Clip":
+        want = np.clip(want, 0.0, 1.5)
+    elif activation == "HardSigmoid":
+        want = np.clip(0.2 * want + 0.5, 0.0, 1.0)
+    taken: list[int] = []
+    patches = pg.conv_patches
+    monkeypatch.setattr(pg, "conv_patches", lambda *a, **k: taken.append(1) or patches(*a, **k))
+    act = epilogue_activation(activation, params)
+    calls = _conv_bound.BoundCalls(ConvPath("im2col"), act)
+    for _ in range(2):  # bound, then the kept call
+        np.testing.assert_allclose(calls.get(x, w, b, z, attrs)(x, z), want, rtol=1e-4,
+                                   atol=1e-4)
+    assert taken == [1, 1]

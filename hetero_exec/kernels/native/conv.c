@@ -105,7 +105,8 @@ int he_conv_tiles(int flat, int OH, int OW, int pitch)
 
 static int he_conv_left(int M, int K, const float *Wp, const int *off, const float *X,
                         long xs, int pitch, int sh, int flat, int OH, int OW, float *Y, int t0,
-                        int t1, const float *bias, const float *z, int act, float lo, float hi)
+                        int t1, int m_lo, int m_hi, const float *bias, const float *z, int act,
+                        float lo, float hi)
 {
     int runs_row = (OW + 15) / 16, runs = conv_runs(flat, OH, OW, pitch), tiles = (runs + 1) / 2;
     long L = (long)OH * OW, grid = (long)(OH - 1) * pitch + OW;
@@ -126,8 +127,8 @@ static int he_conv_left(int M, int K, const float *Wp, const int *off, const flo
     }
     for (int k = 0; k < K; k++)
         seq[k] = k * NR;
-    for (int g0 = 0; g0 < M; g0 += mg) {
-        int g1 = g0 + mg < M ? g0 + mg : M;
+    for (int g0 = m_lo; g0 < m_hi; g0 += mg) {
+        int g1 = g0 + mg < m_hi ? g0 + mg : m_hi;
         for (int t = t0; t < t1; t++) {
             int n = t / tiles, u = t % tiles;
             const float *in[2] = {0, 0};
@@ -199,25 +200,34 @@ typedef struct {
     const float *bias, *z;
     int act;
     float lo, hi;
-    int failed;
+    int items, by_rows, failed;
 } conv_args;
 
 static void conv_task(void *p, int i0, int i1)
 {
     conv_args *a = (conv_args *)p;
+    int t0 = i0, t1 = i1, m0 = 0, m1 = a->M;
+    if (a->by_rows) { /* every (image, tile) pair, on this part's blocks of rows */
+        t0 = 0, t1 = a->items;
+        m0 = i0 * MR_LEFT, m1 = i1 * MR_LEFT < a->M ? i1 * MR_LEFT : a->M;
+    }
     if (he_conv_left(a->M, a->K, a->Wp, a->off, a->X, a->xs, a->pitch, a->sh, a->flat, a->OH,
-                     a->OW, a->Y, i0, i1, a->bias, a->z, a->act, a->lo, a->hi))
+                     a->OW, a->Y, t0, t1, m0, m1, a->bias, a->z, a->act, a->lo, a->hi))
         __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
 }
 
-/* he_conv_left over `items` (image, tile) pairs in `parts` parts: 0, or -1 when a
- * tile's panel could not be allocated */
+/* he_conv_left over `items` (image, tile) pairs in `parts` parts, cut by those pairs, or
+ * with `by_rows` by blocks of the weight's rows (a small plane at batch 1: 7 tiles of a
+ * 14 x 14 plane leave one of two parts a tile short; each part then copies the same
+ * panels): 0, or -1 when a tile's panel could not be allocated */
 int he_conv_left_mt(int M, int K, const float *Wp, const int *off, const float *X, long xs,
                      int pitch, int sh, int flat, int OH, int OW, float *Y, int items,
-                     const float *bias, const float *z, int act, float lo, float hi, int parts)
+                     const float *bias, const float *z, int act, float lo, float hi,
+                     int by_rows, int parts)
 {
-    conv_args a = {M, K, Wp, off, X, xs, pitch, sh, flat, OH, OW, Y, bias, z, act, lo, hi, 0};
-    he_parallel(conv_task, &a, items, parts);
+    conv_args a = {M, K, Wp, off, X, xs, pitch, sh, flat, OH, OW, Y, bias, z, act, lo, hi,
+                   items, by_rows, 0};
+    he_parallel(conv_task, &a, by_rows ? (M + MR_LEFT - 1) / MR_LEFT : items, parts);
     return a.failed ? -1 : 0;
 }
 
@@ -303,4 +313,60 @@ void he_pad_mt(const float *X, float *out, int planes, int H, int W, int pt, int
 {
     pad_args a = {X, out, H, W, pt, pl, Hp, sw, Wq, fill};
     he_parallel(pad_task, &a, planes, parts);
+}
+
+/* ------------------------------------------- patches, pixel-major, for a right product */
+
+typedef struct {
+    const float *X;
+    float *P;
+    int C, H, W, KH, KW, sh, sw, dh, dw, pt, pl, OH, OW;
+} patch_args;
+
+/* rows r in [r0, r1) of (image, output row) pairs: for each output pixel, its patch
+ * P[pixel][(c * KH + kh) * KW + kw] = X[n][c][oh * sh + kh * dh - pt][ow * sw + kw * dw - pl],
+ * 0 beyond X (the padding) */
+static void patch_task(void *p, int r0, int r1)
+{
+    const patch_args *a = (const patch_args *)p;
+    long K = (long)a->C * a->KH * a->KW, plane = (long)a->H * a->W;
+    for (int r = r0; r < r1; r++) {
+        int n = r / a->OH, oh = r % a->OH;
+        const float *xn = a->X + (long)n * a->C * plane;
+        for (int ow = 0; ow < a->OW; ow++) {
+            float *o = a->P + ((long)r * a->OW + ow) * K;
+            int w0 = ow * a->sw - a->pl;
+            int inside = w0 >= 0 && w0 + (a->KW - 1) * a->dw < a->W;
+            for (int c = 0; c < a->C; c++) {
+                const float *xc = xn + (long)c * plane;
+                for (int kh = 0; kh < a->KH; kh++, o += a->KW) {
+                    int h = oh * a->sh + kh * a->dh - a->pt;
+                    if (h < 0 || h >= a->H) {
+                        for (int kw = 0; kw < a->KW; kw++)
+                            o[kw] = 0.0f;
+                        continue;
+                    }
+                    const float *xr = xc + (long)h * a->W + w0;
+                    if (inside) {
+                        for (int kw = 0; kw < a->KW; kw++)
+                            o[kw] = xr[kw * a->dw];
+                    } else {
+                        for (int kw = 0; kw < a->KW; kw++) {
+                            int w = w0 + kw * a->dw;
+                            o[kw] = w >= 0 && w < a->W ? xr[kw * a->dw] : 0.0f;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* X (n, C, H, W) as P (n * OH * OW, C * KH * KW): each output pixel's patch a row, as a
+ * right-hand product by the conv's weight (C * KH * KW, M) reads it; over `parts` parts */
+void he_patches_mt(const float *X, float *P, int n, int C, int H, int W, int KH, int KW, int sh,
+                   int sw, int dh, int dw, int pt, int pl, int OH, int OW, int parts)
+{
+    patch_args a = {X, P, C, H, W, KH, KW, sh, sw, dh, dw, pt, pl, OH, OW};
+    he_parallel(patch_task, &a, n * OH, parts);
 }

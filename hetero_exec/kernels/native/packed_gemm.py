@@ -125,8 +125,9 @@ _SIGNATURES = {
                              _I]),
     "he_blas_gemm_mt": (None, [_P, _P, _I, _I, _I, _I, _L, _L, _L, _L, _P, _L, _L, _P, _L, _L, _P,
                                _L, _L, _I, _I]),
+    "he_patches_mt": (None, [_P, _P] + [_I] * 15),
     "he_conv_left_mt": (_I, [_I, _I, _P, _P, _P, _L, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I,
-                             _F, _F, _I]),
+                             _F, _F, _I, _I]),
 }
 #: the least share of a conv's lanes that must hold output pixels (`conv_fits`)
 LANES_FILLED = 0.8
@@ -460,10 +461,14 @@ class PackedLeft:
         flat = int(sh == 1 and sw == 1)  # runs over the padded grid, across its rows
         items = n * lib.he_conv_tiles(flat, OH, OW, pitch)  # (image, tile of two runs) pairs
         flops = 2.0 * n * M * K * OH * OW
+        # few pairs to share evenly (a 14 x 14 plane at batch 1: 7): cut by the rows
+        blocks = -(-M // MR_LEFT)
+        by_rows = int(items < 4 * _threads_width() and blocks > items)
         fn = lib.he_conv_left_mt
         head = (M, K, address(self.data), address(off))
         mid = (C * Hp * pitch, pitch, sh, flat, OH, OW)
         b = _ptr(bias)
+        parts_of = blocks if by_rows else items
 
         def call(X: np.ndarray, z: np.ndarray | None = None) -> np.ndarray:
             Xr = _padded(X, pads, sw, 0.0)[0]
@@ -471,7 +476,7 @@ class PackedLeft:
             if z is not None:  # (held here while the kernel reads it)
                 z = np.ascontiguousarray(z, np.float32).reshape(shape)
             if fn(*head, address(Xr), *mid, address(Y), items, b, _ptr(z), act, lo, hi,
-                  _parts(items, flops)):
+                  by_rows, _parts(parts_of, flops)):
                 raise MemoryError(f"PackedLeft.conv: no memory for a {K} x {NR} panel")
             return Y
 
@@ -807,3 +812,35 @@ def _read_address(a: np.ndarray) -> int:
     """The address of a's first element, for reading (a view's too, strided or read-only:
     by the array interface)."""
     return a.__array_interface__["data"][0]
+
+
+def patches_fit(pixels: int, M: int) -> bool:
+    """Whether a conv of ``pixels`` output pixels (all images) and ``M`` output channels
+    runs as pixel-major patches by its packed, transposed weight (`conv_patches`, then
+    `PackedRight`): for the ungrouped convs that `conv_fits` leaves out, on a weight as
+    wide as `right_takes` asks (ResNet-18's 7 x 7 planes: 512 channels)."""
+    return M >= WIDE_COLUMNS and right_takes(pixels, M)
+
+
+def conv_patches(X: np.ndarray, kernel: tuple[int, int], dilations: tuple[int, int],
+                 strides: tuple[int, int], pads: tuple[int, int], out_sp: tuple[int, int],
+                 parts: int | None = None) -> np.ndarray:
+    """X (n, C, H, W), C-contiguous float32, as its conv's patches, one output pixel's a
+    row: (n * OH * OW, C * KH * KW), zero where ``pads`` (top, left) reach beyond X. A
+    scratch buffer (kernels._nn_common.scratch, slot 1): never return it."""
+    from hetero_exec.kernels._nn_common import scratch
+
+    n, C, H, Wd = X.shape
+    KH, KW = kernel
+    OH, OW = out_sp
+    P = scratch(np, (n * OH * OW, C * KH * KW), np.float32, slot=1)
+    rows = n * OH
+    _lib().he_patches_mt(address(X), address(P), n, C, H, Wd, KH, KW, strides[0], strides[1],
+                         dilations[0], dilations[1], pads[0], pads[1], OH, OW,
+                         _parts(rows, PATCH_COST * P.size) if parts is None else parts)
+    return P
+
+
+#: an element of `conv_patches` in `_parts`' FLOPs (a scattered copy: ~0.9 ns a value
+#: on one core, where `_parts`' 4 MFLOP are ~30 us)
+PATCH_COST = 64.0
