@@ -106,9 +106,18 @@ def _hard_sigmoid(xp, Y, alpha, beta, out=None):
     return t
 
 
+#: activations numpy applies in one pass after the bias's: on fewer values than
+#: SMALL_EPILOGUE those two ufunc calls beat a call of the compiled epilogue (~3.5 us a
+#: call here; numpy's bias and tanh on 4096 values 2.3 us, on 16384 7: the C pass 8)
+_ONE_PASS = frozenset({"", "Relu", "Clip", "Tanh"})
+SMALL_EPILOGUE = 16384
+
+
 def _native_code(xp, Y, activation: str, params) -> tuple[int, float, float] | None:
-    """The compiled epilogue's code for ``activation`` on the numpy array Y, or None."""
-    if Y.size == 0 or not native.takes(xp, Y):
+    """The compiled epilogue's code for ``activation`` on the numpy array Y, or None
+    (numpy's passes then)."""
+    if Y.size == 0 or (Y.size <= SMALL_EPILOGUE and activation in _ONE_PASS) \
+            or not native.takes(xp, Y):
         return None
     return native.epilogue_code(activation, params)
 

@@ -653,7 +653,7 @@ def test_last_axis_activation_matches_the_numba_epilogue(monkeypatch, name):
     """act(y + bias) on 16 lanes (native/act.c) against numba's float32 loop, which has
     the same rationals; at +-inf, NaN, the rationals' clamps and far beyond them too.
     FusedMatMul's epilogue takes it."""
-    from hetero_exec.kernels import native
+    from hetero_exec.kernels import fused, native
     from hetero_exec.kernels.fused import FusedMatMul
 
     rng = np.random.default_rng(len(name))
@@ -673,9 +673,15 @@ def test_last_axis_activation_matches_the_numba_epilogue(monkeypatch, name):
     ran: list[int] = []
     run = pg.last_axis
     monkeypatch.setattr(pg, "last_axis", lambda *a: ran.append(1) or run(*a))
-    a, w = rng.standard_normal((5, 8), dtype=np.float32), rng.standard_normal((8, 37), dtype=np.float32)
-    out = FusedMatMul(np, a, w, bias, name, [p0, p1] if name in native.ACT_DEFAULTS else None)[0]
-    want = a @ w + bias
-    native.module("epilogue").last_axis(want, np.zeros(0, np.float32), code, p0, p1, 0, 5)
-    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
-    assert ran
+    # few values: numpy's one pass after the bias for Relu, Clip, Tanh (and a bias
+    # alone), the compiled epilogue for the others; many values: the compiled one
+    for rows, compiled in ((5, name not in fused._ONE_PASS), (fused.SMALL_EPILOGUE // 37 + 1, True)):
+        ran.clear()
+        a = rng.standard_normal((rows, 8), dtype=np.float32)
+        w = rng.standard_normal((8, 37), dtype=np.float32)
+        out = FusedMatMul(np, a, w, bias, name,
+                          [p0, p1] if name in native.ACT_DEFAULTS else None)[0]
+        want = a @ w + bias
+        native.module("epilogue").last_axis(want, np.zeros(0, np.float32), code, p0, p1, 0, rows)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+        assert bool(ran) == compiled, rows

@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from hetero_exec.kernels import _threads
 from hetero_exec.kernels.native import ACT_DEFAULTS, switched_off
 from hetero_exec.kernels.native import ENV as NATIVE_ENV
 
@@ -191,8 +192,6 @@ def _load() -> str | None:
     _state["lib"] = lib
     reason = _self_check()
     if reason is None:
-        from hetero_exec.kernels import _threads
-
         lib.he_pool_start(max(0, _threads.cores() - 1), _spin_ns())
     return reason
 
@@ -307,14 +306,10 @@ def _ptr(a: np.ndarray | None) -> int | None:
 def _parts(n: int, flops: float) -> int:
     """Parts to cut ``n`` work items into over gemm.c's workers (1: none), as
     kernels/_threads.parallel_for would for work that calls no BLAS."""
-    from hetero_exec.kernels import _threads
-
     return _threads.split_parts(n, flops, alone_flops=SPLIT_FLOPS)
 
 
 def _threads_width() -> int:
-    from hetero_exec.kernels import _threads
-
     return _threads.split_width()
 
 
@@ -754,8 +749,6 @@ def blas_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> 
     not one to split (too small for a second part, another dtype, no OpenBLAS GEMM found,
     batch axes that are not one stride apart, an ``out`` that is not C-contiguous): the
     caller's own matmul then runs it, at one thread."""
-    from hetero_exec.kernels import _threads
-
     dt = a.dtype
     M, K = a.shape[-2:]
     N = b.shape[-1]
