@@ -331,15 +331,12 @@ def _entered(hold: bool) -> Iterator[None]:
                 for lib in libs:
                     lib.set_num_threads(1)
                 _held = True
-        elif pool:  # alone, one pool: BLAS calls at one thread, split on gemm.c's workers
-            if libs[0].get_num_threads() != 1:
-                for lib in libs:
-                    lib.set_num_threads(1)
-            _c_split = True
-        else:  # alone: the BLAS splits this run's products itself, at its width
+        else:  # alone: with one pool, BLAS calls at one thread split on gemm.c's
+            # workers; else the BLAS splits this run's products itself, at its width
             # (above the count it started with, too: Ray starts a fractional-CPU actor's
             # BLAS at OMP_NUM_THREADS=1, and a lone stage there may use its node's cores)
-            width = split_width()
+            _c_split = pool
+            width = 1 if pool else split_width()
             if libs[0].get_num_threads() != width:
                 for lib in libs:
                     lib.set_num_threads(width)
@@ -361,7 +358,7 @@ def one_pool() -> bool:
     """Whether a run alone splits its BLAS products on gemm.c's workers (native/blas.c),
     with the BLAS at one thread, rather than on the BLAS's own threads: numpy's OpenBLAS
     and the C kernels available, and ``HETERO_EXEC_BLAS_SPLIT`` not off. Decided once per
-    process (`reset_one_pool` decides again)."""
+    process."""
     global _one_pool
     if _one_pool is None:
         from hetero_exec.kernels import native
@@ -375,12 +372,6 @@ def one_pool() -> bool:
         log.debug("BLAS products of a lone run split on %s",
                   "gemm.c's workers" if _one_pool else "the BLAS's own threads")
     return _one_pool
-
-
-def reset_one_pool() -> None:
-    """Decide `one_pool` again (after HETERO_EXEC_BLAS_SPLIT changed)."""
-    global _one_pool
-    _one_pool = None
 
 
 def _helpers() -> tuple[ThreadPoolExecutor, threading.Semaphore] | None:

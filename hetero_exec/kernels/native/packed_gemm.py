@@ -313,6 +313,16 @@ def _threads_width() -> int:
     return _threads.split_width()
 
 
+def _left_cut(items: int, M: int) -> tuple[int, int]:
+    """(by_rows, units to split) for a left-hand product or conv of ``items`` (image,
+    panel or tile) pairs by a weight of ``M`` rows: too few pairs to share evenly (a
+    small plane at batch 1) and the work is cut by blocks of the weight's rows instead,
+    each part then copying the same panels."""
+    blocks = -(-M // MR_LEFT)
+    by_rows = items < 4 * _threads_width() and blocks > items
+    return int(by_rows), blocks if by_rows else items
+
+
 def _contiguous_f32(a: np.ndarray | None) -> np.ndarray | None:
     return None if a is None else np.ascontiguousarray(a, dtype=np.float32)
 
@@ -391,14 +401,11 @@ class PackedLeft:
         bias = _contiguous_f32(bias)
         panels = -(-L // NR)
         items = n * panels
-        # few (image, panel) pairs to share (a small plane at batch 1): cut by the rows
-        blocks = -(-M // MR_LEFT)
-        by_rows = int(items < 4 * _threads_width() and blocks > items)
+        by_rows, tail_items = _left_cut(items, M)
         flops = 2.0 * n * M * K * L
         fn = _lib().he_gemm_left_mt
         head = (M, K, L, address(self.data))
         mid = (ldx, xs)
-        tail_items = blocks if by_rows else items
         shape = (n, M, L)
         b = _ptr(bias)
 
@@ -456,14 +463,11 @@ class PackedLeft:
         flat = int(sh == 1 and sw == 1)  # runs over the padded grid, across its rows
         items = n * lib.he_conv_tiles(flat, OH, OW, pitch)  # (image, tile of two runs) pairs
         flops = 2.0 * n * M * K * OH * OW
-        # few pairs to share evenly (a 14 x 14 plane at batch 1: 7): cut by the rows
-        blocks = -(-M // MR_LEFT)
-        by_rows = int(items < 4 * _threads_width() and blocks > items)
+        by_rows, parts_of = _left_cut(items, M)  # (a 14 x 14 plane at batch 1: 7 tiles)
         fn = lib.he_conv_left_mt
         head = (M, K, address(self.data), address(off))
         mid = (C * Hp * pitch, pitch, sh, flat, OH, OW)
         b = _ptr(bias)
-        parts_of = blocks if by_rows else items
 
         def call(X: np.ndarray, z: np.ndarray | None = None) -> np.ndarray:
             Xr = _padded(X, pads, sw, 0.0)[0]
@@ -792,19 +796,13 @@ def blas_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> 
     f64 = dt == np.float64
     _lib().he_blas_gemm_mt(gemm.dgemm if f64 else gemm.sgemm, gemm.dgemv if f64 else gemm.sgemv,
                            gemm.ilp64, f64, la[0], lb[0], count, M, N, K,
-                           _read_address(a), la[1], sa, _read_address(b), lb[1], sb,
+                           address(a), la[1], sa, address(b), lb[1], sb,
                            address(out), N, M * N * out.itemsize,
                            BLAS_UNIT_ROWS if M >= N else BLAS_UNIT_COLS, parts)
     return out
 
 
 _BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def _read_address(a: np.ndarray) -> int:
-    """The address of a's first element, for reading (a view's too, strided or read-only:
-    by the array interface)."""
-    return a.__array_interface__["data"][0]
 
 
 def patches_fit(pixels: int, M: int) -> bool:
