@@ -1,0 +1,105 @@
+"""``Config``: a model folder's genai_config.json (onnxruntime-genai's builder writes
+it), or one decoder ``.onnx`` file, with the providers to run it on."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from hetero_exec.genai.errors import GenaiError
+
+#: onnxruntime-genai's provider names -> ours
+_PROVIDERS = {"cuda": "gpu", "cpu": "cpu", "dml": None, "qnn": None, "webgpu": None,
+              "openvino": None, "nvtensorrtrtx": None}
+
+
+class Config:
+    """>>> cfg = Config("folder"); cfg.clear_providers(); cfg.append_provider("cuda")  # doctest: +SKIP
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        path = os.fspath(path)
+        self.path = path
+        self.folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+        self.genai: dict[str, Any] = {}
+        if os.path.isdir(path):
+            cfg = os.path.join(path, "genai_config.json")
+            if os.path.exists(cfg):
+                with open(cfg) as f:
+                    self.genai = json.load(f)
+                name = self.decoder.get("filename", "model.onnx")
+            else:
+                onnx_files = sorted(p for p in os.listdir(path) if p.endswith(".onnx"))
+                if len(onnx_files) != 1:
+                    raise GenaiError(f"{path}: no genai_config.json and {len(onnx_files)} .onnx "
+                                     "files (one decoder file expected)")
+                name = onnx_files[0]
+            self.model_file = os.path.join(path, name)
+        elif os.path.isfile(path):
+            self.model_file = path
+        else:
+            raise GenaiError(f"{path}: no such model folder or file")
+        self.providers: list[Any] = self._configured_providers()
+
+    @property
+    def decoder(self) -> dict[str, Any]:
+        return self.genai.get("model", {}).get("decoder", {})
+
+    @property
+    def search(self) -> dict[str, Any]:
+        return dict(self.genai.get("search", {}))
+
+    def _configured_providers(self) -> list[Any]:
+        opts = self.decoder.get("session_options", {}).get("provider_options", [])
+        out: list[Any] = []
+        for entry in opts:
+            for name, values in entry.items():
+                out.append(_provider(name, values))
+        return out
+
+    def clear_providers(self) -> None:
+        self.providers = []
+
+    def append_provider(self, name: str) -> None:
+        self.providers.append(_provider(name, {}))
+
+    def set_provider_option(self, provider: str, key: str, value: Any) -> None:
+        want = _provider(provider, {})[0]
+        for i, (name, opts) in enumerate(self.providers):
+            if name == want:
+                self.providers[i] = (name, {**opts, key: _option_value(value)})
+                return
+        self.providers.append((want, {key: _option_value(value)}))
+
+    def names(self) -> dict[str, Any]:
+        """genai_config.json's input/output names, flattened."""
+        d = self.decoder
+        return {**d.get("inputs", {}), **d.get("outputs", {})}
+
+    def token_ids(self) -> tuple[list[int], int | None, int | None]:
+        """(eos ids, pad id, bos id) from the config."""
+        m = self.genai.get("model", {})
+        eos = m.get("eos_token_id", [])
+        eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+        pad = m.get("pad_token_id")
+        if isinstance(pad, list):
+            pad = pad[0] if pad else None
+        return [int(e) for e in eos], pad, m.get("bos_token_id")
+
+
+def _provider(name: str, values: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    low = name.lower()
+    ours = _PROVIDERS.get(low, low)
+    if ours is None:
+        raise GenaiError(f"provider {name!r} is onnxruntime-genai's, not one of ours "
+                         "(cpu, cuda/gpu, sim-gpu)")
+    opts = {k: _option_value(v) for k, v in values.items() if k in ("device_id", "mem_limit",
+                                                                   "exclude_ops", "strict")}
+    return ours, opts
+
+
+def _option_value(value: Any) -> Any:
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return value

@@ -1,0 +1,259 @@
+"""``GeneratorParams`` and ``Generator``, shaped like onnxruntime-genai's.
+
+A generator owns its cache: one buffer per layer and kind, allocated once at capacity
+``max_length`` on the provider that runs that layer's attention, admitted before the
+first token. A step feeds the new tokens, the mask and positions (host, a few bytes),
+the buffers where they live and a zero-stride placeholder for each past input (read
+only for its shape); the rewritten Concats write the new positions in place. Only the
+chosen token ids come back to the host, and logits when asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import numpy as np
+
+from hetero_exec.genai.errors import GenerationInputError
+from hetero_exec.genai.model import DEFAULT_MAX_LENGTH, Model
+from hetero_exec.genai.rewrite import PAST_LENGTH, cache_input
+from hetero_exec.genai.runner import StepRunner
+from hetero_exec.genai.search import Sampler, SearchOptions
+
+log = logging.getLogger(__name__)
+
+
+class GeneratorParams:
+    def __init__(self, model: Model):
+        self.model = model
+        self.search = SearchOptions()
+        self.search.update(**model.search_defaults())
+
+    def set_search_options(self, **options: Any) -> None:
+        self.search.update(**options)
+
+    def try_graph_capture_with_max_batch_size(self, max_batch_size: int) -> None:
+        """onnxruntime-genai's (deprecated) call: every step here is bound already."""
+
+
+class Generator:
+    def __init__(self, model: Model, params: GeneratorParams):
+        self.model = model
+        self.options = opts = SearchOptions(**vars(params.search))
+        self.batch = opts.batch_size
+        self.capacity = opts.max_length or model.context_length or DEFAULT_MAX_LENGTH
+        layout = model.layout
+        self._reservation = model.reserve(self.batch, self.capacity)  # before anything else
+        try:
+            self._caches = {}
+            for e in layout.entries:
+                prov = model.cache_providers[e.past]
+                shape = [self.batch, e.kv_heads, e.head_size]
+                shape.insert(e.axis, self.capacity)
+                self._caches[e.past] = model.zeros(prov, tuple(shape), e.dtype)
+        except BaseException:
+            model.release(self._reservation)
+            raise
+        self._closed = False
+        logits_prov = None
+        resident = {cache_input(e.past): model.cache_providers[e.past] for e in layout.entries}
+        self._runner = StepRunner(model.session._executor, resident,
+                                  {e.past for e in layout.entries}, layout.logits,
+                                  model.session.options.intra_op_num_threads or None)
+        logits_prov = self._runner.output_provider
+        self._sampler = Sampler(opts, logits_prov.xp, logits_prov.to_host, logits_prov.to_device)
+        self._logits_provider = logits_prov
+        pad = model.pad_token_id
+        self._pad = int(pad if pad is not None else (model.eos_token_ids or [0])[0])
+        self._ids = np.full((self.batch, self.capacity), self._pad, dtype=np.int64)
+        self._mask = np.zeros((self.batch, self.capacity), dtype=np.int64)
+        self._start = np.zeros(self.batch, dtype=np.int64)  # left padding per row
+        self._end = np.full(self.batch, -1, dtype=np.int64)  # eos position + 1, -1: running
+        self._length = 0  # tokens in the sequences (padding included)
+        self._filled = 0  # positions in the cache
+        self._logits: Any = None  # the last step's last-position logits, on its provider
+
+    # -- tokens in -------------------------------------------------------------------
+
+    def append_tokens(self, tokens: Any) -> None:
+        """Feed tokens (a [batch, n] array, a list for batch 1, or a list of rows of
+        different lengths on the first call, left-padded here) and compute their logits."""
+        self._check_open()
+        rows = self._rows(tokens)
+        n = rows.shape[1]
+        if self._length + n > self.capacity:
+            raise GenerationInputError(
+                f"{self._length} tokens so far + {n} new exceed max_length {self.capacity}")
+        first = self._length == 0
+        if self._filled < self._length:
+            self._compute()  # a sampled token not yet run: its position comes first
+        at = self._length
+        self._ids[:, at:at + n] = rows
+        self._mask[:, at:at + n] = 1
+        if first and self.batch > 1:
+            self._start = _leading(rows, self._pad)
+            for i, s in enumerate(self._start):
+                self._mask[i, :s] = 0
+        self._length += n
+        self._end[:] = -1
+        self._compute()
+
+    def _rows(self, tokens: Any) -> np.ndarray:
+        if isinstance(tokens, (list, tuple)) and tokens and isinstance(tokens[0], (list, tuple, np.ndarray)):
+            if self._length == 0 and len({len(r) for r in tokens}) > 1:
+                width = max(len(r) for r in tokens)
+                tokens = [[self._pad] * (width - len(r)) + list(r) for r in tokens]
+        arr = np.asarray(tokens)
+        if arr.ndim == 1:
+            arr = arr[None, :]
+        if arr.ndim != 2 or arr.shape[1] == 0:
+            raise GenerationInputError(f"tokens must be [batch, n] ids with n >= 1, got shape "
+                                       f"{list(arr.shape)}")
+        if arr.dtype.kind not in "iu":
+            raise GenerationInputError(f"token ids must be integers, got {arr.dtype}")
+        if arr.shape[0] != self.batch:
+            raise GenerationInputError(f"{arr.shape[0]} sequences given, the generator's "
+                                       f"batch_size is {self.batch}")
+        vocab = self.model.vocab_size
+        bad = (arr < 0) | (arr >= vocab) if vocab else arr < 0
+        if bad.any():
+            i, j = map(int, np.argwhere(bad)[0])
+            raise GenerationInputError(f"token id {int(arr[i, j])} (sequence {i}, position {j}) "
+                                       f"is outside the vocabulary [0, {vocab})")
+        return arr.astype(np.int64)
+
+    # -- steps -----------------------------------------------------------------------
+
+    def _compute(self) -> None:
+        """Run the tokens not yet in the cache; keep the last position's logits."""
+        p, t = self._filled, self._length
+        layout = self.model.layout
+        feeds: dict[str, Any] = {layout.input_ids: self._ids[:, p:t], PAST_LENGTH: np.array(p)}
+        if layout.attention_mask:
+            feeds[layout.attention_mask] = self._mask[:, :t]
+        if layout.position_ids:
+            pos = np.cumsum(self._mask[:, :t], axis=1) - 1
+            feeds[layout.position_ids] = np.where(self._mask[:, p:t] == 0, 1, pos[:, p:t])
+        for e in layout.entries:
+            shape = [self.batch, e.kv_heads, e.head_size]
+            shape.insert(e.axis, p)
+            feeds[e.past] = np.broadcast_to(np.zeros((), e.dtype), tuple(shape))
+            feeds[cache_input(e.past)] = self._caches[e.past]
+        logits = self._runner.run(feeds)
+        self._logits = logits[:, -1, :] if logits.ndim == 3 else logits
+        self._filled = t
+
+    def generate_next_token(self) -> None:
+        self._check_open()
+        if self._length == 0:
+            raise GenerationInputError("generate_next_token before append_tokens: no prompt")
+        if self.is_done():
+            raise GenerationInputError("generate_next_token after is_done(): every sequence "
+                                       "has ended (eos or max_length)")
+        if self._filled < self._length:
+            self._compute()
+        chosen = self._sampler.choose(self._logits, self._banned(),
+                                      self._ids[:, :self._length])
+        running = self._end < 0
+        chosen = np.where(running, chosen, self._pad)
+        at = self._length
+        self._ids[:, at] = chosen
+        self._mask[:, at] = 1
+        self._length += 1
+        ended = running & np.isin(chosen, self.model.eos_token_ids)
+        self._end[ended] = at + 1
+
+    def _banned(self) -> list[tuple[int, np.ndarray]] | None:
+        """eos is not chosen before ``min_length`` (each row's own length)."""
+        if not self.options.min_length or not self.model.eos_token_ids:
+            return None
+        short = (self._length - self._start) < self.options.min_length
+        if not short.any():
+            return None
+        return [(e, short) for e in self.model.eos_token_ids]
+
+    def is_done(self) -> bool:
+        return self._length >= self.capacity or bool((self._end >= 0).all())
+
+    # -- tokens out ------------------------------------------------------------------
+
+    def get_next_tokens(self) -> np.ndarray:
+        return self._ids[:, self._length - 1].copy() if self._length else np.zeros(0, np.int64)
+
+    def get_sequence(self, index: int) -> np.ndarray:
+        if not 0 <= index < self.batch:
+            raise GenerationInputError(f"sequence {index} of a batch of {self.batch}")
+        end = self._end[index] if self._end[index] >= 0 else self._length
+        return self._ids[index, self._start[index]:end].copy()
+
+    def get_logits(self) -> np.ndarray:
+        """The last computed position's logits, [batch, vocab], on the host."""
+        if self._logits is None:
+            raise GenerationInputError("no logits yet: call append_tokens first")
+        return np.asarray(self._logits_provider.to_host(self._logits))
+
+    def rewind_to(self, new_length: int) -> None:
+        """Keep the first ``new_length`` tokens; the cache's prefix stays valid."""
+        self._check_open()
+        if not 0 <= new_length <= self._length:
+            raise GenerationInputError(f"rewind_to({new_length}): the sequences hold "
+                                       f"{self._length} tokens")
+        self._ids[:, new_length:self._length] = self._pad
+        self._mask[:, new_length:self._length] = 0
+        self._length = new_length
+        self._filled = min(self._filled, max(new_length - 1, 0))
+        self._end = np.where(self._end > new_length, -1, self._end)
+        self._logits = None
+        if new_length == 0:
+            self._start[:] = 0
+
+    # -- lifetime ----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise GenerationInputError("the generator is closed")
+
+    def close(self) -> None:
+        """Free the cache and its admission (also when the generator is collected)."""
+        if not self._closed:
+            self._closed = True
+            self._caches = {}
+            self.model.release(self._reservation)
+
+    def __enter__(self) -> "Generator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _leading(rows: np.ndarray, pad: int) -> np.ndarray:
+    """Each row's count of leading pad ids (left padding), leaving one token at least."""
+    not_pad = rows != pad
+    first = np.where(not_pad.any(axis=1), not_pad.argmax(axis=1), rows.shape[1] - 1)
+    return first.astype(np.int64)
+
+
+def generate(model: Model, input_ids: Sequence[Any] | np.ndarray, max_new_tokens: int = 64,
+             **search: Any) -> list[np.ndarray]:
+    """One call: the sequences (prompt + generated, up to eos) for each prompt row."""
+    rows = input_ids if isinstance(input_ids, (list, tuple)) else np.asarray(input_ids)
+    if isinstance(rows, np.ndarray) and rows.ndim == 1:
+        rows = rows[None, :]
+    batch = len(rows)
+    longest = max(len(r) for r in rows)
+    params = GeneratorParams(model)
+    search.setdefault("max_length", longest + max_new_tokens)
+    params.set_search_options(batch_size=batch, **search)
+    with Generator(model, params) as gen:
+        gen.append_tokens(rows if isinstance(rows, np.ndarray) else [list(r) for r in rows])
+        while not gen.is_done() and gen._length < longest + max_new_tokens:
+            gen.generate_next_token()
+        return [gen.get_sequence(i) for i in range(batch)]

@@ -1,0 +1,133 @@
+"""Choosing the next token on the provider that computed the logits: greedy argmax, or
+top-k / top-p sampling at a temperature. Only the chosen ids come to the host.
+
+Sampling draws one uniform number per sequence from a seeded NumPy generator on the
+host and inverts the kept tokens' cumulative distribution on the device: the same seed
+gives the same tokens on every provider.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from hetero_exec.genai.errors import SearchOptionError
+
+
+@dataclass
+class SearchOptions:
+    max_length: int = 0  # 0: the model's (genai_config.json) or the prompt + 128
+    batch_size: int = 1
+    do_sample: bool = False
+    top_k: int = 50
+    top_p: float = 1.0
+    temperature: float = 1.0
+    random_seed: int = -1  # -1: a fresh seed
+    min_length: int = 0
+    repetition_penalty: float = 1.0
+    num_beams: int = 1
+    past_present_share_buffer: bool = True
+    num_return_sequences: int = 1
+    early_stopping: bool = True
+    length_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    diversity_penalty: float = 0.0
+
+    def update(self, **options: Any) -> None:
+        known = {f.name: f.type for f in fields(self)}
+        for name, value in options.items():
+            if name not in known:
+                raise SearchOptionError(f"unknown search option {name!r}; known: "
+                                        f"{', '.join(sorted(known))}")
+            setattr(self, name, _coerce(name, value, getattr(self, name)))
+        self.check()
+
+    def check(self) -> None:
+        if self.batch_size < 1:
+            raise SearchOptionError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.max_length < 0 or self.min_length < 0:
+            raise SearchOptionError("max_length and min_length must be >= 0")
+        if self.top_k < 0:
+            raise SearchOptionError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise SearchOptionError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.temperature <= 0.0:
+            raise SearchOptionError(f"temperature must be > 0, got {self.temperature}")
+        if self.num_beams != 1:
+            raise SearchOptionError("beam search (num_beams > 1) is not supported; use "
+                                    "greedy or sampling")
+        if self.repetition_penalty <= 0.0:
+            raise SearchOptionError("repetition_penalty must be > 0")
+
+
+def _coerce(name: str, value: Any, current: Any) -> Any:
+    try:
+        if isinstance(current, bool):
+            if not isinstance(value, (bool, int, np.bool_)):
+                raise TypeError
+            return bool(value)
+        if isinstance(current, int):
+            if float(value) != int(value):
+                raise TypeError
+            return int(value)
+        return float(value)
+    except (TypeError, ValueError):
+        raise SearchOptionError(f"search option {name!r} must be a {type(current).__name__}, "
+                                f"got {value!r}") from None
+
+
+class Sampler:
+    """Picks one token per row from the last position's logits, on ``xp``."""
+
+    def __init__(self, options: SearchOptions, xp: Any, to_host: Any, to_device: Any):
+        self.options = options
+        self.xp = xp
+        self.to_host = to_host
+        self.to_device = to_device
+        seed = options.random_seed
+        self.rng = np.random.default_rng(None if seed < 0 else seed)
+
+    def choose(self, logits: Any, banned: np.ndarray | None = None,
+               history: Any = None) -> np.ndarray:
+        """``logits``: [batch, vocab] on the provider; ``banned``: token ids whose logit
+        is -inf for the rows flagged in it ([batch] bools per id: eos before min_length);
+        ``history``: [batch, length] host ids for the repetition penalty."""
+        xp, o = self.xp, self.options
+        if banned is not None or o.repetition_penalty != 1.0 or o.do_sample:
+            logits = logits.astype(xp.float32, copy=True)
+        if o.repetition_penalty != 1.0 and history is not None:
+            for row, ids in enumerate(history):
+                idx = self.to_device(np.unique(ids).astype(np.int64))
+                vals = logits[row][idx]
+                logits[row, idx] = xp.where(vals > 0, vals / o.repetition_penalty,
+                                            vals * o.repetition_penalty)
+        if banned is not None:
+            for token, rows in banned:
+                if rows.any():
+                    logits[self.to_device(np.flatnonzero(rows)), token] = -np.inf
+        if not o.do_sample:
+            return np.asarray(self.to_host(xp.argmax(logits, axis=-1)), dtype=np.int64)
+        return self._sample(logits)
+
+    def _sample(self, logits: Any) -> np.ndarray:
+        xp, o = self.xp, self.options
+        logits = logits / o.temperature
+        vocab = logits.shape[-1]
+        k = vocab if o.top_k <= 0 else min(o.top_k, vocab)
+        order = xp.argsort(-logits, axis=-1)[:, :k]  # stable: ties keep the lower id first
+        top = xp.take_along_axis(logits, order, axis=-1)
+        top = top - top[:, :1]
+        probs = xp.exp(top)
+        probs = probs / probs.sum(axis=-1, keepdims=True)
+        if o.top_p < 1.0:
+            cum = xp.cumsum(probs, axis=-1)
+            keep = (cum - probs) < o.top_p  # the smallest prefix reaching top_p
+            probs = xp.where(keep, probs, 0.0)
+            probs = probs / probs.sum(axis=-1, keepdims=True)
+        cum = xp.cumsum(probs, axis=-1)
+        u = self.to_device(self.rng.random((logits.shape[0], 1)).astype(np.float32))
+        pick = xp.minimum((cum < u).sum(axis=-1), k - 1)
+        chosen = xp.take_along_axis(order, pick[:, None], axis=-1)[:, 0]
+        return np.asarray(self.to_host(chosen), dtype=np.int64)
