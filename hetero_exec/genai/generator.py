@@ -73,6 +73,9 @@ class Generator:
         self._length = 0  # tokens in the sequences (padding included)
         self._filled = 0  # positions in the cache
         self._logits: Any = None  # the last step's last-position logits, on its provider
+        #: decode steps at a fixed shape need the positions and the mask as inputs
+        self._fixed = bool(layout.position_ids and layout.attention_mask) and not getattr(
+            model, "exact_steps", False)
 
     # -- tokens in -------------------------------------------------------------------
 
@@ -129,15 +132,19 @@ class Generator:
         """Run the tokens not yet in the cache; keep the last position's logits."""
         p, t = self._filled, self._length
         layout = self.model.layout
+        # one new token: the fixed-shape step (past fed at capacity - 1, the positions
+        # not yet filled masked out), whose shape arithmetic is bound once and replayed
+        fixed = self._fixed and t - p == 1 and p > 0
+        n = self.capacity - 1 if fixed else p
         feeds: dict[str, Any] = {layout.input_ids: self._ids[:, p:t], PAST_LENGTH: np.array(p)}
         if layout.attention_mask:
-            feeds[layout.attention_mask] = self._mask[:, :t]
+            feeds[layout.attention_mask] = self._mask[:, :n + t - p]
         if layout.position_ids:
             pos = np.cumsum(self._mask[:, :t], axis=1) - 1
             feeds[layout.position_ids] = np.where(self._mask[:, p:t] == 0, 1, pos[:, p:t])
         for e in layout.entries:
             shape = [self.batch, e.kv_heads, e.head_size]
-            shape.insert(e.axis, p)
+            shape.insert(e.axis, n)
             feeds[e.past] = np.broadcast_to(np.zeros((), e.dtype), tuple(shape))
             feeds[cache_input(e.past)] = self._caches[e.past]
         logits = self._runner.run(feeds)

@@ -5,7 +5,7 @@ capacity (the in-place append onnxruntime-genai calls past/present buffer sharin
 The original past inputs stay, for the nodes that read only their shapes (an export's
 ``Shape(past)`` for the past length): the generator feeds them a zero-stride
 placeholder of the right shape, so no step moves or copies the context. Any other
-reader of a past input reads ``KVPrefix(cache, past_length)``, a view of the buffer.
+reader of a past input reads ``KVPrefix(cache, past)``, a view of the buffer.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def rewrite(model: onnx.ModelProto, layout: CacheLayout) -> onnx.ModelProto:
     for n in g.node:
         e = concat.get(n.name)
         if e is not None and n.op_type == "Concat" and len(n.input) == 2:
-            nodes.append(helper.make_node("KVAppend", [cache_input(e.past), n.input[1], PAST_LENGTH],
+            nodes.append(helper.make_node("KVAppend", [cache_input(e.past), n.input[1], PAST_LENGTH, e.past],
                                           [n.output[0]], name=n.name, domain=FUSED_DOMAIN,
                                           axis=e.axis))
             continue
@@ -66,7 +66,7 @@ def _prefix(nodes: list, e) -> str:
     """The past of entry ``e`` as a view of its buffer (made once)."""
     name = f"hetero_exec.prefix.{e.past}"
     if not any(name in n.output for n in nodes):
-        nodes.insert(0, helper.make_node("KVPrefix", [cache_input(e.past), PAST_LENGTH], [name],
+        nodes.insert(0, helper.make_node("KVPrefix", [cache_input(e.past), e.past], [name],
                                          name=f"kv_prefix_{e.layer}_{e.kind}", domain=FUSED_DOMAIN,
                                          axis=e.axis))
     return name

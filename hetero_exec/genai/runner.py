@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from hetero_exec.exec.bound import ShapeBoundPlans
 from hetero_exec.exec.chain import move_value
 from hetero_exec.exec.executor import execute
 from hetero_exec.kernels._threads import intra_op_threads, run_threads
@@ -20,13 +21,14 @@ class StepRunner:
         """``resident``: feed name -> the provider it lives on; ``passthrough``: feeds
         handed to any provider as they are (zero-stride placeholders read for shapes);
         ``output``: the one output a step returns, where it was made."""
-        self.segments = [(s.provider, s.plan) for s in executor.segments]
+        # each plan bound to the input shapes that repeat (a fixed-shape decode step)
+        self.segments = [(s.provider, s.plan, ShapeBoundPlans(s.plan)) for s in executor.segments]
         self.output = output
         self.threads = threads
         self._resident = dict(resident)
         self._passthrough = set(passthrough)
         self.output_provider = None
-        for prov, plan in self.segments:
+        for prov, plan, _ in self.segments:
             if output in plan.output_names:
                 self.output_provider = prov
         if self.output_provider is None:
@@ -41,14 +43,14 @@ class StepRunner:
         env = dict(feeds)
         where: dict[str, Any] = dict(self._resident)
         passthrough = self._passthrough
-        for prov, plan in self.segments:
+        for prov, plan, bound in self.segments:
             args = []
             for name, _slot in plan.input_slots:
                 v = env.get(name)
                 if v is not None and name not in passthrough and where.get(name) is not prov:
                     v = move_value(v, where.get(name), prov)
                 args.append(v)
-            outs = execute(plan, args)
+            outs = execute(bound.plan_for(args), args)
             for name, v in zip(plan.output_names, outs):
                 env[name] = v
                 where[name] = prov

@@ -21,27 +21,33 @@ def _prefix(ndim: int, axis: int, index: slice) -> tuple:
 
 
 @kernel("KVAppend", since=1, domain=FUSED_DOMAIN, host_inputs=(2,))
-def KVAppend(xp, cache, new, past_length, axis=-2):
-    """``cache[..., p:p+s, :] = new``; returns ``cache[..., :p+s, :]`` (a view).
+def KVAppend(xp, cache, new, past_length, past=None, axis=-2):
+    """``cache[..., p:p+s, :] = new``; returns the view ``cache[..., :n+s, :]`` where n is
+    the length of ``past`` along ``axis`` (p itself when ``past`` is omitted).
 
     ``cache``: the capacity buffer (mutated in place); ``new``: this step's keys or
-    values along ``axis``; ``past_length``: the filled positions, a host scalar."""
+    values; ``past_length``: the filled positions p, a host scalar; ``past``: the
+    decoder's past input as fed (a zero-stride placeholder), whose length is p for an
+    exact step and the capacity less s for a fixed-shape decode step, where the
+    positions past p are masked out by the attention mask."""
     axis = axis % cache.ndim
     p = int(past_length)
     s = new.shape[axis]
-    if p + s > cache.shape[axis]:
-        raise CacheCapacityError(f"{p} cached + {s} new positions exceed the cache's capacity "
-                                 f"{cache.shape[axis]}")
+    n = p if past is None else past.shape[axis]
+    if max(p, n) + s > cache.shape[axis]:
+        raise CacheCapacityError(f"{max(p, n)} cached + {s} new positions exceed the cache's "
+                                 f"capacity {cache.shape[axis]}")
     if new.shape[:axis] != cache.shape[:axis] or new.shape[axis + 1:] != cache.shape[axis + 1:]:
         raise CacheCapacityError(f"new entries {tuple(new.shape)} do not fit a cache of "
                                  f"{tuple(cache.shape)} along axis {axis}")
     cache[_prefix(cache.ndim, axis, slice(p, p + s))] = new
-    return (cache[_prefix(cache.ndim, axis, slice(0, p + s))],)
+    return (cache[_prefix(cache.ndim, axis, slice(0, n + s))],)
 
 
-@kernel("KVPrefix", since=1, domain=FUSED_DOMAIN, host_inputs=(1,))
-def KVPrefix(xp, cache, past_length, axis=-2):
-    """The filled prefix ``cache[..., :p, :]`` (a view): the past as a reader other than
-    the cache's Concat and its shape reads sees it."""
+@kernel("KVPrefix", since=1, domain=FUSED_DOMAIN)
+def KVPrefix(xp, cache, past, axis=-2):
+    """The past as the decoder was fed it, read from the buffer (a view of its first
+    ``past.shape[axis]`` positions): for readers other than the cache's Concat and its
+    shape reads."""
     axis = axis % cache.ndim
-    return (cache[_prefix(cache.ndim, axis, slice(0, int(past_length)))],)
+    return (cache[_prefix(cache.ndim, axis, slice(0, past.shape[axis]))],)

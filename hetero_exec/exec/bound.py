@@ -1,0 +1,123 @@
+"""Plans bound to their input shapes: a run whose input shapes repeat replays a plan
+with its shape arithmetic already done.
+
+Most of a small decoder's steps (Shape, Gather, Unsqueeze, Concat of dims, Range of
+positions ...) compute values that depend only on the input *shapes*. For one shape
+signature those values are the same on every run, so a plan bound to the signature
+holds them as constants and keeps only the steps that read input data: the CPU
+counterpart of a captured device graph (a decode step at fixed capacity replays).
+
+Which slots are shape-only is found by a data-flow pass over the steps:
+
+* a graph input has a known shape (the signature) and an unknown value;
+* ``Shape``/``Size`` of a value whose shape is known is known;
+* any other step's outputs are known when all its inputs are; their shapes are known
+  when the inputs' shapes are and the inputs that set the output shape (the kernel's
+  declared host inputs: Reshape's shape, Slice's starts ...) are known values. Ops
+  whose output shape follows their data (NonZero, Unique, control flow, ...) and
+  random ops are never known.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any, Sequence
+
+from hetero_exec.exec.executor import run_steps
+from hetero_exec.exec.plan import NONDETERMINISTIC, NONE_SLOT, TRASH_SLOT, RunPlan
+from hetero_exec.kernels.registry import lookup
+
+log = logging.getLogger(__name__)
+
+#: ops whose output shape depends on input values beyond their declared host inputs
+DATA_SHAPED = frozenset({"NonZero", "Unique", "Compress", "NonMaxSuppression", "If", "Loop",
+                         "Scan", "StringSplit", "TfIdfVectorizer", "SequenceAt",
+                         "SequenceConstruct", "SplitToSequence", "ConcatFromSequence",
+                         "Optional", "OptionalGetElement", "OptionalHasElement"})
+METADATA = frozenset({"Shape", "Size"})
+#: ops whose host inputs do not set their output shape (the kernel reads them on the
+#: host for another reason): the inputs that do, by position
+SHAPE_SET_BY = {"KVAppend": (), "KVPrefix": ()}
+_ANY_OPSET = 10**6
+
+
+def shape_only_steps(plan: RunPlan) -> tuple[list[int], set[int]]:
+    """(indices of the steps computable from input shapes alone, the slots they write)."""
+    inputs = {s for _, s in plan.input_slots} | {inner for _, inner in plan.captures}
+    known_value = {NONE_SLOT} | {s for s, v in enumerate(plan.template)
+                                 if v is not None and s not in inputs}
+    known_shape = set(known_value) | inputs
+    static_steps: list[int] = []
+    for idx, st in enumerate(plan.steps):
+        op = st.node.op_type
+        ins = [s for s in st.inputs]
+        if st.wants_scope or op in DATA_SHAPED or op in NONDETERMINISTIC:
+            continue
+        if op in METADATA:
+            if ins and ins[0] in known_shape:
+                static_steps.append(idx)
+                known_value.update(st.outputs)
+                known_shape.update(st.outputs)
+            continue
+        if all(s in known_value for s in ins):
+            static_steps.append(idx)
+            known_value.update(st.outputs)
+            known_shape.update(st.outputs)
+            continue
+        kdef = lookup(st.node.domain, op, _ANY_OPSET)
+        sets_shape = SHAPE_SET_BY.get(op, kdef.host_inputs if kdef is not None else range(len(ins)))
+        if all(s in known_shape for s in ins) and all(
+                ins[p] in known_value for p in sets_shape if p < len(ins)):
+            known_shape.update(st.outputs)
+    written = {s for i in static_steps for s in plan.steps[i].outputs} - {TRASH_SLOT}
+    return static_steps, written
+
+
+class ShapeBoundPlans:
+    """A plan's bound variants, one per input-shape signature seen twice (a signature
+    seen once is not worth binding: a growing context never repeats)."""
+
+    def __init__(self, plan: RunPlan, max_bound: int = 16):
+        self.plan = plan
+        self.static_steps, self.static_slots = shape_only_steps(plan)
+        self.max_bound = max_bound
+        self._bound: dict[tuple, RunPlan] = {}
+        self._seen: set[tuple] = set()
+
+    @property
+    def worth_it(self) -> bool:
+        return bool(self.static_steps)
+
+    def plan_for(self, inputs: Sequence[Any]) -> RunPlan:
+        """The plan to run ``inputs`` with: a bound one when their shapes repeat."""
+        if not self.static_steps:
+            return self.plan
+        sig = tuple(None if v is None else (tuple(v.shape), str(v.dtype)) for v in inputs)
+        bound = self._bound.get(sig)
+        if bound is not None:
+            return bound
+        if sig in self._seen and len(self._bound) < self.max_bound:
+            bound = self._bound[sig] = self._bind(inputs)
+            return bound
+        self._seen.add(sig)
+        return self.plan
+
+    def _bind(self, inputs: Sequence[Any]) -> RunPlan:
+        """Run the plan once on ``inputs``, nothing released (a Shape may read a value a
+        data step made), and keep what the shape-only steps made."""
+        plan = self.plan
+        vals = plan.template.copy()
+        for (_, s), v in zip(plan.input_slots, inputs):
+            if v is not None:
+                vals[s] = v
+        whole = [replace(st, release=()) for st in plan.steps]
+        run_steps(replace(plan, steps=whole, fast_steps=[]), vals)
+        template = plan.template.copy()
+        for s in self.static_slots:
+            template[s] = vals[s]
+        keep = set(range(len(plan.steps))) - set(self.static_steps)
+        steps = [st for i, st in enumerate(plan.steps) if i in keep]
+        log.debug("bound a plan of %d steps to %d for one input-shape signature",
+                  len(plan.steps), len(steps))
+        return replace(plan, steps=steps, template=template, fast_steps=[])
