@@ -195,7 +195,10 @@ class Generator:
         return self._ids[index, self._start[index]:end].copy()
 
     def get_logits(self) -> np.ndarray:
-        """The last computed position's logits, [batch, vocab], on the host."""
+        """The logits for the next token, [batch, vocab], on the host (the last token is
+        run first when it has not been)."""
+        if self._length and self._filled < self._length:
+            self._compute()
         if self._logits is None:
             raise GenerationInputError("no logits yet: call append_tokens first")
         return np.asarray(self._logits_provider.to_host(self._logits))

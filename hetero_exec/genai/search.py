@@ -36,13 +36,16 @@ class SearchOptions:
     diversity_penalty: float = 0.0
 
     def update(self, **options: Any) -> None:
-        known = {f.name: f.type for f in fields(self)}
+        """All or nothing: a refused option leaves the options as they were."""
+        known = {f.name for f in fields(self)}
+        trial = SearchOptions(**vars(self))
         for name, value in options.items():
             if name not in known:
                 raise SearchOptionError(f"unknown search option {name!r}; known: "
                                         f"{', '.join(sorted(known))}")
-            setattr(self, name, _coerce(name, value, getattr(self, name)))
-        self.check()
+            setattr(trial, name, _coerce(name, value, getattr(self, name)))
+        trial.check()
+        vars(self).update(vars(trial))
 
     def check(self) -> None:
         if self.batch_size < 1:

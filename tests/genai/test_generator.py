@@ -1,0 +1,247 @@
+"""The generator against onnxruntime's greedy loop: three architectures by two exporters,
+batch 1 and 4 (left-padded prompts of different lengths), on cpu and under mixed
+placement on strict sim-gpu with a declined op in every layer."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import hetero_exec.genai as og
+from tests.genai._ref import ARCHS, EXPORTERS, model_path, ort_greedy, prompts
+
+NEW = 20
+MIXED = [("sim-gpu", {"exclude_ops": ["Softmax"]}), "cpu"]
+
+
+def _generate(model: og.Model, rows, new: int = NEW, **search) -> list[list[int]]:
+    params = og.GeneratorParams(model)
+    longest = max(len(r) for r in rows)
+    params.set_search_options(batch_size=len(rows), max_length=longest + new, **search)
+    gen = og.Generator(model, params)
+    gen.append_tokens(rows)
+    while not gen.is_done():
+        gen.generate_next_token()
+    return [list(gen.get_sequence(i)[len(r):]) for i, r in enumerate(rows)]
+
+
+_models: dict = {}
+
+
+def _model(arch: str, exporter: str, mixed: bool) -> og.Model:
+    key = (arch, exporter, mixed)
+    if key not in _models:
+        opts = {"providers": MIXED, "hetero": True} if mixed else {}
+        _models[key] = og.Model(model_path(arch, exporter), **opts)
+    return _models[key]
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_matches_onnxruntime_on_cpu(arch, exporter, batch):
+    rows = prompts(batch)
+    want = ort_greedy(model_path(arch, exporter), rows, NEW)
+    assert _generate(_model(arch, exporter, False), rows) == want
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_matches_onnxruntime_mixed_sim_gpu(arch, exporter, batch):
+    model = _model(arch, exporter, True)
+    sess = model.session
+    assert sess.is_heterogeneous
+    # the declined op is in every layer: each layer's attention crosses to cpu and back
+    softmax_on = {seg.provider.kind for seg in sess.placement.segments
+                  for n in seg.nodes if n.op_type == "Softmax"}
+    assert softmax_on == {"cpu"}
+    assert {p.kind for p in model.cache_providers.values()} == {"sim-gpu"}
+    rows = prompts(batch, seed=1)
+    assert _generate(model, rows) == ort_greedy(model_path(arch, exporter), rows, NEW)
+
+
+def test_cache_stays_on_device_and_is_written_in_place():
+    model = _model("llama", "optimum", True)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=40)
+    gen = og.Generator(model, params)
+    buffers = {k: id(v) for k, v in gen._caches.items()}
+    dev = model.cache_providers["past_key_values.0.key"]
+    before = dev.bytes_to_host
+    gen.append_tokens(prompts(1)[0])
+    for _ in range(5):
+        gen.generate_next_token()
+    assert {k: id(v) for k, v in gen._caches.items()} == buffers  # allocated once
+    assert gen._caches["past_key_values.0.key"].shape[2] == 40  # at capacity
+    cache_bytes = sum(c.nbytes for c in gen._caches.values())
+    # what came back to the host: the seams at the declined Softmaxes and token ids, not
+    # the cache
+    moved = dev.bytes_to_host - before
+    assert moved < 6 * cache_bytes
+    got = np.asarray(dev.to_host(gen._caches["past_key_values.0.key"]))
+    assert np.abs(got[:, :, :17]).sum() > 0 and np.abs(got[:, :, 17:]).sum() == 0
+
+
+def test_seeded_sampling_reproducible():
+    model = _model("gpt2", "optimum", False)
+    rows = prompts(2)
+    a = _generate(model, rows, do_sample=True, top_k=20, top_p=0.9, temperature=0.8,
+                  random_seed=7)
+    b = _generate(model, rows, do_sample=True, top_k=20, top_p=0.9, temperature=0.8,
+                  random_seed=7)
+    c = _generate(model, rows, do_sample=True, top_k=20, top_p=0.9, temperature=0.8,
+                  random_seed=8)
+    assert a == b and a != c
+    assert all(0 <= t < 256 for row in a for t in row)
+    # top_k=1 sampling is greedy
+    greedy = ort_greedy(model_path("gpt2", "optimum"), rows, NEW)
+    assert _generate(model, rows, do_sample=True, top_k=1, random_seed=3) == greedy
+
+
+def test_top_k_keeps_sampled_tokens_among_the_k_best():
+    model = _model("qwen2", "optimum", False)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=30, do_sample=True, top_k=3, random_seed=1)
+    gen = og.Generator(model, params)
+    gen.append_tokens(prompts(1)[0])
+    for _ in range(10):
+        logits = gen.get_logits()[0]
+        gen.generate_next_token()
+        assert gen.get_next_tokens()[0] in np.argsort(-logits)[:3]
+
+
+def test_rewind_to_regenerates_the_same_tokens():
+    model = _model("llama", "dynamo", False)
+    row = prompts(1)[0]
+    want = ort_greedy(model_path("llama", "dynamo"), [row], 12)[0]
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(row) + 12)
+    gen = og.Generator(model, params)
+    gen.append_tokens(row)
+    for _ in range(8):
+        gen.generate_next_token()
+    gen.rewind_to(len(row) + 3)
+    assert list(gen.get_sequence(0)) == row + want[:3]
+    while not gen.is_done():
+        gen.generate_next_token()
+    assert list(gen.get_sequence(0)) == row + want
+
+
+def test_eos_stops_a_row_and_the_others_go_on():
+    model = og.Model(model_path("qwen2", "dynamo"))
+    rows = prompts(3)
+    free = ort_greedy(model_path("qwen2", "dynamo"), rows, NEW)
+    eos = free[0][4]  # row 0 makes it at its 5th token
+    model.eos_token_ids = [eos]
+    want = ort_greedy(model_path("qwen2", "dynamo"), rows, NEW, eos=[eos])
+    got = _generate(model, rows)
+    assert got == want
+    assert got[0][-1] == eos and len(got[0]) == free[0].index(eos) + 1
+
+
+def test_min_length_holds_eos_back():
+    model = og.Model(model_path("llama", "optimum"))
+    row = prompts(1)[0]
+    free = ort_greedy(model_path("llama", "optimum"), [row], NEW)[0]
+    eos = free[2]
+    model.eos_token_ids = [eos]
+    short = _generate(model, [row])[0]
+    assert short == free[:free.index(eos) + 1]
+    held = _generate(model, [row], min_length=len(row) + 8)[0]
+    assert len(held) >= 8 and eos not in held[:7]
+
+
+def test_generate_one_call():
+    model = _model("gpt2", "dynamo", False)
+    rows = prompts(2)
+    seqs = og.generate(model, rows, max_new_tokens=10)
+    want = ort_greedy(model_path("gpt2", "dynamo"), rows, 10)
+    assert [list(s[len(r):]) for s, r in zip(seqs, rows)] == want
+
+
+# -- admission and bad input --------------------------------------------------------
+
+
+def test_refused_generator_leaves_the_session_working():
+    model = _model("llama", "optimum", True)  # sim-gpu's budget: an 80 GiB card
+    params = og.GeneratorParams(model)
+    params.set_search_options(batch_size=2048, max_length=1_000_000)
+    with pytest.raises(og.CacheAdmissionError) as err:
+        og.Generator(model, params)
+    assert "sim-gpu:0" in str(err.value) and str(model.cache_bytes(2048, 1_000_000)["sim-gpu:0"]) \
+        in str(err.value)
+    assert model.reserved_bytes() == {}
+    rows = prompts(1)
+    assert _generate(model, rows, 5) == ort_greedy(model_path("llama", "optimum"), rows, 5)
+
+
+def test_live_generators_count_against_the_budget():
+    model = og.Model(model_path("gpt2", "optimum"),
+                     providers=[("sim-gpu", {"exclude_ops": ["Softmax"]}), "cpu"], hetero=True)
+    dev = next(iter(model.cache_providers.values()))
+    one = model.cache_bytes(1, 64)[dev.name]
+    dev.options.mem_limit = model._session_bytes(dev.name) + int(1.5 * one)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=64)
+    first = og.Generator(model, params)
+    with pytest.raises(og.CacheAdmissionError):
+        og.Generator(model, params)
+    first.close()
+    assert model.reserved_bytes() == {}
+    og.Generator(model, params).close()
+
+
+@pytest.fixture(scope="module")
+def gen():
+    model = _model("gpt2", "optimum", False)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=24, batch_size=2)
+    g = og.Generator(model, params)
+    return g
+
+
+def test_bad_tokens_leave_the_generator_usable(gen):
+    with pytest.raises(og.GenerationInputError, match="outside the vocabulary"):
+        gen.append_tokens([[5, 300], [5, 6]])
+    with pytest.raises(og.GenerationInputError, match="-1"):
+        gen.append_tokens([[5, -1], [5, 6]])
+    with pytest.raises(og.GenerationInputError, match="batch_size is 2"):
+        gen.append_tokens([[5, 6, 7]])
+    with pytest.raises(og.GenerationInputError, match="exceed max_length 24"):
+        gen.append_tokens(np.ones((2, 30), np.int64))
+    with pytest.raises(og.GenerationInputError, match="integers"):
+        gen.append_tokens(np.ones((2, 3), np.float32))
+    gen.append_tokens([[5, 6, 7], [8, 9]])
+    while not gen.is_done():
+        gen.generate_next_token()
+    with pytest.raises(og.GenerationInputError, match="is_done"):
+        gen.generate_next_token()
+    assert len(gen.get_sequence(0)) == 24 and len(gen.get_sequence(1)) == 23
+
+
+def test_bad_search_options():
+    params = og.GeneratorParams(_model("gpt2", "optimum", False))
+    with pytest.raises(og.SearchOptionError, match="unknown search option 'max_len'"):
+        params.set_search_options(max_len=3)
+    with pytest.raises(og.SearchOptionError, match="top_p"):
+        params.set_search_options(top_p=1.5)
+    with pytest.raises(og.SearchOptionError, match="temperature"):
+        params.set_search_options(temperature=0)
+
+
+def test_model_without_a_cache_names_what_was_looked_for(tmp_path):
+    g = helper.make_graph([helper.make_node("Relu", ["input_ids"], ["logits"])], "g",
+                          [helper.make_tensor_value_info("input_ids", TensorProto.FLOAT, [1, 2])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 2])])
+    path = tmp_path / "plain.onnx"
+    onnx.save(helper.make_model(g), str(path))
+    with pytest.raises(og.CacheLayoutError, match="past_key_values.N.key"):
+        og.Model(str(path))
+
+
+def test_executor_ray_is_refused_with_a_reason():
+    with pytest.raises(og.GenaiError, match="executor='local'"):
+        og.Model(model_path("gpt2", "optimum"), executor="ray")
