@@ -183,6 +183,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          **kwargs, **opts)
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    import hetero_exec.genai as og
+
+    opts = _session_options(args)
+    providers = _providers(args.providers)
+    model = og.Model(args.model, **({"providers": providers} if providers else {}), **opts)
+    ids = [int(t) for t in args.prompt_ids.replace(",", " ").split()]
+    search = {"do_sample": args.do_sample, "top_k": args.top_k, "top_p": args.top_p,
+              "temperature": args.temperature, "random_seed": args.seed}
+    t = time.perf_counter()
+    seq = og.generate(model, [ids], max_new_tokens=args.max_new_tokens, **search)[0]
+    dt = time.perf_counter() - t
+    new = seq[len(ids):]
+    print(" ".join(str(int(x)) for x in new))
+    print(f"{len(new)} tokens in {dt * 1e3:.1f} ms on {', '.join(model.session.get_providers())}",
+          file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="hetero-exec", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -218,6 +237,18 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--batch", type=int, default=2)
     d.add_argument("--runs", type=int, default=20)
     d.set_defaults(fn=cmd_demo)
+
+    g = sub.add_parser("generate", help="generate tokens with a decoder (.onnx or a genai folder)")
+    g.add_argument("model")
+    g.add_argument("--prompt-ids", required=True, help="token ids, space or comma separated")
+    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--do-sample", action="store_true")
+    g.add_argument("--top-k", type=int, default=50)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=-1)
+    placement_args(g)
+    g.set_defaults(fn=cmd_generate)
 
     s = sub.add_parser("serve", help="serve a model over the Open Inference Protocol (Ray Serve)")
     s.add_argument("model")
