@@ -107,10 +107,12 @@ def to_value(v: Any) -> Any:
 
 
 def run_case(case: Any, providers: list | None = None, random_output: bool = False,
-             **options: Any) -> None:
+             repeat: int = 1, **options: Any) -> None:
     """Run every data set of one case through an InferenceSession's plain run() (as
     onnxruntime code calls it: sequences, maps and optionals come back too); raise on
-    mismatch (``random_output``: on a draw that no Bernoulli draw could be)."""
+    mismatch (``random_output``: on a draw that no Bernoulli draw could be). ``repeat``:
+    each data set that many times in a row (the second run binds a plan to the input
+    shapes, exec/bound.py, and the third replays it)."""
     from hetero_exec import InferenceSession
 
     sess = InferenceSession(case.model, providers=providers, **options)
@@ -119,10 +121,12 @@ def run_case(case: Any, providers: list | None = None, random_output: bool = Fal
     for inputs, expected in case.data_sets:
         feed = dict(zip(inputs_decl, [to_value(i) for i in inputs]))
         expected = [to_value(e) for e in expected]
-        got = sess.run(outputs_decl, feed)
-        assert len(got) == len(expected)
-        for name, e, g in zip(outputs_decl, expected, got):
-            if random_output:
-                assert_draws(e, g, where=f"output {name!r}")
-            else:
-                assert_similar(e, g, case.rtol, case.atol, where=f"output {name!r}")
+        for run in range(repeat):
+            got = sess.run(outputs_decl, feed)
+            assert len(got) == len(expected)
+            for name, e, g in zip(outputs_decl, expected, got):
+                where = f"output {name!r}" + (f" (run {run + 1})" if run else "")
+                if random_output:
+                    assert_draws(e, g, where=where)
+                else:
+                    assert_similar(e, g, case.rtol, case.atol, where=where)

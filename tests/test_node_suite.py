@@ -23,7 +23,9 @@ def _params():
 
 @pytest.mark.parametrize("case_name", list(_params()))
 def test_node_case_cpu(case_name: str) -> None:
-    run_case(CASES[case_name], providers=["cpu"], random_output=is_random_output(KNOWN.get(case_name)))
+    # three runs: plain, binding a plan to the input shapes, replaying it (exec/bound.py)
+    run_case(CASES[case_name], providers=["cpu"], random_output=is_random_output(KNOWN.get(case_name)),
+             repeat=3)
 
 
 def test_known_failures_are_real_cases() -> None:

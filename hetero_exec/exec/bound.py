@@ -21,6 +21,7 @@ Which slots are shape-only is found by a data-flow pass over the steps:
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -66,10 +67,14 @@ def shape_only_steps(plan: RunPlan) -> tuple[list[int], set[int]]:
             known_shape.update(st.outputs)
             continue
         kdef = lookup(st.node.domain, op, _ANY_OPSET)
-        sets_shape = SHAPE_SET_BY.get(op, kdef.host_inputs if kdef is not None else range(len(ins)))
+        sets_shape = SHAPE_SET_BY.get(
+            op, kdef.host_inputs if kdef is not None else range(len(ins)))
         if all(s in known_shape for s in ins) and all(
                 ins[p] in known_value for p in sets_shape if p < len(ins)):
             known_shape.update(st.outputs)
+    # a run's outputs are its caller's to keep (and mutate): never shared across runs
+    outputs = set(plan.output_slots)
+    static_steps = [i for i in static_steps if not outputs & set(plan.steps[i].outputs)]
     written = {s for i in static_steps for s in plan.steps[i].outputs} - {TRASH_SLOT}
     return static_steps, written
 
@@ -84,6 +89,7 @@ class ShapeBoundPlans:
         self.max_bound = max_bound
         self._bound: dict[tuple, RunPlan] = {}
         self._seen: set[tuple] = set()
+        self._lock = threading.Lock()
 
     @property
     def worth_it(self) -> bool:
@@ -93,15 +99,20 @@ class ShapeBoundPlans:
         """The plan to run ``inputs`` with: a bound one when their shapes repeat."""
         if not self.static_steps:
             return self.plan
-        sig = tuple(None if v is None else (tuple(v.shape), str(v.dtype)) for v in inputs)
+        try:
+            sig = tuple(None if v is None else (tuple(v.shape), str(v.dtype)) for v in inputs)
+        except AttributeError:  # a sequence or map input: its shapes are not a signature
+            return self.plan
         bound = self._bound.get(sig)
         if bound is not None:
             return bound
-        if sig in self._seen and len(self._bound) < self.max_bound:
-            bound = self._bound[sig] = self._bind(inputs)
-            return bound
-        self._seen.add(sig)
-        return self.plan
+        with self._lock:
+            if sig not in self._seen or len(self._bound) >= self.max_bound:
+                self._seen.add(sig)
+                return self.plan
+        bound = self._bind(inputs)
+        with self._lock:
+            return self._bound.setdefault(sig, bound)
 
     def _bind(self, inputs: Sequence[Any]) -> RunPlan:
         """Run the plan once on ``inputs``, nothing released (a Shape may read a value a

@@ -4,16 +4,20 @@ with explicit copies at seams (counted, and shown in the placement report)."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 import time
 from typing import Any, Mapping, Sequence
 
+from hetero_exec.exec.bound import ShapeBoundPlans
 from hetero_exec.exec.chain import calls_blas, folded_seams, move_value
 from hetero_exec.exec.executor import execute
 from hetero_exec.exec.feeds import FeedChecker
 from hetero_exec.exec.plan import Compiler, RunPlan
 from hetero_exec.ir.graph import Graph
 from hetero_exec.kernels._threads import run_threads
+
+BIND_SHAPES = os.environ.get("HETERO_EXEC_BIND_SHAPES", "1").lower() not in ("0", "false", "off")
 
 
 class CompiledSegment:
@@ -37,6 +41,9 @@ class CompiledSegment:
             graph, segment.nodes, segment.inputs, segment.outputs,
             known={n: folded[n] for n in segment.inputs if n in folded})
         folded.update(folded_seams(prov, self.plan))
+        #: the plan bound to each input-shape signature that repeats (exec/bound.py)
+        # (HETERO_EXEC_BIND_SHAPES=0: every run on the compiled plan, for A/B runs)
+        self.bound = ShapeBoundPlans(self.plan) if not profiled and BIND_SHAPES else None
         self.runs = 0
         self.seconds = 0.0
         self._lock = threading.Lock()
@@ -89,8 +96,10 @@ class LocalExecutor:
     def _run(self, names: Sequence[str], feed: Mapping[str, Any], on_device: bool) -> list[Any]:
         ordered, _symbols = self.checker.check(feed)
         if on_device or self._single is not None:
-            plan = self.segments[0].plan
-            outs = execute(plan, [ordered[i] if i is not None else None for i in self._feed_pos])
+            seg = self.segments[0]
+            args = [ordered[i] if i is not None else None for i in self._feed_pos]
+            plan = seg.bound.plan_for(args) if seg.bound is not None else seg.plan
+            outs = execute(plan, args)
             by_name = dict(zip(plan.output_names, outs))
             return [by_name[n] for n in names]
         return self._run_segments(names, dict(zip(self.graph.inputs, ordered)))
@@ -110,7 +119,8 @@ class LocalExecutor:
             if self.trace is not None:
                 outs = self._traced(seg, args, t0)
             else:
-                outs = execute(seg.plan, args)
+                plan = seg.bound.plan_for(args) if seg.bound is not None else seg.plan
+                outs = execute(plan, args)
             seg.record(time.perf_counter() - t0)
             for name, v in zip(seg.plan.output_names, outs):
                 env[name] = v

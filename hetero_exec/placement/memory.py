@@ -14,6 +14,7 @@ import numpy as np
 
 from hetero_exec.errors import MemoryAdmissionError, UnboundedSymbolError, UnresolvedShapeError
 from hetero_exec.ir.graph import Graph, Node, node_reads
+from hetero_exec.placement.dims import bound_dim, symbols_of
 from hetero_exec.placement.partition import resolve_shape, weight_bytes
 from hetero_exec.placement.plan import PlacementPlan, Segment
 
@@ -24,8 +25,9 @@ def tensor_bytes(graph: Graph, name: str, bounds: dict[str, int]) -> int:
     if v.kind != "tensor" or v.dtype is None or v.shape is None:
         return 0  # nothing declared: sequences and unknown values are not admitted
     for d in v.shape:
-        if isinstance(d, str) and d not in bounds:
-            raise UnboundedSymbolError(d, name)
+        if isinstance(d, str) and bound_dim(d, bounds) is None:
+            missing = [s for s in symbols_of(d) if s not in bounds]
+            raise UnboundedSymbolError(missing[0] if missing else d, name)
         if d is None:
             producer = graph.producer.get(name)
             raise UnresolvedShapeError(name, producer.op_class if producer else "<graph input>")

@@ -17,6 +17,7 @@ import numpy as np
 
 from hetero_exec.errors import MemoryAdmissionError
 from hetero_exec.ir.graph import Graph, Node
+from hetero_exec.placement.dims import bound_dim
 from hetero_exec.providers.base import Provider
 
 log = logging.getLogger(__name__)
@@ -214,8 +215,8 @@ def resolve_shape(graph: Graph, name: str, bounds: dict[str, int]) -> tuple[int,
     for d in v.shape:
         if isinstance(d, int):
             out.append(d)
-        elif isinstance(d, str) and d in bounds:
-            out.append(int(bounds[d]))
+        elif isinstance(d, str) and bound_dim(d, bounds) is not None:
+            out.append(bound_dim(d, bounds))
         else:
             return None
     return tuple(out)
