@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import re
 from typing import Union
 
 import numpy as np
@@ -53,15 +54,50 @@ def read_model(source: ModelSource, base_dir: str | None = None) -> onnx.ModelPr
         raise ModelLoadError(f"cannot parse ONNX model from {where}: {type(e).__name__}: {e}") from None
 
 
+def _register_contrib_schemas() -> None:
+    """onnx knows none of onnxruntime's contrib ops: their schemas (kernels/contrib) are
+    registered with onnx before its checker and shape inference see a model. The one
+    import of kernels from ir, and only of what onnx itself needs."""
+    from hetero_exec.kernels.contrib import ensure_schemas
+
+    ensure_schemas()
+
+
+#: "... OpType: X" in onnx's checker messages: the node the failure is about
+_CHECKED_OP = re.compile(r"OpType: (\S+)")
+
+
+def _contrib_failure(model: onnx.ModelProto, message: str) -> str | None:
+    """The ``domain::op`` a checker failure is about when that op is in a domain other
+    than onnx's own that hetero_exec has kernels for (onnxruntime's com.microsoft): the
+    checker judged it by our copy of onnxruntime's schema, so the model is not known to
+    be invalid and the kernel decides. None for any other failure."""
+    from hetero_exec.kernels.registry import has_op
+
+    match = _CHECKED_OP.search(message)
+    if match is None:
+        return None
+    for node in model.graph.node:
+        if node.op_type == match.group(1) and node.domain not in ("", "ai.onnx", "ai.onnx.ml") \
+                and has_op(node.domain, node.op_type):
+            return f"{node.domain}::{node.op_type}"
+    return None
+
+
 def prepare_model(model: onnx.ModelProto) -> onnx.ModelProto:
     """Inline local functions, check, and infer shapes (symbolic dims kept)."""
     model = copy.deepcopy(model)
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
+    _register_contrib_schemas()
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
-        raise ModelLoadError(f"invalid ONNX model: {str(e).strip().splitlines()[0]}") from None
+        contrib = _contrib_failure(model, str(e))
+        if contrib is None:
+            raise ModelLoadError(f"invalid ONNX model: {str(e).strip().splitlines()[0]}") from None
+        log.warning("onnx's checker refused %s (%s); its kernel checks the node instead",
+                    contrib, str(e).strip().splitlines()[0])
     try:
         return onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception as e:  # inference is advisory: run-time shapes still work
