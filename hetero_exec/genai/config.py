@@ -75,7 +75,8 @@ class Config:
     def names(self) -> dict[str, Any]:
         """genai_config.json's input/output names, flattened."""
         d = self.decoder
-        return {**d.get("inputs", {}), **d.get("outputs", {})}
+        sizes = {k: d[k] for k in ("head_size", "num_key_value_heads") if k in d}
+        return {**d.get("inputs", {}), **d.get("outputs", {}), **sizes}
 
     def token_ids(self) -> tuple[list[int], int | None, int | None]:
         """(eos ids, pad id, bos id) from the config."""

@@ -20,6 +20,7 @@ from hetero_exec.genai.model import DEFAULT_MAX_LENGTH, Model
 from hetero_exec.genai.rewrite import PAST_LENGTH, cache_input
 from hetero_exec.genai.runner import StepRunner
 from hetero_exec.genai.search import Sampler, SearchOptions
+from hetero_exec.kernels.kv_cache import share_buffer
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +53,18 @@ class Generator:
                 shape = [self.batch, e.kv_heads, e.head_size]
                 shape.insert(e.axis, self.capacity)
                 self._caches[e.past] = model.zeros(prov, tuple(shape), e.dtype)
+                if e.mode == "shared":  # the attention op's past and present: one buffer
+                    share_buffer(self._caches[e.past])
         except BaseException:
             model.release(self._reservation)
             raise
         self._closed = False
         logits_prov = None
-        resident = {cache_input(e.past): model.cache_providers[e.past] for e in layout.entries}
+        resident = {(cache_input(e.past) if e.mode == "concat" else e.past):
+                    model.cache_providers[e.past] for e in layout.entries}
         self._runner = StepRunner(model.session._executor, resident,
-                                  {e.past for e in layout.entries}, layout.logits,
+                                  {e.past for e in layout.entries if e.mode == "concat"},
+                                  layout.logits,
                                   model.session.options.intra_op_num_threads or None)
         logits_prov = self._runner.output_provider
         self._sampler = Sampler(opts, logits_prov.xp, logits_prov.to_host, logits_prov.to_device)
@@ -73,9 +78,10 @@ class Generator:
         self._length = 0  # tokens in the sequences (padding included)
         self._filled = 0  # positions in the cache
         self._logits: Any = None  # the last step's last-position logits, on its provider
-        #: decode steps at a fixed shape need the positions and the mask as inputs
-        self._fixed = bool(layout.position_ids and layout.attention_mask) and not getattr(
-            model, "exact_steps", False)
+        #: decode steps at a fixed shape need the positions and the mask as inputs (an
+        #: attention op with a shared buffer reads the lengths from the mask's sums)
+        shared = any(e.mode == "shared" for e in layout.entries)
+        self._fixed = bool(layout.attention_mask and (layout.position_ids or shared))
 
     # -- tokens in -------------------------------------------------------------------
 
@@ -143,6 +149,9 @@ class Generator:
             pos = np.cumsum(self._mask[:, :t], axis=1) - 1
             feeds[layout.position_ids] = np.where(self._mask[:, p:t] == 0, 1, pos[:, p:t])
         for e in layout.entries:
+            if e.mode == "shared":  # the buffer itself, at capacity
+                feeds[e.past] = self._caches[e.past]
+                continue
             shape = [self.batch, e.kv_heads, e.head_size]
             shape.insert(e.axis, n)
             feeds[e.past] = np.broadcast_to(np.zeros((), e.dtype), tuple(shape))

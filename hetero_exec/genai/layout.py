@@ -106,7 +106,7 @@ def discover(model: onnx.ModelProto, label: str = "model", names: dict | None = 
                 for pos, out in ((pk, ok), (pv, ov)):
                     if len(n.input) > pos and n.input[pos] == name and len(n.output) > out:
                         entries.append(_entry(name, n.output[out], n.name, 2, dims, vi, "shared",
-                                              "key" if pos == pk else "value"))
+                                              "key" if pos == pk else "value", names))
     if names:
         entries = _match_config(entries, names)
     if not entries:
@@ -132,9 +132,15 @@ def discover(model: onnx.ModelProto, label: str = "model", names: dict | None = 
 
 
 def _entry(past: str, present: str, node: str, axis: int, dims: list, vi, mode: str,
-           kind: str | None = None) -> CacheEntry:
+           kind: str | None = None, names: dict | None = None) -> CacheEntry:
     m = _LAYER.findall(past)
     kind = kind or _kind(past)
+    dims = list(dims)
+    if names:  # genai_config.json's heads and head size where the graph's dims are symbols
+        if not isinstance(dims[1], int) and names.get("num_key_value_heads"):
+            dims[1] = int(names["num_key_value_heads"])
+        if not isinstance(dims[3], int) and names.get("head_size"):
+            dims[3] = int(names["head_size"])
     if not m or kind is None or not isinstance(dims[1], int) or not isinstance(dims[3], int):
         raise CacheLayoutError(past, "a cache input without a layer number, a key/value "
                                "name and static heads and head size", LOOKED_FOR)

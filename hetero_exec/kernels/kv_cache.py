@@ -6,6 +6,8 @@ kernel returns a view of its filled prefix, so no step copies the context.
 
 from __future__ import annotations
 
+import weakref
+
 from hetero_exec.kernels.fused import FUSED_DOMAIN
 from hetero_exec.kernels.registry import kernel
 
@@ -51,3 +53,22 @@ def KVPrefix(xp, cache, past, axis=-2):
     shape reads."""
     axis = axis % cache.ndim
     return (cache[_prefix(cache.ndim, axis, slice(0, past.shape[axis]))],)
+
+
+# -- buffers shared by past and present (onnxruntime-genai's buffer sharing) -----------
+
+_SHARED: dict[int, weakref.ref] = {}
+
+
+def share_buffer(buffer) -> None:
+    """Mark ``buffer`` (a generator's cache, at capacity) as its owner's to write: an
+    attention kernel fed it as its past writes the new positions into it and returns it
+    as the present, as onnxruntime does when past and present are one buffer. Any other
+    past is copied into a fresh present."""
+    key = id(buffer)
+    _SHARED[key] = weakref.ref(buffer, lambda _ref, key=key: _SHARED.pop(key, None))
+
+
+def is_shared(buffer) -> bool:
+    ref = _SHARED.get(id(buffer))
+    return ref is not None and ref() is buffer

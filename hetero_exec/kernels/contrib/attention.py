@@ -21,6 +21,7 @@ from hetero_exec.kernels.attention import RotaryEmbedding as _rotary
 from hetero_exec.kernels.attention import _grouped_matmul
 from hetero_exec.kernels.contrib import schemas
 from hetero_exec.kernels.contrib.schemas import MS_DOMAIN, define
+from hetero_exec.kernels.kv_cache import is_shared
 from hetero_exec.kernels.registry import kernel
 
 _T3 = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
@@ -103,8 +104,11 @@ def _present(xp, past, new, past_len, capacity):
     """The cache after this call: past's first ``past_len[b]`` positions of row b, then
     ``new`` (B, S, Hkv, H) at past_len[b].., zeros elsewhere; (B, Hkv, capacity, H)."""
     batch, seq, kv_heads, head = new.shape
-    present = xp.zeros((batch, kv_heads, capacity, head), dtype=new.dtype)
-    if past is not None and past.shape[2]:
+    if past is not None and past.shape[2] >= capacity and is_shared(past):
+        present = past  # a generator's buffer (kv_cache.share_buffer): written in place
+    else:
+        present = xp.zeros((batch, kv_heads, capacity, head), dtype=new.dtype)
+    if present is not past and past is not None and past.shape[2]:
         keep = (xp.arange(past.shape[2], dtype=np.int64).reshape(1, 1, -1, 1)
                 < past_len.reshape(-1, 1, 1, 1))
         present[:, :, :past.shape[2]] = xp.where(keep, past, 0).astype(new.dtype, copy=False)

@@ -1,0 +1,83 @@
+"""onnxruntime-genai's builder folder (tests/genai/models/llama_genai: the tiny Llama
+through its model builder, fp32: GroupQueryAttention with a shared past/present
+buffer, SkipSimplifiedLayerNormalization): the same tokens as onnxruntime-genai."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import hetero_exec.genai as hg
+from tests.genai._ref import MODELS
+
+og = pytest.importorskip("onnxruntime_genai")  # a test dependency (pyproject's test extra)
+FOLDER = os.path.join(MODELS, "llama_genai")
+
+
+def _tokens(mod, model, rows: np.ndarray, new: int, **search) -> list[np.ndarray]:
+    params = mod.GeneratorParams(model)
+    params.set_search_options(max_length=rows.shape[1] + new, batch_size=rows.shape[0], **search)
+    gen = mod.Generator(model, params)
+    gen.append_tokens(rows)
+    while not gen.is_done():
+        gen.generate_next_token()
+    return [np.asarray(gen.get_sequence(i)) for i in range(rows.shape[0])]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return og.Model(FOLDER)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_builder_folder_matches_onnxruntime_genai(reference, mixed, batch):
+    opts = {"providers": ["sim-gpu", "cpu"], "hetero": True} if mixed else {}
+    ours = hg.Model(FOLDER, **opts)
+    assert {e.mode for e in ours.layout.entries} == {"shared"}
+    assert ours.eos_token_ids == [2] and ours.pad_token_id == 0 and ours.vocab_size == 256
+    rows = np.random.default_rng(batch).integers(3, 256, (batch, 20)).astype(np.int32)
+    want = _tokens(og, reference, rows, 24)
+    got = _tokens(hg, ours, rows, 24)
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_shared_buffer_is_written_in_place():
+    ours = hg.Model(FOLDER)
+    params = hg.GeneratorParams(ours)
+    params.set_search_options(max_length=40)
+    gen = hg.Generator(ours, params)
+    buf = gen._caches["past_key_values.0.key"]
+    gen.append_tokens(np.arange(3, 13)[None])
+    gen.generate_next_token()
+    gen.generate_next_token()
+    assert gen._caches["past_key_values.0.key"] is buf and buf.shape[2] == 40
+    assert np.abs(buf[:, :, :11]).sum() > 0 and np.abs(buf[:, :, 12:]).sum() == 0
+
+
+def test_config_providers():
+    cfg = hg.Config(FOLDER)
+    assert cfg.providers == []
+    cfg.append_provider("cuda")
+    cfg.set_provider_option("cuda", "device_id", "1")
+    assert cfg.providers == [("gpu", {"device_id": 1})]
+    cfg.clear_providers()
+    cfg.append_provider("cpu")
+    model = hg.Model(cfg)
+    assert model.session.get_providers() == ["cpu"]
+    with pytest.raises(hg.GenaiError, match="dml"):
+        cfg.append_provider("dml")
+
+
+def test_tokenizer_round_trip():
+    pytest.importorskip("tokenizers")
+    model = hg.Model(FOLDER)
+    tok = hg.Tokenizer(model)
+    ids = tok.encode("t5 t6 t7")
+    assert list(ids) == [5, 6, 7]
+    assert tok.decode(ids) == "t5 t6 t7"
+    stream = tok.create_stream()
+    assert "".join(stream.decode(t) for t in ids).split() == ["t5", "t6", "t7"]
