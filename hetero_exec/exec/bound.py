@@ -100,7 +100,7 @@ class ShapeBoundPlans:
         if not self.static_steps:
             return self.plan
         try:
-            sig = tuple(None if v is None else (tuple(v.shape), str(v.dtype)) for v in inputs)
+            sig = tuple(None if v is None else (v.shape, v.dtype) for v in inputs)
         except AttributeError:  # a sequence or map input: its shapes are not a signature
             return self.plan
         bound = self._bound.get(sig)
