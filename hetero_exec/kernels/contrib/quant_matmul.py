@@ -1,4 +1,7 @@
-"""com.microsoft MatMulNBits: ``A @ dequantize(B).T (+ bias)`` with B quantized along K.
+"""com.microsoft quantized products: MatMulNBits, and the 8-bit DynamicQuantizeMatMul,
+MatMulIntegerToFloat and QGemm (exact integer products, kernels/_int_gemm.py).
+
+MatMulNBits: ``A @ dequantize(B).T (+ bias)`` with B quantized along K.
 
 B is uint8 ``[N, k_blocks, blob]`` (``blob = block_size * bits / 8``; 2, 4 or 8-bit codes
 packed low bits first), ``scales`` ``[N, k_blocks]`` (or flat), ``zero_points`` either
@@ -28,6 +31,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from hetero_exec.kernels._int_gemm import CenteredWeight, centered_weight_hook, int_matmul
 from hetero_exec.kernels._packed import PackedWeight, packed_product
 from hetero_exec.kernels._threads import matmul
 from hetero_exec.kernels.native import packed_gemm
@@ -168,3 +172,95 @@ def _hook(xp, kwargs: dict, inputs: Sequence[KnownInput]):
         return (_finish(np, Y, bias, A.dtype, lead),)
 
     return MatMulNBits_dequantized
+
+
+# ------------------------------------------------------------------ 8-bit integer products
+
+
+def _per_column(xp, v: Any) -> Any:
+    """A scalar, or a per-column scale / bias broadcast along the last axis."""
+    return v.reshape(()) if v.size == 1 else v.reshape(-1)
+
+
+def _dynamic_quantize(xp, A: Any) -> tuple[Any, Any, Any]:
+    """A's uint8 quantization as DynamicQuantizeLinear (and onnxruntime) computes it."""
+    from hetero_exec.kernels.quant import DynamicQuantizeLinear
+
+    return DynamicQuantizeLinear(xp, A.astype(np.float32, copy=False))
+
+
+def _dynamic_quantize_matmul(cw: CenteredWeight | None = None):
+    def DynamicQuantizeMatMul(xp, A, B, b_scale, b_zero_point=None, bias=None):
+        q, a_scale, a_zp = _dynamic_quantize(xp, A)
+        if cw is not None and cw.serves(B, b_zero_point):
+            acc = int_matmul(xp, q, B, a_zp, Bf=cw.Bf, b_max=cw.b_max)
+        else:
+            acc = int_matmul(xp, q, B, a_zp, b_zero_point)
+        scale = a_scale.astype(np.float32) * _per_column(xp, b_scale).astype(np.float32)
+        Y = acc.astype(np.float32) * scale
+        if bias is not None:
+            Y += bias.astype(np.float32)
+        return (Y.astype(A.dtype, copy=False),)
+
+    return DynamicQuantizeMatMul
+
+
+DynamicQuantizeMatMul = kernel(
+    "DynamicQuantizeMatMul", since=1, domain=MS_DOMAIN,
+    specialize=centered_weight_hook(1, 3, lambda: _dynamic_quantize_matmul))(
+        _dynamic_quantize_matmul())
+
+
+def _matmul_integer_to_float(cw: CenteredWeight | None = None):
+    def MatMulIntegerToFloat(xp, A, B, a_scale, b_scale, a_zero_point=None, b_zero_point=None,
+                             bias=None):
+        if cw is not None and cw.serves(B, b_zero_point):
+            acc = int_matmul(xp, A, B, a_zero_point, Bf=cw.Bf, b_max=cw.b_max)
+        else:
+            acc = int_matmul(xp, A, B, a_zero_point, b_zero_point)
+        scale = (_per_column(xp, a_scale).astype(np.float32)
+                 * _per_column(xp, b_scale).astype(np.float32))
+        Y = acc.astype(np.float32) * scale
+        if bias is not None:
+            Y += bias.astype(np.float32)
+        return (Y.astype(a_scale.dtype, copy=False),)
+
+    return MatMulIntegerToFloat
+
+
+MatMulIntegerToFloat = kernel(
+    "MatMulIntegerToFloat", since=1, domain=MS_DOMAIN,
+    specialize=centered_weight_hook(1, 5, lambda: _matmul_integer_to_float))(
+        _matmul_integer_to_float())
+
+
+def _qgemm(cw: CenteredWeight | None = None):
+    def QGemm(xp, A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_scale=None,
+              y_zero_point=None, alpha=1.0, transA=0, transB=0):
+        """alpha * a_scale * b_scale * ((A - azp) @ (B - bzp) + C), C int32 already at that
+        scale; requantized to y_zero_point's dtype when y_scale is given, else float32."""
+        At = A.T if transA else A
+        if cw is not None and cw.serves(B, b_zero_point):
+            acc = int_matmul(xp, At, B, a_zero_point, Bf=cw.Bf, b_max=cw.b_max)
+        else:
+            Bt = B.T if transB else B
+            acc = int_matmul(xp, At, Bt, a_zero_point, b_zero_point)
+        if C is not None:
+            acc = acc + C.astype(np.int32)
+        scale = (np.float32(alpha) * a_scale.astype(np.float32).reshape(())
+                 * _per_column(xp, b_scale).astype(np.float32))
+        Y = acc.astype(np.float32) * scale
+        if y_scale is None:
+            return (Y,)
+        out_dt = np.dtype(y_zero_point.dtype if y_zero_point is not None else np.uint8)
+        R = xp.rint(Y / y_scale.astype(np.float32).reshape(()))
+        if y_zero_point is not None:
+            R = R + y_zero_point.astype(np.float32).reshape(())
+        info = np.iinfo(out_dt)
+        return (xp.clip(R, info.min, info.max).astype(out_dt),)
+
+    return QGemm
+
+
+QGemm = kernel("QGemm", since=1, domain=MS_DOMAIN,
+               specialize=centered_weight_hook(3, 5, lambda: _qgemm, "transB"))(_qgemm())
