@@ -238,6 +238,19 @@ def model_metadata(ort, tmp):
 
 
 @snippet
+def model_version_unset_or_zero(ort, tmp):
+    # no model_version: onnxruntime says INT64_MAX; an explicit 0 stays 0
+    unset = model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", F, ["N", 4])],
+                  [vi("y", F, ["N", 4])])
+    unset.ClearField("model_version")
+    zero = onnx.ModelProto()
+    zero.CopyFrom(unset)
+    zero.model_version = 0
+    return [ort.InferenceSession(m.SerializeToString(), providers=CPU).get_modelmeta().version
+            for m in (unset, zero)]
+
+
+@snippet
 def inputs_and_outputs(ort, tmp):
     sess = ort.InferenceSession(_seq_model().SerializeToString(), providers=CPU)
     return [(a.name, a.type, a.shape) for a in sess.get_inputs() + sess.get_outputs()]

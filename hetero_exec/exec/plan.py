@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 
 from hetero_exec.errors import UnsupportedOperatorError
+from hetero_exec.exec import half
 from hetero_exec.exec.elementwise_runs import merge_runs
 from hetero_exec.exec.functions import expand_function
 from hetero_exec.exec.host_steps import METADATA_OPS, host_step_nodes
@@ -369,17 +370,25 @@ class Compiler:
     def _specialized(self, graph: Graph, node: Node, kdef: Any, kwargs: dict) -> Callable:
         """The kernel's choice of function for this node (registry ``specialize`` hook); a
         failing hook costs only the specialisation, logged, never the node."""
-        if kdef.specialize is None:
+        half_ops = node.op_type in half.FLOAT32_OPS and self.xp is np
+        if kdef.specialize is None and not half_ops:
             return kdef.fn
         known = [KnownInput(*_declared(graph, name), self._known[name])
                  if name in self._known else _known_input(graph, name) for name in node.inputs]
-        try:
-            fn = kdef.specialize(self.xp, kwargs, known)
-        except Exception as e:
-            log.warning("%s: %s's specialize hook failed (%s: %s); running the generic kernel",
-                        node.identity, node.op_type, type(e).__name__, e)
-            return kdef.fn
-        return fn or kdef.fn
+        positions = half.half_inputs(self.xp, node, known)
+        seen = half.upcast_known(known, positions) if positions else known
+        fn = None
+        if kdef.specialize is not None:
+            try:
+                fn = kdef.specialize(self.xp, kwargs, seen)
+            except Exception as e:
+                log.warning("%s: %s's specialize hook failed (%s: %s); running the generic "
+                            "kernel", node.identity, node.op_type, type(e).__name__, e)
+        fn = fn or kdef.fn
+        if positions:  # float16 storage, float32 arithmetic (exec/half.py)
+            out_dtypes = [_declared(graph, o)[1] if o else None for o in node.outputs]
+            fn = half.float32_compute(fn, positions, known, seen, out_dtypes)
+        return fn
 
     def _host_constants(self, in_slots: tuple[int, ...], constants: set[int],
                         host_copy: dict[int, int], template: list[Any],

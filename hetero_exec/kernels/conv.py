@@ -49,7 +49,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from hetero_exec.kernels import _threads, native
+from hetero_exec.kernels import _int_gemm, _threads, native
 from hetero_exec.kernels._common import host_ints
 from hetero_exec.kernels._nn_common import (
     SCRATCH_KEEP,
@@ -757,13 +757,14 @@ def FusedConv(xp, X, W, B=None, Z=None, activation="", activation_params=None, a
 
 def _int_conv(xp, x, w, x_zero_point, w_zero_point, auto_pad, dilations, group, kernel_shape,
               pads, strides):
-    """(x - xzp) conv (w - wzp) exactly, as float64 (exact for 8/16-bit operands)."""
-    X = x.astype(np.float64)
-    if x_zero_point is not None:
-        X = X - x_zero_point.astype(np.float64).reshape(())
-    Wf = w.astype(np.float64)
+    """(x - xzp) conv (w - wzp) exactly, as int32: float32 convolutions whose reductions
+    stay under 2**24 (kernels/_int_gemm.py), over chunks of input channels when one
+    output's reduction is longer; float64 only for a grouped conv that long."""
+    X = _int_gemm.centered(xp, x, None if x_zero_point is None else x_zero_point.reshape(()),
+                           -1)
+    Wf = w.astype(np.float32)
     if w_zero_point is not None:
-        wz = w_zero_point.astype(np.float64)
+        wz = w_zero_point.astype(np.float32)
         if wz.ndim == 1 and wz.shape[0] == w.shape[0] and wz.shape[0] != 1:
             wz = wz.reshape((-1,) + (1,) * (w.ndim - 1))
         else:
@@ -773,15 +774,33 @@ def _int_conv(xp, x, w, x_zero_point, w_zero_point, auto_pad, dilations, group, 
     strides, dilations = spatial_attrs(nd, strides, dilations)
     K = list(kernel_shape) if kernel_shape else list(w.shape[2:])
     out_sp, pb, pe = conv_geometry(X.shape[2:], K, strides, dilations, pads, auto_pad)
-    return _conv_core(xp, X, Wf, None, strides, dilations, pb, pe, group, out_sp)
+    taps = math.prod(K)
+    chunk = _int_gemm.chunk_for(_int_gemm.span(x.dtype), _int_gemm.span(w.dtype))
+    if w.shape[1] * taps <= chunk:
+        return _conv_core(xp, X, Wf, None, strides, dilations, pb, pe, group,
+                          out_sp).astype(np.int32)
+    channels = chunk // taps
+    if group != 1 or channels < 1:
+        Y = _conv_core(xp, X.astype(np.float64), Wf.astype(np.float64), None, strides,
+                       dilations, pb, pe, group, out_sp)
+        return xp.rint(Y).astype(np.int32)
+    acc = None
+    for c0 in range(0, w.shape[1], channels):
+        part = _conv_core(xp, xp.ascontiguousarray(X[:, c0:c0 + channels]),
+                          xp.ascontiguousarray(Wf[:, c0:c0 + channels]), None, strides,
+                          dilations, pb, pe, 1, out_sp).astype(np.int32)
+        if acc is None:
+            acc = part
+        else:
+            acc += part
+    return acc
 
 
 @kernel("ConvInteger", since=10)
 def ConvInteger(xp, x, w, x_zero_point=None, w_zero_point=None, auto_pad="NOTSET", dilations=None,
                 group=1, kernel_shape=None, pads=None, strides=None):
-    Y = _int_conv(xp, x, w, x_zero_point, w_zero_point, auto_pad, dilations, group, kernel_shape,
-                  pads, strides)
-    return (xp.rint(Y).astype(np.int32),)
+    return (_int_conv(xp, x, w, x_zero_point, w_zero_point, auto_pad, dilations, group,
+                      kernel_shape, pads, strides),)
 
 
 @kernel("QLinearConv", since=10)

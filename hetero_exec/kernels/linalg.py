@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hetero_exec.kernels._int_gemm import CenteredWeight, centered_weight_hook, int_matmul
 from hetero_exec.kernels._nn_common import acc_dtype, is_numpy
 from hetero_exec.kernels._packed import gemm_hook, matmul_hook
 from hetero_exec.kernels._threads import matmul
@@ -55,45 +56,46 @@ def MatMul(xp, A, B):
     return (Y,)
 
 
-def _int_matmul(xp, A, B, a_zero_point, b_zero_point):
-    """(A - azp) @ (B - bzp) exactly: float64 BLAS is exact for 8-bit operands
-    (|sum| < 2**53), far faster than an integer matmul loop."""
-    Af = A.astype(np.float64)
-    Bf = B.astype(np.float64)
-    if a_zero_point is not None:
-        az = a_zero_point.astype(np.float64)
-        if az.ndim == 1 and az.size > 1:  # per-row of A
-            az = az.reshape(-1, 1)
-        Af = Af - az
-    if b_zero_point is not None:
-        bz = b_zero_point.astype(np.float64)
-        if bz.ndim >= 1 and bz.size > 1:  # per-column of B (last axis)
-            bz = bz.reshape(bz.shape[:-2] + (1, bz.shape[-1]) if bz.ndim >= 2 else (1, -1))
-        Bf = Bf - bz
-    return xp.asarray(xp.matmul(Af, Bf))
+def _matmul_integer(cw: CenteredWeight | None = None):
+    def MatMulInteger(xp, A, B, a_zero_point=None, b_zero_point=None):
+        if cw is not None and cw.serves(B, b_zero_point):
+            return (int_matmul(xp, A, B, a_zero_point, Bf=cw.Bf, b_max=cw.b_max),)
+        return (int_matmul(xp, A, B, a_zero_point, b_zero_point),)
+
+    return MatMulInteger
 
 
-@kernel("MatMulInteger", since=10)
-def MatMulInteger(xp, A, B, a_zero_point=None, b_zero_point=None):
-    acc = _int_matmul(xp, A, B, a_zero_point, b_zero_point)
-    return (xp.asarray(xp.rint(acc).astype(np.int32)),)
+MatMulInteger = kernel("MatMulInteger", since=10,
+                       specialize=centered_weight_hook(1, 3, lambda: _matmul_integer))(
+    _matmul_integer())
 
 
-@kernel("QLinearMatMul", since=(10, 21))
-def QLinearMatMul(xp, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
-    acc = _int_matmul(xp, a, b, a_zero_point, b_zero_point)
-    # a scales are per-tensor or per-row, b (and y) per-tensor or per-column; the
-    # requantisation multiplier is formed in the scales' own dtype, as onnxruntime does
-    as_ = a_scale.reshape(-1, 1) if a_scale.size > 1 else a_scale.reshape(())
-    bs = b_scale.reshape(1, -1) if b_scale.size > 1 else b_scale.reshape(())
-    ys = y_scale.reshape(1, -1) if y_scale.size > 1 else y_scale.reshape(())
-    D = acc * (as_ * bs / ys).astype(np.float64)
-    out_dt = np.dtype(y_zero_point.dtype if y_zero_point is not None else a.dtype)
-    if y_zero_point is not None:
-        yz = y_zero_point.reshape(1, -1) if y_zero_point.size > 1 else y_zero_point.reshape(())
-        D = D + yz.astype(np.float64)
-    info = np.iinfo(out_dt)
-    return (xp.asarray(xp.clip(xp.rint(D), info.min, info.max).astype(out_dt)),)
+def _qlinear_matmul(cw: CenteredWeight | None = None):
+    def QLinearMatMul(xp, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,
+                      y_zero_point):
+        if cw is not None and cw.serves(b, b_zero_point):
+            acc = int_matmul(xp, a, b, a_zero_point, Bf=cw.Bf, b_max=cw.b_max)
+        else:
+            acc = int_matmul(xp, a, b, a_zero_point, b_zero_point)
+        # a scales are per-tensor or per-row, b (and y) per-tensor or per-column; the
+        # requantisation multiplier is formed in the scales' own dtype, as onnxruntime does
+        as_ = a_scale.reshape(-1, 1) if a_scale.size > 1 else a_scale.reshape(())
+        bs = b_scale.reshape(1, -1) if b_scale.size > 1 else b_scale.reshape(())
+        ys = y_scale.reshape(1, -1) if y_scale.size > 1 else y_scale.reshape(())
+        D = acc * (as_ * bs / ys).astype(np.float64)
+        out_dt = np.dtype(y_zero_point.dtype if y_zero_point is not None else a.dtype)
+        if y_zero_point is not None:
+            yz = y_zero_point.reshape(1, -1) if y_zero_point.size > 1 else y_zero_point.reshape(())
+            D = D + yz.astype(np.float64)
+        info = np.iinfo(out_dt)
+        return (xp.asarray(xp.clip(xp.rint(D), info.min, info.max).astype(out_dt)),)
+
+    return QLinearMatMul
+
+
+QLinearMatMul = kernel("QLinearMatMul", since=(10, 21),
+                       specialize=centered_weight_hook(3, 5, lambda: _qlinear_matmul))(
+    _qlinear_matmul())
 
 
 @kernel("Einsum", since=(12, 28))

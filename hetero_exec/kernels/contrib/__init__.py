@@ -1,4 +1,4 @@
-"""onnxruntime's contrib ops (the ``com.microsoft`` domain, and SimplifiedLayerNormalization
+"""onnxruntime's contrib ops (the ``com.microsoft`` and ``com.microsoft.nchwc`` domains, and SimplifiedLayerNormalization
 which onnxruntime registers in the default domain), as its operator documentation defines
 them. Each module registers its kernels into `kernels.registry` and its ops' onnx schemas
 (`schemas.define`) at import; importing this package imports every module in it.
