@@ -1,6 +1,6 @@
-"""onnxruntime's contrib ops (the ``com.microsoft`` and ``com.microsoft.nchwc`` domains, and SimplifiedLayerNormalization
-which onnxruntime registers in the default domain), as its operator documentation defines
-them. Each module registers its kernels into `kernels.registry` and its ops' onnx schemas
+"""onnxruntime's contrib ops (the ``com.microsoft`` and ``com.microsoft.nchwc`` domains,
+and SimplifiedLayerNormalization, which onnxruntime registers in the default domain), as
+its operator documentation defines them. Each module registers its kernels into `kernels.registry` and its ops' onnx schemas
 (`schemas.define`) at import; importing this package imports every module in it.
 """
 
