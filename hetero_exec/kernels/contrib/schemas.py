@@ -50,6 +50,13 @@ def define(name: str, inputs: Sequence[str], outputs: Sequence[str],
     if key in _DONE:
         return
     _DONE.add(key)
+    if domain and onnx.defs.has(name):
+        # an op of the default domain has this name (Attention, RotaryEmbedding, Gelu):
+        # onnx's reference evaluator assumes names unique across domains and breaks for
+        # every user once both exist; such a contrib op loads without a schema
+        log.debug("no onnx schema for %s::%s: the default domain has an op of that name",
+                  domain, name)
+        return
     try:
         existing = onnx.defs.get_schema(name, since, domain)
         if existing.since_version == since and existing.domain == domain:
