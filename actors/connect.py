@@ -26,7 +26,9 @@ import math
 import os
 import shutil
 import socket
+import sys
 import time
+import weakref
 from typing import Any
 
 import ray
@@ -75,6 +77,39 @@ def ensure_ray(
         started["node"] = ray.get_runtime_context().get_node_id()
     log.info("Ray %s; resources: %s", how, ray.cluster_resources())
     return how
+
+
+def ray_usable() -> bool:
+    """Whether a close path may call Ray: this driver is connected, and the interpreter
+    is not finalizing. Any Ray API called otherwise auto-initialises a new local Ray
+    (at interpreter shutdown it then blocks starting a thread, and the driver never
+    exits), so teardown skips what Ray's own shutdown already took: a driver's actors
+    and placement groups end with its job."""
+    return not sys.is_finalizing() and ray.is_initialized()
+
+
+#: what releases stage actors, closed at the driver's exit before Ray's own shutdown
+_live_closers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def close_at_exit(closer: Any) -> None:
+    """Close ``closer`` (an object with ``close()``) at the driver's exit while Ray still
+    runs, when nothing closed it before: a session that a traceback or a module global
+    holds is otherwise collected only after Ray has shut down. The handler is moved to
+    the end of the exit handlers each time, so it runs first (before Ray's own handler,
+    registered at ``import ray``, and `_forget_started`)."""
+    _live_closers.add(closer)
+    atexit.unregister(_close_live)
+    atexit.register(_close_live)
+
+
+def _close_live() -> None:
+    for closer in list(_live_closers):
+        try:
+            closer.close()
+        except Exception as e:  # noqa: BLE001 - the driver exits whatever one close says
+            log.debug("closing %r at exit: %s", closer, e)
+    _live_closers.clear()
 
 
 SHM_DIR = "/dev/shm"

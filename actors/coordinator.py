@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 import ray
 
 from actors.async_results import AsyncResults
-from actors.connect import ensure_ray
+from actors.connect import close_at_exit, ensure_ray, ray_usable
 from actors.dispatch import Dispatcher
 from actors.options import RayOptions
 from actors.profile import SpanRecorder, write_trace
@@ -119,6 +119,7 @@ class RayExecutor:
                 except Exception as release_error:
                     raise BuildError(build_error, release_error) from build_error
                 raise
+        close_at_exit(self)
         self.build_s = time.perf_counter() - started
         log.info("ray placement (built in %.2fs): %s", self.build_s, self.placement_report())
 
@@ -383,7 +384,7 @@ class RayExecutor:
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
         self.results.close()  # requests the pool will now never answer
-        if self.compiled is not None:
+        if self.compiled is not None and ray_usable():
             self.compiled.close()
         try:
             self.reservation.release()

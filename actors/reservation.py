@@ -21,6 +21,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from actors.connect import ray_usable
 from actors.options import RayOptions
 from actors.remote_errors import user_error
 from actors.stage import remote_class
@@ -359,17 +360,19 @@ class Reservation:
 
     def release(self) -> None:
         """Kill every actor and remove the placement group (only one of our own); raise
-        the first failure."""
+        the first failure. Once Ray is shut down (or the interpreter finalizes) the
+        handles are only dropped: the job's end took the actors and the group."""
         errors: list[BaseException] = []
+        usable = ray_usable()
         for slot in self.slots:
-            if slot.handle is not None:
+            if slot.handle is not None and usable:
                 try:
                     ray.kill(slot.handle, no_restart=True)
                 except Exception as e:
                     errors.append(e)
                 slot.handle = None
             slot.init_args = None
-        if self.pg is not None and self.owns_pg:
+        if self.pg is not None and self.owns_pg and usable:
             try:
                 remove_placement_group(self.pg)
             except Exception as e:
