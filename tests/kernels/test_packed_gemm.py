@@ -256,43 +256,21 @@ def test_switch_turns_it_off(monkeypatch):
         pg.reset()
 
 
-def test_no_compiler_is_a_reason_not_an_error(monkeypatch):
+def test_no_compiler_at_run_time_changes_nothing(monkeypatch):
+    """The library is the build's: a process without a C compiler loads it all the same."""
     monkeypatch.setenv("CC", "no-such-compiler-here")
+    monkeypatch.setenv("PATH", "/nonexistent")
     pg.reset()
     try:
-        reason = pg.unavailable_reason()
-        if pg._cpu_features().get("AVX512F"):
-            assert "no C compiler" in reason
-        else:
-            assert "AVX-512F" in reason
+        before = pg.unavailable_reason()
+        assert pg.available() == (before is None)
+        if pg.available():
+            A = np.ones((8, 40), np.float32)
+            B = np.ones((40, 33), np.float32)
+            np.testing.assert_allclose(pg.PackedRight(B).matmul(A), A @ B)
     finally:
-        monkeypatch.delenv("CC")
+        monkeypatch.undo()
         pg.reset()
-    assert pg.available() == (pg.unavailable_reason() is None)
-
-
-@needs_packed
-def test_build_is_cached_by_source_and_compiler(monkeypatch, tmp_path):
-    import shutil
-
-    monkeypatch.setattr(pg, "_cache_dirs", lambda: [tmp_path / "cache"])
-    cc = shutil.which("cc")
-    first = pg._built(cc)
-    assert first.parent == tmp_path / "cache" and first.exists()
-    stamp = first.stat().st_mtime_ns
-    assert pg._built(cc) == first and first.stat().st_mtime_ns == stamp  # not rebuilt
-    assert not list((tmp_path / "cache").glob("*.so.*")) and len(list(
-        (tmp_path / "cache").iterdir())) == 1  # no temporary left behind
-    copies = []
-    for f in pg.SOURCES + pg.HEADERS:  # the same sources elsewhere, the header changed
-        (tmp_path / f.name).write_text(f.read_text() + ("\n/* changed */\n" if f.suffix == ".h"
-                                                        else ""))
-        copies.append(tmp_path / f.name)
-    monkeypatch.setattr(pg, "SOURCES", tuple(copies[:-1]))
-    monkeypatch.setattr(pg, "HEADERS", (copies[-1],))
-    second = pg._built(cc)
-    assert second != first and second.exists()  # a header changed: another library
-    assert not first.exists()  # the earlier build is cleaned up
 
 
 def _conv_model(rng, C, M, H, Wd, attrs, act="", residual=False, group=1):
