@@ -15,6 +15,7 @@ from hetero_exec.options import ExecutionMode, GraphOptimizationLevel, SessionOp
 from hetero_exec.ortvalue import OrtValue
 from hetero_exec.provider_names import get_all_providers, get_available_providers, get_device
 from hetero_exec.run_options import RunOptions
+from hetero_exec.runtime_info import show_runtime
 from hetero_exec.session import InferenceSession, NodeArg
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
@@ -26,5 +27,5 @@ __all__ = [
     "InferenceSession", "SessionOptions", "RunOptions", "NodeArg", "ModelMetadata", "OrtValue",
     "IOBinding", "GraphOptimizationLevel", "ExecutionMode", "get_available_providers",
     "get_all_providers", "get_device", "set_default_logger_severity",
-    "set_default_logger_verbosity", "HeteroExecError", "errors", "__version__",
+    "set_default_logger_verbosity", "HeteroExecError", "errors", "show_runtime", "__version__",
 ]

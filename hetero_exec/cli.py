@@ -202,6 +202,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_info(args: argparse.Namespace) -> int:
+    from hetero_exec.runtime_info import show_runtime
+
+    show_runtime()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="hetero-exec", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -261,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--address", help="a Ray cluster to join (default: start a local Ray)")
     placement_args(s)
     s.set_defaults(fn=cmd_serve)
+
+    i = sub.add_parser("info", help="what a run will use: the C kernels' variant, the BLAS, "
+                                    "the GPU")
+    i.set_defaults(fn=cmd_info)
     return ap
 
 

@@ -1,93 +1,90 @@
-/* Activations after a product, in float32 (AVX-512F): act(y + bias) over the last axis of
+/* Activations after a product, in float32 (simd.h): act(y + bias) over the last axis of
  * (rows, cols), in place; FusedMatMul's epilogue where the packed store cannot apply it
  * (GELU, SiLU... or a product OpenBLAS computed). The same rationals as numba's float32
  * epilogue (native/epilogue.py: Eigen's erf and tanh, the logistic as 0.5 + 0.5 tanh(x/2)),
- * 16 lanes a step where LLVM gave numba's loops 8; the activation codes are
- * kernels/native.ACT_CODES. NaN stays NaN: max/min take the NaN operand second. */
-#include "he.h"
+ * a vector a step (16 lanes with AVX-512, where LLVM gave numba's loops 8); the
+ * activation codes are kernels.h's ACT_*. NaN stays NaN: max/min take the NaN operand second. */
+#include "kernels.h"
 
-enum { A_NONE = 0, A_RELU = 1, A_CLIP = 2, A_HARD_SIGMOID = 3, A_HARD_SWISH = 4, A_GELU = 8,
-       A_GELU_TANH = 9, A_SILU = 10, A_SIGMOID = 11, A_TANH = 12 };
 
-static inline __attribute__((always_inline)) __m512 clamp(__m512 v, float lo, float hi)
+ALWAYS_INLINE vf clamp(vf v, float lo, float hi)
 {
-    return _mm512_min_ps(_mm512_set1_ps(hi), _mm512_max_ps(_mm512_set1_ps(lo), v));
+    return vmin(vset1(hi), vmax(vset1(lo), v));
 }
 
-static inline __attribute__((always_inline)) __m512 tanh16(__m512 u)
+ALWAYS_INLINE vf tanh16(vf u)
 {
-    __m512 t = clamp(u, -7.90531110763549805f, 7.90531110763549805f);
-    __m512 z = _mm512_mul_ps(t, t);
-    __m512 p = _mm512_set1_ps(-2.76076847742355e-16f);
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(2.00018790482477e-13f));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(-8.60467152213735e-11f));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(5.12229709037114e-08f));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(1.48572235717979e-05f));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0.000637261928875436f));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0.00489352455891786f));
-    __m512 q = _mm512_set1_ps(1.19825839466702e-06f);
-    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(0.000118534705686654f));
-    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(0.002268434632439f));
-    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(0.00489352518554385f));
+    vf t = clamp(u, -7.90531110763549805f, 7.90531110763549805f);
+    vf z = vmul(t, t);
+    vf p = vset1(-2.76076847742355e-16f);
+    p = vfma(p, z, vset1(2.00018790482477e-13f));
+    p = vfma(p, z, vset1(-8.60467152213735e-11f));
+    p = vfma(p, z, vset1(5.12229709037114e-08f));
+    p = vfma(p, z, vset1(1.48572235717979e-05f));
+    p = vfma(p, z, vset1(0.000637261928875436f));
+    p = vfma(p, z, vset1(0.00489352455891786f));
+    vf q = vset1(1.19825839466702e-06f);
+    q = vfma(q, z, vset1(0.000118534705686654f));
+    q = vfma(q, z, vset1(0.002268434632439f));
+    q = vfma(q, z, vset1(0.00489352518554385f));
     /* from the clamp on, +-1 exactly (with the FMAs the rational ends 2 ulp short of it
      * there): GELU(-100) is then 0 and SiLU(-inf) NaN, as in numba's float32 loop */
-    __m512 r = _mm512_div_ps(_mm512_mul_ps(p, t), q);
-    __mmask16 far = _mm512_cmp_ps_mask(_mm512_abs_ps(u), _mm512_set1_ps(7.90531110763549805f), _CMP_GE_OQ);
-    return _mm512_mask_blend_ps(far, r, _mm512_mask_blend_ps(_mm512_cmp_ps_mask(u, _mm512_setzero_ps(), _CMP_LT_OQ),
-                                                             _mm512_set1_ps(1.0f), _mm512_set1_ps(-1.0f)));
+    vf r = vdiv(vmul(p, t), q);
+    vb far = vge(vabs(u), vset1(7.90531110763549805f));
+    return vselect(far, vselect(vlt(u, vzero()), vset1(-1.0f), vset1(1.0f)), r);
 }
 
-static inline __attribute__((always_inline)) __m512 gelu_erf16(__m512 x)
+ALWAYS_INLINE vf gelu_erf16(vf x)
 {
-    __m512 t = clamp(_mm512_mul_ps(x, _mm512_set1_ps(0.7071067811865475f)), -4.5f, 4.5f);
-    __m512 z = _mm512_mul_ps(t, t);
-    __m512 p = _mm512_set1_ps(0.00022905065861350646f);
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0.0034082910107109507f));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0.05095569506238086f));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0.18520832239976145f));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(1.128379143519084f));
-    __m512 q = _mm512_set1_ps(-1.1791602954361697e-07f);
-    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(2.3547966471313183e-05f));
-    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(0.0010179625278914884f));
-    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(0.014070470171167667f));
-    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(0.11098505178285362f));
-    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(0.49746925110067536f));
-    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(1.0f));
-    __m512 e = clamp(_mm512_div_ps(_mm512_mul_ps(t, p), q), -1.0f, 1.0f);
-    return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+    vf t = clamp(vmul(x, vset1(0.7071067811865475f)), -4.5f, 4.5f);
+    vf z = vmul(t, t);
+    vf p = vset1(0.00022905065861350646f);
+    p = vfma(p, z, vset1(0.0034082910107109507f));
+    p = vfma(p, z, vset1(0.05095569506238086f));
+    p = vfma(p, z, vset1(0.18520832239976145f));
+    p = vfma(p, z, vset1(1.128379143519084f));
+    vf q = vset1(-1.1791602954361697e-07f);
+    q = vfma(q, z, vset1(2.3547966471313183e-05f));
+    q = vfma(q, z, vset1(0.0010179625278914884f));
+    q = vfma(q, z, vset1(0.014070470171167667f));
+    q = vfma(q, z, vset1(0.11098505178285362f));
+    q = vfma(q, z, vset1(0.49746925110067536f));
+    q = vfma(q, z, vset1(1.0f));
+    vf e = clamp(vdiv(vmul(t, p), q), -1.0f, 1.0f);
+    return vmul(vmul(vset1(0.5f), x), vadd(vset1(1.0f), e));
 }
 
-static inline __attribute__((always_inline)) __m512 sigmoid16(__m512 x)
+ALWAYS_INLINE vf sigmoid16(vf x)
 {
-    __m512 h = _mm512_set1_ps(0.5f);
-    return _mm512_fmadd_ps(h, tanh16(_mm512_mul_ps(h, x)), h);
+    vf h = vset1(0.5f);
+    return vfma(h, tanh16(vmul(h, x)), h);
 }
 
-static inline __attribute__((always_inline)) __m512 act16(__m512 v, int code, float p0, float p1)
+ALWAYS_INLINE vf act16(vf v, int code, float p0, float p1)
 {
     switch (code) {
-    case A_RELU:
-        return _mm512_max_ps(_mm512_setzero_ps(), v);
-    case A_CLIP:
+    case ACT_RELU:
+        return vmax(vzero(), v);
+    case ACT_CLIP:
         return clamp(v, p0, p1);
-    case A_HARD_SIGMOID:
-        return clamp(_mm512_fmadd_ps(v, _mm512_set1_ps(p0), _mm512_set1_ps(p1)), 0.0f, 1.0f);
-    case A_HARD_SWISH:
-        return _mm512_mul_ps(v, clamp(_mm512_fmadd_ps(v, _mm512_set1_ps(p0), _mm512_set1_ps(p1)), 0.0f, 1.0f));
-    case A_GELU:
+    case ACT_HARD_SIGMOID:
+        return clamp(vfma(v, vset1(p0), vset1(p1)), 0.0f, 1.0f);
+    case ACT_HARD_SWISH:
+        return vmul(v, clamp(vfma(v, vset1(p0), vset1(p1)), 0.0f, 1.0f));
+    case ACT_GELU:
         return gelu_erf16(v);
-    case A_GELU_TANH: {
-        __m512 inner = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
-                                     _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), v),
-                                                     _mm512_mul_ps(v, v), v));
-        return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), v),
-                             _mm512_add_ps(_mm512_set1_ps(1.0f), tanh16(inner)));
+    case ACT_GELU_TANH: {
+        vf inner = vmul(vset1(0.7978845608028654f),
+                                     vfma(vmul(vset1(0.044715f), v),
+                                                     vmul(v, v), v));
+        return vmul(vmul(vset1(0.5f), v),
+                             vadd(vset1(1.0f), tanh16(inner)));
     }
-    case A_SILU:
-        return _mm512_mul_ps(v, sigmoid16(v));
-    case A_SIGMOID:
+    case ACT_SILU:
+        return vmul(v, sigmoid16(v));
+    case ACT_SIGMOID:
         return sigmoid16(v);
-    case A_TANH:
+    case ACT_TANH:
         return tanh16(v);
     default:
         return v;
@@ -105,12 +102,12 @@ typedef struct {
 #define ROWS(CODE)                                                                      \
     for (int r = r0; r < r1; r++) {                                                      \
         float *y = a->y + (long)r * a->cols;                                              \
-        for (int k = 0; k < a->cols; k += 16) {                                           \
-            __mmask16 m = first_lanes(a->cols - k);                                      \
-            __m512 v = _mm512_maskz_loadu_ps(m, y + k);                                    \
+        for (int k = 0; k < a->cols; k += VW) {                                          \
+            lanes_t m = first_lanes(a->cols - k);                                         \
+            vf v = vload_lanes(m, y + k);                                                 \
             if (a->b)                                                                     \
-                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, a->b + k));                   \
-            _mm512_mask_storeu_ps(y + k, m, act16(v, CODE, a->p0, a->p1));                  \
+                v = vadd(v, vload_lanes(m, a->b + k));                                    \
+            vstore_lanes(y + k, m, act16(v, CODE, a->p0, a->p1));                         \
         }                                                                                 \
     }
 
@@ -118,16 +115,16 @@ static void act_task(void *p, int r0, int r1)
 {
     act_args *a = (act_args *)p;
     switch (a->code) {
-    case A_NONE: ROWS(A_NONE) break;
-    case A_RELU: ROWS(A_RELU) break;
-    case A_CLIP: ROWS(A_CLIP) break;
-    case A_HARD_SIGMOID: ROWS(A_HARD_SIGMOID) break;
-    case A_HARD_SWISH: ROWS(A_HARD_SWISH) break;
-    case A_GELU: ROWS(A_GELU) break;
-    case A_GELU_TANH: ROWS(A_GELU_TANH) break;
-    case A_SILU: ROWS(A_SILU) break;
-    case A_SIGMOID: ROWS(A_SIGMOID) break;
-    default: ROWS(A_TANH) break;
+    case ACT_NONE: ROWS(ACT_NONE) break;
+    case ACT_RELU: ROWS(ACT_RELU) break;
+    case ACT_CLIP: ROWS(ACT_CLIP) break;
+    case ACT_HARD_SIGMOID: ROWS(ACT_HARD_SIGMOID) break;
+    case ACT_HARD_SWISH: ROWS(ACT_HARD_SWISH) break;
+    case ACT_GELU: ROWS(ACT_GELU) break;
+    case ACT_GELU_TANH: ROWS(ACT_GELU_TANH) break;
+    case ACT_SILU: ROWS(ACT_SILU) break;
+    case ACT_SIGMOID: ROWS(ACT_SIGMOID) break;
+    default: ROWS(ACT_TANH) break;
     }
 }
 

@@ -12,7 +12,7 @@
  * between matrices (0: one matrix broadcast to every item) and a transposed flag (the
  * matrix is stored as its transpose, leading dimension ld). It is cut by matrices, or, for
  * one matrix, by blocks of rows or of columns of C, whichever side is longer. */
-#include "he.h"
+#include "kernels.h"
 
 enum { CBLAS_ROW_MAJOR = 101, CBLAS_NO_TRANS = 111, CBLAS_TRANS = 112 };
 

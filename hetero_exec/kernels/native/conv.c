@@ -1,86 +1,12 @@
 /* Convolution by indirection, on an input padded once: the cpu provider's ungrouped Conv
- * (FusedConv; see native/packed_gemm.py). 2-D MaxPool, which padded its input here too,
+ * (FusedConv; see native/gemm.py). 2-D MaxPool, which padded its input here too,
  * is depthwise.c's now, a plane at a time. */
-#include "he.h"
+#include "kernels.h"
 
 /* ----------------------------------------------- convolution by indirection (no im2col) */
 
-/* One row of a conv tile stored: act(v + bias + z) under the lane mask. `compress`: the
- * lanes set in m are consecutive pixels of the output with junk lanes between them (a
- * run over the padded grid that crosses a row's end), stored packed from c on. */
-static inline __attribute__((always_inline)) void
-finish(__m512 v, float *c, const float *z, __mmask16 m, float rbias, const store_t *s,
-       int compress)
-{
-    if (s->accumulate)
-        v = _mm512_add_ps(v, compress ? expand_load(m, c)
-                                      : _mm512_maskz_loadu_ps(m, c));
-    if (s->last) {
-        v = _mm512_add_ps(v, _mm512_set1_ps(rbias));
-        if (z)
-            v = _mm512_add_ps(v, compress ? expand_load(m, z)
-                                          : _mm512_maskz_loadu_ps(m, z));
-        if (s->act == ACT_RELU)
-            v = _mm512_max_ps(_mm512_setzero_ps(), v);
-        else if (s->act == ACT_CLIP)
-            v = _mm512_min_ps(_mm512_set1_ps(s->hi), _mm512_max_ps(_mm512_set1_ps(s->lo), v));
-    }
-    if (compress)
-        compress_store(c, m, v);
-    else
-        _mm512_mask_storeu_ps(c, m, v);
-}
-
-/* acc[r][h] += sum_k a(r, k) * in_h[off[k] + 0..15] for two runs of 16 lanes, whose
- * inputs for tap k lie at in_h + off[k]; l0/l1 the lanes loaded, m0/m1 the lanes stored */
-static inline __attribute__((always_inline)) void
-ctile(const int mr, int K, const float *a, const int *off, const float *in0, const float *in1,
-      __mmask16 l0, __mmask16 l1, __mmask16 m0, __mmask16 m1, float *c0, float *c1,
-      const float *z0, const float *z1, long ldc, const float *rbias, const store_t *s)
-{
-    __m512 acc0[MR_LEFT], acc1[MR_LEFT];
-#pragma GCC unroll 12
-    for (int r = 0; r < mr; r++) {
-        acc0[r] = _mm512_setzero_ps();
-        acc1[r] = _mm512_setzero_ps();
-    }
-    for (int k = 0; k < K; k++) {
-        __m512 b0 = _mm512_maskz_loadu_ps(l0, in0 + off[k]);
-        __m512 b1 = _mm512_maskz_loadu_ps(l1, in1 + off[k]);
-#pragma GCC unroll 12
-        for (int r = 0; r < mr; r++) {
-            __m512 av = _mm512_set1_ps(a[r]);
-            acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
-            acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
-        }
-        a += MR_LEFT;
-    }
-#pragma GCC unroll 12
-    for (int r = 0; r < mr; r++) {
-        float rb = s->last && rbias ? rbias[r] : 0.0f;
-        /* lanes 0..n-1 (a mask 2^n - 1) are a plain run of the output; others have junk
-         * lanes between pixels */
-        if (m0)
-            finish(acc0[r], c0 + r * ldc, z0 ? z0 + r * ldc : 0, m0, rb, s, (m0 & (m0 + 1)) != 0);
-        if (m1)
-            finish(acc1[r], c1 + r * ldc, z1 ? z1 + r * ldc : 0, m1, rb, s, (m1 & (m1 + 1)) != 0);
-    }
-}
-
-static void ctile_rows(int mr, int K, const float *a, const int *off, const float *in0,
-                       const float *in1, __mmask16 l0, __mmask16 l1, __mmask16 m0, __mmask16 m1,
-                       float *c0, float *c1, const float *z0, const float *z1, long ldc,
-                       const float *rbias, const store_t *s)
-{
-#define T(n) case n: ctile(n, K, a, off, in0, in1, l0, l1, m0, m1, c0, c1, z0, z1, ldc, rbias, s); \
-                     break;
-    switch (mr) {
-        T(1) T(2) T(3) T(4) T(5) T(6) T(7) T(8) T(9) T(10) T(11)
-        default: ctile(12, K, a, off, in0, in1, l0, l1, m0, m1, c0, c1, z0, z1, ldc, rbias, s);
-                 break;
-    }
-#undef T
-}
+/* A tile is gemm.c's (tile_rows): two runs of SEG output pixels, each stored through its
+ * own pointer and lanes, compressed where a run crosses a row's end. */
 
 /* Y_n (M x OH*OW) = act(conv(X_n, W) + bias + Z_n) for a 2-D conv on an input padded
  * already and laid out so that a run of output pixels reads a run of input for every
@@ -119,14 +45,8 @@ static int he_conv_left(int M, int K, const float *Wp, const int *off, const flo
     /* each tile's inputs copied into an aligned panel first: the tile's loads are then
      * aligned, where from the input most cross a cache line (16 floats at any offset) */
     float *panel = (float *)aligned_alloc(64, (size_t)K * NR * sizeof(float) + 64);
-    int *seq = (int *)malloc((size_t)K * sizeof(int));
-    if (!panel || !seq) {
-        free(panel);
-        free(seq);
+    if (!panel)
         return -1;
-    }
-    for (int k = 0; k < K; k++)
-        seq[k] = k * NR;
     for (int g0 = m_lo; g0 < m_hi; g0 += mg) {
         int g1 = g0 + mg < m_hi ? g0 + mg : m_hi;
         for (int t = t0; t < t1; t++) {
@@ -134,7 +54,7 @@ static int he_conv_left(int M, int K, const float *Wp, const int *off, const flo
             const float *in[2] = {0, 0};
             float *c[2] = {0, 0};
             const float *zz[2] = {0, 0};
-            __mmask16 l[2] = {0, 0}, m[2] = {0, 0};
+            unsigned l[2] = {0, 0}, m[2] = {0, 0};
             for (int h = 0; h < 2; h++) {
                 int run = 2 * u + h;
                 long o;
@@ -146,10 +66,10 @@ static int he_conv_left(int M, int K, const float *Wp, const int *off, const flo
                 if (flat) {
                     long q0 = (long)run * 16, first = -1;
                     int len = grid - q0 < 16 ? (int)(grid - q0) : 16;
-                    l[h] = (__mmask16)((1u << len) - 1);
+                    l[h] = (1u << len) - 1;
                     for (int i = 0; i < len; i++)
                         if ((q0 + i) % pitch < OW) {
-                            m[h] |= (__mmask16)(1u << i);
+                            m[h] |= 1u << i;
                             if (first < 0)
                                 first = q0 + i;
                         }
@@ -158,34 +78,38 @@ static int he_conv_left(int M, int K, const float *Wp, const int *off, const flo
                 } else {
                     int oh = run / runs_row, ow0 = (run % runs_row) * 16;
                     int len = OW - ow0 < 16 ? OW - ow0 : 16;
-                    l[h] = m[h] = (__mmask16)((1u << len) - 1);
+                    l[h] = m[h] = (1u << len) - 1;
                     in[h] = X + (long)n * xs + (long)oh * sh * pitch + ow0;
                     o = (long)n * M * L + (long)oh * OW + ow0;
                 }
                 c[h] = Y + o;
                 zz[h] = z ? z + o : 0;
             }
-            for (int k = 0; k < K; k++) {
-                _mm512_store_ps(panel + (long)k * NR, _mm512_maskz_loadu_ps(l[0], in[0] + off[k]));
-                _mm512_store_ps(panel + (long)k * NR + 16,
-                                _mm512_maskz_loadu_ps(l[1], in[1] + off[k]));
-            }
+            for (int k = 0; k < K; k++)
+#pragma GCC unroll 4
+                for (int hh = 0; hh < 2; hh++)
+#pragma GCC unroll 4
+                    for (int v = 0; v < SEG / VW; v++)
+                        vstore(panel + (long)k * NR + hh * SEG + v * VW,
+                               vload_lanes((l[hh] >> (v * VW)) & VMASK, in[hh] + off[k] + v * VW));
             for (int k0 = 0; k0 < K; k0 += KC_CONV) {
                 int kc = K - k0 < KC_CONV ? K - k0 : KC_CONV;
                 store_t s = store_for(k0, kc, K, 0, act, lo, hi);
+                s.ldz = L;
                 for (int i0 = g0; i0 < g1; i0 += MR_LEFT) {
                     int mr = g1 - i0 < MR_LEFT ? g1 - i0 : MR_LEFT;
                     long ro = (long)i0 * L;
-                    ctile_rows(mr, kc, Wp + (long)i0 * K + (long)k0 * MR_LEFT, seq + k0,
-                               panel, panel + 16, 0xFFFF, 0xFFFF, m[0], m[1], c[0] + ro,
-                               c[1] + ro, zz[0] ? zz[0] + ro : 0, zz[1] ? zz[1] + ro : 0, L,
-                               bias ? bias + i0 : 0, &s);
+                    tile_out o = {{c[0] + ro, c[1] + ro},
+                                  {zz[0] ? zz[0] + ro : 0, zz[1] ? zz[1] + ro : 0},
+                                  {m[0], m[1]}};
+                    s.rbias = bias ? bias + i0 : 0;
+                    tile_rows(mr, kc, Wp + (long)i0 * K + (long)k0 * MR_LEFT, 1, MR_LEFT,
+                              panel + (long)k0 * NR, NR, &o, L, &s, 1);
                 }
             }
         }
     }
     free(panel);
-    free(seq);
     return 0;
 }
 
@@ -284,19 +208,20 @@ static void pad_task(void *args, int p0, int p1)
                     q_lo = q_hi;
                 fill_floats(op, q_lo, a->fill);
                 int q = q_lo;
+#if defined(HE_ISA_AVX512)
                 if (a->sw == 2) { /* 16 columns of a phase from 32 of the row: one permute */
                     const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12,
                                                           10, 8, 6, 4, 2, 0);
                     for (; q + 16 <= q_hi; q += 16) {
                         long col = 2L * q + p - a->pl;
                         int left = a->W - (int)col; /* columns of X from col on */
-                        __mmask16 m0, m1;
-                        col_masks(left, &m0, &m1);
-                        __m512 lo = _mm512_maskz_loadu_ps(m0, xr + col);
-                        __m512 hi = _mm512_maskz_loadu_ps(m1, xr + col + 16);
+                        __m512 lo = _mm512_maskz_loadu_ps((__mmask16)first_lanes(left), xr + col);
+                        __m512 hi = _mm512_maskz_loadu_ps((__mmask16)first_lanes(left - 16),
+                                                          xr + col + 16);
                         _mm512_storeu_ps(op + q, _mm512_permutex2var_ps(lo, even, hi));
                     }
                 }
+#endif
                 for (; q < q_hi; q++)
                     op[q] = xr[q * a->sw + p - a->pl];
                 fill_floats(op + q_hi, a->Wq - q_hi, a->fill);

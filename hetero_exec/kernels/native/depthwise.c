@@ -1,9 +1,9 @@
-/* Depthwise convolution (one input channel per group, multiplier 1) in float32, AVX-512F:
+/* Depthwise convolution (one input channel per group, multiplier 1) in float32 (simd.h):
  * the cpu provider's path for MobileNet's and ConvNeXt's depthwise layers (see
- * native/packed_gemm.py, `depthwise_2d`).
+ * native/conv.py, `depthwise_2d`).
  *
  * Each plane is padded into a small scratch buffer (split into its column phases for a
- * column stride s > 1, as conv.c's input), where every tap of a run of 16
+ * column stride s > 1, as conv.c's input), where every tap of a run of VW
  * output pixels is one unmasked load at a fixed offset and one FMA. At strides 1 the runs
  * go over the padded grid across rows, and compress stores leave out the junk columns,
  * so that a 4x4 or 8x8 plane fills most lanes; otherwise runs lie within an output row.
@@ -15,7 +15,7 @@
  * 3-10x slower than onnxruntime on MobileNetV2's layers. A first version here, which read
  * the unpadded input under lane masks and one run at a time, waited on each run's chain
  * of dependent FMAs and ran 1.3-2x slower than this one. */
-#include "he.h"
+#include "kernels.h"
 
 #define RUNS 8 /* runs summed at once: 8 accumulators */
 
@@ -37,81 +37,77 @@ typedef struct {
 
 /* one run's sum stored: act(v + z) under mask m, compressed when the lanes are not one
  * block from lane 0 (a run across a row's end) */
-static inline __attribute__((always_inline)) void
-store_run(__m512 v, float *y, const float *z, __mmask16 m, int act, __m512 lo, __m512 hi)
+ALWAYS_INLINE void store_run(vf v, float *y, const float *z, lanes_t m, int act, vf lo, vf hi)
 {
     int compress = (m & (m + 1)) != 0;
     if (z)
-        v = _mm512_add_ps(v, compress ? expand_load(m, z)
-                                      : _mm512_maskz_loadu_ps(m, z));
+        v = vadd(v, compress ? vexpand_load(m, z) : vload_lanes(m, z));
     /* max/min return their second operand when either is NaN: NaN stays NaN */
     if (act == ACT_RELU)
-        v = _mm512_max_ps(_mm512_setzero_ps(), v);
+        v = vmax(vzero(), v);
     else if (act == ACT_CLIP)
-        v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
+        v = vmin(hi, vmax(lo, v));
     if (compress)
-        compress_store(y, m, v);
+        vcompress_store(y, m, v);
     else
-        _mm512_mask_storeu_ps(y, m, v);
+        vstore_lanes(y, m, v);
 }
 
 /* runs [u, u + nr) of one padded plane p: nr a constant where inlined */
-static inline __attribute__((always_inline)) void
-runs_block(const dw_args *a, const float *p, const float *w, __m512 b, float *y, const float *z,
-           int u, const int nr)
+ALWAYS_INLINE void runs_block(const dw_args *a, const float *p, const float *w, vf b, float *y,
+                              const float *z, int u, const int nr)
 {
     const int KT = a->KH * a->KW;
-    const __m512 lo = _mm512_set1_ps(a->lo), hi = _mm512_set1_ps(a->hi);
+    const vf lo = vset1(a->lo), hi = vset1(a->hi);
     const float *base[RUNS];
-    __m512 acc[RUNS];
+    vf acc[RUNS];
 #pragma GCC unroll 8
     for (int r = 0; r < nr; r++) {
         base[r] = p + a->in0[u + r];
         acc[r] = b;
     }
     for (int t = 0; t < KT; t++) {
-        __m512 wv = _mm512_set1_ps(w[t]);
+        vf wv = vset1(w[t]);
         int o = a->off[t];
 #pragma GCC unroll 8
         for (int r = 0; r < nr; r++)
-            acc[r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(base[r] + o), acc[r]);
+            acc[r] = vfma(wv, vloadu(base[r] + o), acc[r]);
     }
 #pragma GCC unroll 8
     for (int r = 0; r < nr; r++) {
         int o = a->out0[u + r];
-        store_run(acc[r], y + o, z ? z + o : 0, (__mmask16)a->mask[u + r], a->act, lo, hi);
+        store_run(acc[r], y + o, z ? z + o : 0, a->mask[u + r], a->act, lo, hi);
     }
 }
 
 /* MaxPool's runs [u, u + nr) of one plane padded with -inf: the maximum over the taps,
  * NaN where any tap is NaN (as numpy's maximum) */
-static inline __attribute__((always_inline)) void
-pool_block(const dw_args *a, const float *p, float *y, int u, const int nr)
+ALWAYS_INLINE void pool_block(const dw_args *a, const float *p, float *y, int u, const int nr)
 {
     const int KT = a->KH * a->KW;
-    const __m512 nan = _mm512_set1_ps(__builtin_nanf("")), none = _mm512_setzero_ps();
+    const vf nan = vset1(__builtin_nanf("")), none = vzero();
     const float *base[RUNS];
-    __m512 acc[RUNS];
-    __mmask16 isnan[RUNS];
+    vf acc[RUNS];
+    vb isnan[RUNS];
 #pragma GCC unroll 8
     for (int r = 0; r < nr; r++) {
         base[r] = p + a->in0[u + r];
-        acc[r] = _mm512_set1_ps(-__builtin_inff());
-        isnan[r] = 0;
+        acc[r] = vset1(-__builtin_inff());
+        isnan[r] = vb_none();
     }
     for (int t = 0; t < KT; t++) {
         int o = a->off[t];
 #pragma GCC unroll 8
         for (int r = 0; r < nr; r++) {
-            __m512 v = _mm512_loadu_ps(base[r] + o);
-            isnan[r] |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-            acc[r] = _mm512_max_ps(acc[r], v);
+            vf v = vloadu(base[r] + o);
+            isnan[r] = vb_or(isnan[r], visnan(v));
+            acc[r] = vmax(acc[r], v);
         }
     }
 #pragma GCC unroll 8
     for (int r = 0; r < nr; r++)
-        store_run(_mm512_mask_mov_ps(acc[r], isnan[r], nan), y + a->out0[u + r], 0,
-                  (__mmask16)a->mask[u + r], ACT_NONE, none, none);
+        store_run(vselect(isnan[r], nan, acc[r]), y + a->out0[u + r], 0, a->mask[u + r],
+                  ACT_NONE, none, none);
 }
 
 /* the lanes k in [lo, hi) of 32 */
@@ -125,10 +121,10 @@ static inline unsigned range_mask(int lo, int hi)
     return below_hi & ~((1u << lo) - 1);
 }
 
-/* A padded row's chunks of 16 columns, the same for every row of every plane (computed
- * once a task): chunk k of phase ph writes columns q0 .. q0 + 15 of that phase from
- * x[col0 + 0, sw, 2 sw, ...] under `mask` (the lanes inside the row; 32 lanes for a
- * stride of 2, whose even ones are kept). */
+/* A padded row's chunks of VW columns, the same for every row of every plane (computed
+ * once a task): chunk k of phase ph writes columns q0 .. q0 + VW - 1 of that phase from
+ * x[col0 + 0, sw, 2 sw, ...] under `mask` (the lanes inside the row; for AVX-512 32
+ * lanes for a stride of 2, whose even ones are kept). */
 typedef struct {
     int dst, col0;
     unsigned mask;
@@ -138,13 +134,13 @@ static int pad_chunks(const dw_args *a, chunk_t *out)
 {
     int n = 0;
     for (int ph = 0; ph < a->sw; ph++)
-        for (int q0 = 0; q0 < a->Wq; q0 += 16) {
+        for (int q0 = 0; q0 < a->Wq; q0 += VW) {
             int col0 = q0 * a->sw + ph - a->pl;
             chunk_t c = {ph * a->Wq + q0, col0, 0};
             if (a->sw <= 2) {
                 c.mask = range_mask(-col0, a->Wd - col0);
                 if (a->sw == 1)
-                    c.mask &= 0xFFFF;
+                    c.mask &= VMASK;
             }
             out[n++] = c;
         }
@@ -158,26 +154,30 @@ static inline void pad_plane(const dw_args *a, const chunk_t *chunks, int n, con
 {
     const int sw = a->sw, W = a->Wd;
     const long pitch = (long)sw * a->Wq;
-    const __m512 fill = _mm512_set1_ps(a->fill);
+    const vf fill = vset1(a->fill);
+#if defined(HE_ISA_AVX512)
     const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4,
                                           2, 0);
     const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+#endif
     for (int hp = 0; hp < a->Hp; hp++) {
         int h = hp - a->pt;
         float *orow = o + hp * pitch;
         /* (a chunk's last lanes spill into the next phase or row: written again there) */
         if (h < 0 || h >= a->H) {
-            for (int q = 0; q < pitch; q += 16)
-                _mm512_storeu_ps(orow + q, fill);
+            for (int q = 0; q < pitch; q += VW)
+                vstoreu(orow + q, fill);
             continue;
         }
         const float *xr = x + (long)h * W;
         for (int k = 0; k < n; k++) {
             const chunk_t c = chunks[k];
-            __m512 v;
+            vf v;
             if (sw == 1) {
-                v = _mm512_mask_loadu_ps(fill, (__mmask16)c.mask, xr + c.col0);
-            } else if (sw == 2) {
+                v = vload_lanes_or(fill, c.mask, xr + c.col0);
+            }
+#if defined(HE_ISA_AVX512)
+            else if (sw == 2) {
                 __m512 lo = _mm512_mask_loadu_ps(fill, (__mmask16)(c.mask & 0xFFFF), xr + c.col0);
                 __m512 hi = _mm512_mask_loadu_ps(fill, (__mmask16)(c.mask >> 16), xr + c.col0 + 16);
                 v = _mm512_permutex2var_ps(lo, even, hi);
@@ -188,7 +188,17 @@ static inline void pad_plane(const dw_args *a, const chunk_t *chunks, int n, con
                               _mm512_cmplt_epi32_mask(col, _mm512_set1_epi32(W));
                 v = _mm512_mask_i32gather_ps(fill, m, col, xr, 4);
             }
-            _mm512_storeu_ps(orow + c.dst, v);
+#else
+            else {
+                float t[VW];
+                for (int i = 0; i < VW; i++) {
+                    int col = c.col0 + i * sw;
+                    t[i] = col >= 0 && col < W ? xr[col] : a->fill;
+                }
+                v = vloadu(t);
+            }
+#endif
+            vstoreu(orow + c.dst, v);
         }
     }
 }
@@ -200,7 +210,7 @@ static void dw_task(void *args, int p0, int p1)
     /* the padded plane, with slack for the last runs' reads past its end (zeros at first:
      * they only reach lanes that are not stored, but must not be denormals) */
     float *p = (float *)calloc((size_t)padded + 64, sizeof(float));
-    chunk_t *chunks = (chunk_t *)malloc((size_t)a->sw * ((a->Wq + 15) / 16) * sizeof(chunk_t));
+    chunk_t *chunks = (chunk_t *)malloc((size_t)a->sw * ((a->Wq + VW - 1) / VW) * sizeof(chunk_t));
     if (!p || !chunks) {
         free(p);
         free(chunks);
@@ -229,7 +239,7 @@ static void dw_task(void *args, int p0, int p1)
         }
         int c = pi % a->C;
         const float *w = a->W + (long)c * a->KH * a->KW;
-        const __m512 b = _mm512_set1_ps(a->bias ? a->bias[c] : 0.0f);
+        const vf b = vset1(a->bias ? a->bias[c] : 0.0f);
         float *y = a->Y + (long)pi * out_plane;
         const float *z = a->z ? a->z + (long)pi * out_plane : 0;
         int u = 0;
@@ -265,9 +275,9 @@ static int depthwise_or_pool(const float *X, const float *W, const float *bias, 
     int Wq = (Wp + sw - 1) / sw, pitch = sw * Wq;
     /* at strides 1, runs over the padded grid (a row's junk columns computed and not
      * stored) when they take fewer lanes than runs within each row */
-    int row_runs = (OW + 15) / 16;
-    int flat = sh == 1 && sw == 1 && pitch <= 16 * row_runs;
-    int runs = flat ? ((OH - 1) * pitch + OW + 15) / 16 : OH * row_runs;
+    int row_runs = (OW + VW - 1) / VW;
+    int flat = sh == 1 && sw == 1 && pitch <= VW * row_runs;
+    int runs = flat ? ((OH - 1) * pitch + OW + VW - 1) / VW : OH * row_runs;
     int KT = KH * KW;
     int *off = (int *)malloc((size_t)KT * sizeof(int));
     int *in0 = (int *)malloc((size_t)runs * sizeof(int));
@@ -284,8 +294,8 @@ static int depthwise_or_pool(const float *X, const float *W, const float *bias, 
     for (int u = 0; u < runs; u++) {
         unsigned m = 0;
         if (flat) {
-            long q0 = (long)u * 16, grid = (long)(OH - 1) * pitch + OW, first = -1;
-            for (int k = 0; k < 16 && q0 + k < grid; k++)
+            long q0 = (long)u * VW, grid = (long)(OH - 1) * pitch + OW, first = -1;
+            for (int k = 0; k < VW && q0 + k < grid; k++)
                 if ((q0 + k) % pitch < OW) {
                     m |= 1u << k;
                     if (first < 0)
@@ -294,8 +304,8 @@ static int depthwise_or_pool(const float *X, const float *W, const float *bias, 
             in0[u] = (int)q0;
             out0[u] = first < 0 ? 0 : (int)(first / pitch * OW + first % pitch);
         } else {
-            int oh = u / row_runs, ow0 = (u % row_runs) * 16;
-            int len = OW - ow0 < 16 ? OW - ow0 : 16;
+            int oh = u / row_runs, ow0 = (u % row_runs) * VW;
+            int len = OW - ow0 < VW ? OW - ow0 : VW;
             m = (1u << len) - 1;
             in0[u] = oh * sh * pitch + ow0;
             out0[u] = oh * OW + ow0;

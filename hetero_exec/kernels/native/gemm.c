@@ -1,7 +1,7 @@
-/* float32 GEMM on weights packed once (AVX-512F), for the cpu provider's products with a
+/* float32 GEMM on weights packed once (each variant of simd.h), for the products with a
  * constant operand: MatMul / Gemm / FusedMatMul (weights on the right) and Conv's
- * pointwise path (weights on the left; conv.c has the other convolutions). Built on
- * first use by native/packed_gemm.py; numpy's BLAS stays the path everywhere else.
+ * pointwise path (weights on the left; conv.c has the other convolutions). Built by
+ * setup.py, loaded by native/library.py; numpy's BLAS stays the path everywhere else.
  *
  * Why: a BLAS packs both operands on every call. For a product of a few rows by a large
  * weight (an MLP at batch 8, a transformer at batch 1) that packing is most of the call
@@ -9,8 +9,9 @@
  * which packs its weights once, 0.11-0.17 ms). Packing the weights once, and adding bias,
  * residual and Relu/Clip as the tile is stored, saves that and the epilogue's pass.
  *
- * The micro-tile is MR rows x 32 columns (two zmm registers a row), accumulated over a
- * block of K, as in BLIS/GotoBLAS: one operand is broadcast a value at a time, the other
+ * The tile is MR rows x 32 columns, accumulated over a block of K, as in BLIS/GotoBLAS,
+ * in parts of at most TILE_ROWS x TILE_COLS that fit the registers (AVX-512: the whole
+ * 12 x 32 tile; AVX2: 6 x 16): one operand is broadcast a value at a time, the other
  * loaded 32 floats at a time.
  *   right (Y = A @ B): B packed in panels of 32 columns (K x 32 floats each); A's rows
  *     are broadcast from where they lie (lda).
@@ -18,81 +19,152 @@
  *     image, NCHW) copied a 32-column panel at a time into a scratch buffer, which also
  *     zero-fills the ragged last panel.
  */
-#include "he.h"
+#include "kernels.h"
 
-static inline __attribute__((always_inline)) void
-tile(const int mr, int K, const float *a, long ars, long aks, const float *b, long bks,
-     float *c, long ldc, __mmask16 m0, __mmask16 m1, const store_t *s)
+/* Rows [r0, r0 + R) and columns [j0, j0 + TILE_COLS) of a tile: R x TILE_VECS
+ * accumulators over K, then stored through `o` (bias, residual, Relu/Clip on the last K
+ * block). R and compress are constants where inlined. */
+ALWAYS_INLINE void
+tile_part(const int R, int K, const float *a, long ars, long aks, const float *b, long bks,
+          const tile_out *o, long ldc, const store_t *s, int r0, int j0, const int compress)
 {
-    __m512 acc0[MR_LEFT], acc1[MR_LEFT];
+    vf acc[TILE_ROWS][TILE_VECS];
+    a += r0 * ars;
+    b += j0;
 #pragma GCC unroll 12
-    for (int r = 0; r < mr; r++) {
-        acc0[r] = _mm512_setzero_ps();
-        acc1[r] = _mm512_setzero_ps();
-    }
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < TILE_VECS; v++)
+            acc[r][v] = vzero();
     for (int k = 0; k < K; k++) {
-        __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+        vf bv[TILE_VECS];
+#pragma GCC unroll 4
+        for (int v = 0; v < TILE_VECS; v++)
+            bv[v] = vloadu(b + v * VW);
 #pragma GCC unroll 12
-        for (int r = 0; r < mr; r++) {
-            __m512 av = _mm512_set1_ps(a[r * ars]);
-            acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
-            acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
+        for (int r = 0; r < R; r++) {
+            vf av = vset1(a[r * ars]);
+#pragma GCC unroll 4
+            for (int v = 0; v < TILE_VECS; v++)
+                acc[r][v] = vfma(av, bv[v], acc[r][v]);
         }
         a += aks;
         b += bks;
     }
-    __m512 cb0 = _mm512_setzero_ps(), cb1 = _mm512_setzero_ps();
-    if (s->last && s->cbias) {
-        cb0 = _mm512_maskz_loadu_ps(m0, s->cbias);
-        cb1 = _mm512_maskz_loadu_ps(m1, s->cbias + 16);
+    /* each vector's lanes, its offset in its segment's destination and column bias */
+    lanes_t lanes[TILE_VECS];
+    int pos[TILE_VECS], plain[TILE_VECS], h[TILE_VECS];
+    vf cb[TILE_VECS];
+#pragma GCC unroll 4
+    for (int v = 0; v < TILE_VECS; v++) {
+        int j = j0 + v * VW, sh = j % SEG;
+        unsigned seg = o->m[j / SEG];
+        h[v] = j / SEG;
+        lanes[v] = (seg >> sh) & VMASK;
+        plain[v] = !compress || (seg & (seg + 1)) == 0;
+        pos[v] = plain[v] ? sh : __builtin_popcount(seg & ((1u << sh) - 1));
+        cb[v] = s->last && s->cbias ? vload_lanes(lanes[v], s->cbias + j) : vzero();
     }
-    const __m512 zero = _mm512_setzero_ps(), lo = _mm512_set1_ps(s->lo), hi = _mm512_set1_ps(s->hi);
+    const vf zero = vzero(), lo = vset1(s->lo), hi = vset1(s->hi);
 #pragma GCC unroll 12
-    for (int r = 0; r < mr; r++) {
-        float *cr = c + r * ldc;
-        __m512 v0 = acc0[r], v1 = acc1[r];
-        if (s->accumulate) {
-            v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, cr));
-            v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, cr + 16));
+    for (int r = 0; r < R; r++) {
+        long row = (long)(r0 + r);
+#pragma GCC unroll 4
+        for (int v = 0; v < TILE_VECS; v++) {
+            if (!lanes[v])
+                continue;
+            float *c = o->c[h[v]] + row * ldc + pos[v];
+            vf x = acc[r][v];
+            if (s->accumulate)
+                x = vadd(x, plain[v] ? vload_lanes(lanes[v], c) : vexpand_load(lanes[v], c));
+            if (s->last) {
+                if (s->rbias)
+                    x = vadd(x, vset1(s->rbias[r0 + r]));
+                x = vadd(x, cb[v]);
+                if (o->z[h[v]]) {
+                    const float *zr = o->z[h[v]] + row * s->ldz + pos[v];
+                    x = vadd(x, plain[v] ? vload_lanes(lanes[v], zr) : vexpand_load(lanes[v], zr));
+                }
+                /* max/min return their second operand when either is NaN: NaN stays NaN */
+                if (s->act == ACT_RELU)
+                    x = vmax(zero, x);
+                else if (s->act == ACT_CLIP)
+                    x = vmin(hi, vmax(lo, x));
+            }
+            if (plain[v])
+                vstore_lanes(c, lanes[v], x);
+            else
+                vcompress_store(c, lanes[v], x);
         }
-        if (s->last) {
-            if (s->rbias) {
-                __m512 rb = _mm512_set1_ps(s->rbias[r]);
-                v0 = _mm512_add_ps(v0, rb);
-                v1 = _mm512_add_ps(v1, rb);
-            }
-            v0 = _mm512_add_ps(v0, cb0);
-            v1 = _mm512_add_ps(v1, cb1);
-            if (s->z) {
-                const float *zr = s->z + r * s->ldz;
-                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, zr));
-                v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, zr + 16));
-            }
-            /* max/min return their second operand when either is NaN: NaN stays NaN */
-            if (s->act == ACT_RELU) {
-                v0 = _mm512_max_ps(zero, v0);
-                v1 = _mm512_max_ps(zero, v1);
-            } else if (s->act == ACT_CLIP) {
-                v0 = _mm512_min_ps(hi, _mm512_max_ps(lo, v0));
-                v1 = _mm512_min_ps(hi, _mm512_max_ps(lo, v1));
-            }
-        }
-        _mm512_mask_storeu_ps(cr, m0, v0);
-        _mm512_mask_storeu_ps(cr + 16, m1, v1);
     }
 }
 
-/* the tile for 1..12 rows, each with its row loops unrolled at compile time */
-static void tile_rows(int mr, int K, const float *a, long ars, long aks, const float *b,
-                      long bks, float *c, long ldc, __mmask16 m0, __mmask16 m1,
-                      const store_t *s)
+/* the lanes of columns [j0, j0 + TILE_COLS) of a tile */
+static inline unsigned part_lanes(const tile_out *o, int j0)
 {
-#define T(n) case n: tile(n, K, a, ars, aks, b, bks, c, ldc, m0, m1, s); break;
-    switch (mr) {
-        T(1) T(2) T(3) T(4) T(5) T(6) T(7) T(8) T(9) T(10) T(11)
-        default: tile(12, K, a, ars, aks, b, bks, c, ldc, m0, m1, s); break;
+    if (TILE_COLS >= NR)
+        return o->m[0] | o->m[1];
+    unsigned seg = o->m[j0 / SEG] >> (j0 % SEG);
+    return TILE_COLS >= SEG ? seg : seg & ((1u << TILE_COLS) - 1);
+}
+
+/* the tile for 1..MR_LEFT rows: column parts of TILE_COLS, each in row chunks of at most
+ * TILE_ROWS (as even as they go), each chunk's loops unrolled at compile time */
+#define TILE_ROWS_FN(NAME, COMPRESS)                                                        \
+    static void NAME(int mr, int K, const float *a, long ars, long aks, const float *b,     \
+                     long bks, const tile_out *o, long ldc, const store_t *s)               \
+    {                                                                                       \
+        for (int j0 = 0; j0 < NR; j0 += TILE_COLS) {                                        \
+            if (TILE_COLS < NR && !part_lanes(o, j0))                                       \
+                continue;                                                                   \
+            int chunks = (mr + TILE_ROWS - 1) / TILE_ROWS;                                  \
+            for (int q = 0, r0 = 0; q < chunks; q++) {                                      \
+                int rows = (mr - r0) / (chunks - q);                                        \
+                switch (rows) {                                                             \
+                case 1: tile_part(1, K, a, ars, aks, b, bks, o, ldc, s, r0, j0, COMPRESS); break; \
+                case 2: tile_part(2, K, a, ars, aks, b, bks, o, ldc, s, r0, j0, COMPRESS); break; \
+                case 3: tile_part(3, K, a, ars, aks, b, bks, o, ldc, s, r0, j0, COMPRESS); break; \
+                case 4: tile_part(4, K, a, ars, aks, b, bks, o, ldc, s, r0, j0, COMPRESS); break; \
+                case 5: tile_part(5, K, a, ars, aks, b, bks, o, ldc, s, r0, j0, COMPRESS); break; \
+                TILE_ROWS_MORE(COMPRESS)                                                    \
+                default: tile_part(TILE_ROWS, K, a, ars, aks, b, bks, o, ldc, s, r0, j0, COMPRESS); \
+                         break;                                                             \
+                }                                                                           \
+                r0 += rows;                                                                 \
+            }                                                                               \
+        }                                                                                   \
     }
-#undef T
+#if TILE_ROWS > 6
+#define TILE_ROWS_MORE(COMPRESS)                                                            \
+    case 6: tile_part(6, K, a, ars, aks, b, bks, o, ldc, s, r0, j0, COMPRESS); break;        \
+    case 7: tile_part(7, K, a, ars, aks, b, bks, o, ldc, s, r0, j0, COMPRESS); break;        \
+    case 8: tile_part(8, K, a, ars, aks, b, bks, o, ldc, s, r0, j0, COMPRESS); break;        \
+    case 9: tile_part(9, K, a, ars, aks, b, bks, o, ldc, s, r0, j0, COMPRESS); break;        \
+    case 10: tile_part(10, K, a, ars, aks, b, bks, o, ldc, s, r0, j0, COMPRESS); break;      \
+    case 11: tile_part(11, K, a, ars, aks, b, bks, o, ldc, s, r0, j0, COMPRESS); break;
+#else
+#define TILE_ROWS_MORE(COMPRESS)
+#endif
+TILE_ROWS_FN(tile_rows_plain, 0)
+TILE_ROWS_FN(tile_rows_compress, 1)
+
+void tile_rows(int mr, int K, const float *a, long ars, long aks, const float *b, long bks,
+               const tile_out *o, long ldc, const store_t *s, int compress)
+{
+    if (compress)
+        tile_rows_compress(mr, K, a, ars, aks, b, bks, o, ldc, s);
+    else
+        tile_rows_plain(mr, K, a, ars, aks, b, bks, o, ldc, s);
+}
+
+/* the columns of a 32-column panel that hold its first nr: two segments' lanes */
+static inline tile_out gemm_out(float *c, const float *z, int nr)
+{
+    int n1 = nr - SEG;
+    tile_out o = {{c, c + SEG}, {z, z ? z + SEG : 0},
+                  {nr >= SEG ? 0xFFFFu : nr <= 0 ? 0u : (1u << nr) - 1,
+                   n1 >= SEG ? 0xFFFFu : n1 <= 0 ? 0u : (1u << n1) - 1}};
+    return o;
 }
 
 /* ------------------------------------------------------------------ weights on the right */
@@ -121,16 +193,13 @@ static void he_gemm_right(int N, int K, const float *A, long lda, const float *B
             int i1 = i0 + MC < m1 ? i0 + MC : m1;
             for (int p = p0; p < p1; p++) {
                 int j = p * NR, nr = N - j < NR ? N - j : NR;
-                __mmask16 mk0, mk1;
-                col_masks(nr, &mk0, &mk1);
                 const float *bp = Bp + (long)p * NR * K + (long)k0 * NR;
                 for (int i = i0; i < i1; i += MR_RIGHT) {
                     int mr = i1 - i < MR_RIGHT ? i1 - i : MR_RIGHT;
                     s.cbias = bias ? bias + j : 0;
-                    s.z = z ? z + (long)i * ldz + j : 0;
                     s.ldz = ldz;
-                    tile_rows(mr, kc, A + (long)i * lda + k0, lda, 1, bp, NR,
-                              Y + (long)i * ldy + j, ldy, mk0, mk1, &s);
+                    tile_out o = gemm_out(Y + (long)i * ldy + j, z ? z + (long)i * ldz + j : 0, nr);
+                    tile_rows(mr, kc, A + (long)i * lda + k0, lda, 1, bp, NR, &o, ldy, &s, 0);
                 }
             }
         }
@@ -164,13 +233,12 @@ static int he_gemm_left(int M, int K, int L, const float *Wp, const float *X, lo
     int panels = (L + NR - 1) / NR;
     for (int t = t0; t < t1; t++) {
         int n = t / panels, j = (t % panels) * NR, nr = L - j < NR ? L - j : NR;
-        __mmask16 mk0, mk1;
-        col_masks(nr, &mk0, &mk1);
         const float *xp = X + (long)n * xs + j;
-        for (int k = 0; k < K; k++) {
-            _mm512_store_ps(panel + k * NR, _mm512_maskz_loadu_ps(mk0, xp + (long)k * ldx));
-            _mm512_store_ps(panel + k * NR + 16, _mm512_maskz_loadu_ps(mk1, xp + (long)k * ldx + 16));
-        }
+        for (int k = 0; k < K; k++)
+#pragma GCC unroll 8
+            for (int v = 0; v < NR / VW; v++)
+                vstore(panel + k * NR + v * VW,
+                       vload_lanes(first_lanes(nr - v * VW), xp + (long)k * ldx + v * VW));
         float *yp = Y + (long)n * ys + j;
         for (int k0 = 0; k0 < K; k0 += KC) {
             int kc = K - k0 < KC ? K - k0 : KC;
@@ -178,10 +246,11 @@ static int he_gemm_left(int M, int K, int L, const float *Wp, const float *X, lo
             for (int i0 = m0; i0 < m1; i0 += MR_LEFT) {
                 int mr = m1 - i0 < MR_LEFT ? m1 - i0 : MR_LEFT;
                 s.rbias = bias ? bias + i0 : 0;
-                s.z = z ? z + (long)n * ys + (long)i0 * L + j : 0;
                 s.ldz = L;
+                tile_out o = gemm_out(yp + (long)i0 * L,
+                                      z ? z + (long)n * ys + (long)i0 * L + j : 0, nr);
                 tile_rows(mr, kc, Wp + (long)i0 * K + (long)k0 * MR_LEFT, 1, MR_LEFT,
-                          panel + (long)k0 * NR, NR, yp + (long)i0 * L, L, mk0, mk1, &s);
+                          panel + (long)k0 * NR, NR, &o, L, &s, 0);
             }
         }
     }

@@ -1,5 +1,5 @@
-"""float32 products on weights packed once (native/gemm.c, conv.c, AVX-512F), built on
-first use.
+"""float32 products on weights packed once (native/gemm.c, conv.c), and the other C
+kernels' wrappers.
 
 A BLAS call packs both of its operands every time. For a product with a constant weight
 and few rows (an MLP at batch 8) that is most of the call, and onnxruntime, which packs
@@ -15,12 +15,9 @@ depthwise Conv, by planes or along the channels: native/depthwise.c, depthwise_c
 FusedMatMul epilogue, act.c) and `layer_norm_channels` (norm.c). The `*_call` forms bind a
 kernel's arguments once for a Conv node's input shape (kernels/_conv_bound.py).
 
-The C sources are compiled by the system's C compiler (``$CC``, else ``cc``) on first
-use, into ``__pycache__`` beside them (or the user's cache directory), keyed by the hash
-of the sources and the compiler, and checked against numpy once per process. Where the CPU
-lacks AVX-512F, no compiler is found, the build or the check fails, or
-``HETERO_EXEC_PACKED_GEMM=0`` (or the compiled kernels are off, ``HETERO_EXEC_NATIVE=0``),
-`unavailable_reason` says why and the callers keep numpy's BLAS.
+The library is built by the package's build and loaded by native/library.py, which
+picks its instruction-set variant and says why it is off where it is (`unavailable_reason`:
+the callers then keep numpy's BLAS).
 
 A product is split over gemm.c's own worker threads (one per core but the caller's),
 which spin ``HETERO_EXEC_WORKER_SPIN_US`` (400) microseconds after each part before they
@@ -34,43 +31,31 @@ of threads for the whole run (kernels/_threads.py).
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import logging
 import math
-import os
-import shutil
-import subprocess
-import tempfile
-import threading
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from hetero_exec.kernels import _threads
-from hetero_exec.kernels.native import ACT_DEFAULTS, switched_off
-from hetero_exec.kernels.native import ENV as NATIVE_ENV
+from hetero_exec.kernels.native import ACT_DEFAULTS, library
+from hetero_exec.kernels.native.library import address, available, reset, unavailable_reason
+from hetero_exec.kernels.native.library import lib as _lib
+from hetero_exec.kernels.native.library import pointer as _ptr
 
+__all__ = ["available", "reset", "unavailable_reason"]  # (the library's, re-exported)
 log = logging.getLogger(__name__)
+ENV = library.ENV
 
-#: "0" (or "false", "off", "no"): numpy's BLAS for every product
-ENV = "HETERO_EXEC_PACKED_GEMM"
-SOURCE = Path(__file__).with_name("gemm.c")
-#: every source of the library (the products, the convolutions, the row kernels, the
-#: workers) and their shared header
-SOURCES = tuple(SOURCE.with_name(name) for name in (
-    "gemm.c", "conv.c", "depthwise.c", "depthwise_cl.c", "softmax.c", "norm.c", "act.c",
-    "blas.c", "workers.c"))
-HEADERS = (SOURCE.with_name("he.h"),)
-CFLAGS = ("-O3", "-mavx512f", "-mfma", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread")
-
-#: the micro-kernel's tile (gemm.c): 32 columns; rows per tile on each side
+#: the micro-kernel's tile (kernels.h): 32 columns; rows per tile on each side. The
+#: library exports these (abi.c); its self-check fails were they to differ.
 NR = 32
 MR_RIGHT = 8
 MR_LEFT = 12
-#: activation codes of the kernels' store (he.h; the others run after it, as before)
+#: activation codes of the kernels' store (kernels.h; the others run after it, as before)
 ACT_NONE, ACT_RELU, ACT_CLIP = 0, 1, 2
+library.expect(NR=NR, MR_RIGHT=MR_RIGHT, MR_LEFT=MR_LEFT, ACT_NONE=ACT_NONE, ACT_RELU=ACT_RELU,
+               ACT_CLIP=ACT_CLIP, SEG=16)  # SEG: `RUN` below
 #: the rows a right-hand product takes the packed path for, whatever its width (below:
 #: a GEMV-like product is memory-bound, and 1-3 rows leave the tile's FMA chains too
 #: short to hide their latency)
@@ -96,61 +81,12 @@ SPLIT_FLOPS = 4e6
 #: As long as OpenBLAS's workers after our shortening (2**20 cycles, kernels/_threads.py),
 #: since they now take a run's BLAS products too (`blas_matmul`): at 100 us they slept
 #: between BERT's products and each woke at 40-130 us (BERT at batch 1 1.15x the time)
-SPIN_ENV = "HETERO_EXEC_WORKER_SPIN_US"
-DEFAULT_SPIN_US = 400
+SPIN_ENV, DEFAULT_SPIN_US = library.SPIN_ENV, library.DEFAULT_SPIN_US
 
-_lock = threading.Lock()
-_state: dict[str, Any] = {}
-
-_P = ctypes.c_void_p
-_I = ctypes.c_int
-_L = ctypes.c_long
-_F = ctypes.c_float
-_SIGNATURES = {
-    "he_pack_right_size": (_L, [_I, _I]),
-    "he_pack_right": (None, [_I, _I, _P, _L, _L, _P]),
-    "he_pack_left_size": (_L, [_I, _I]),
-    "he_pack_left": (None, [_I, _I, _P, _L, _L, _P]),
-    "he_conv_tiles": (_I, [_I, _I, _I, _I]),
-    "he_pad_mt": (None, [_P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _F, _I]),
-    "he_maxpool_plane_mt": (_I, [_P, _P] + [_I] * 14),
-    "he_pool_start": (_I, [_I, _L]),
-    "he_pool_hot": (_I, []),
-    "he_softmax_mt": (None, [_P, _I, _I, _I]),
-    "he_depthwise_cl_mt": (_I, [_P, _P, _P, _P, _P] + [_I] * 14 + [_I, _F, _F, _I]),
-    "he_last_axis_mt": (None, [_P, _P, _I, _I, _I, _F, _F, _I]),
-    "he_layer_norm_channels_mt": (_I, [_P, _P, _P, _F, _P, _I, _I, _I, _I, _I]),
-    "he_depthwise_mt": (_I, [_P, _P, _P, _P, _P] + [_I] * 14 + [_I, _F, _F, _I]),
-    "he_gemm_right_mt": (None, [_I, _I, _I, _P, _L, _P, _P, _L, _P, _P, _L, _I, _F, _F, _I]),
-    "he_gemm_left_mt": (_I, [_I, _I, _I, _P, _P, _L, _L, _P, _L, _I, _P, _P, _I, _F, _F, _I,
-                             _I]),
-    "he_blas_gemm_mt": (None, [_P, _P, _I, _I, _I, _I, _L, _L, _L, _L, _P, _L, _L, _P, _L, _L, _P,
-                               _L, _L, _I, _I]),
-    "he_patches_mt": (None, [_P, _P] + [_I] * 15),
-    "he_conv_left_mt": (_I, [_I, _I, _P, _P, _P, _L, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I,
-                             _F, _F, _I, _I]),
-}
 #: the least share of a conv's lanes that must hold output pixels (`conv_fits`)
 LANES_FILLED = 0.8
 #: output pixels of a conv tile's run (conv.c: two runs of 16 lanes a tile)
 RUN = 16
-
-
-def unavailable_reason() -> str | None:
-    """Why the packed products are not used, or None when they are (decided once per
-    process; `reset` decides again)."""
-    if "reason" not in _state:
-        with _lock:
-            if "reason" not in _state:
-                _state["reason"] = _load()
-                if _state["reason"]:
-                    log.info("packed float32 GEMM off: %s; numpy's BLAS for every product",
-                             _state["reason"])
-    return _state["reason"]
-
-
-def available() -> bool:
-    return unavailable_reason() is None
 
 
 def store_act(activation: str, params=None) -> tuple[int, float, float] | None:
@@ -164,143 +100,6 @@ def store_act(activation: str, params=None) -> tuple[int, float, float] | None:
         lo, hi = params or ACT_DEFAULTS["Clip"]
         return ACT_CLIP, float(lo), float(hi)
     return None
-
-
-def reset() -> None:
-    """Decide `available` again (after ``HETERO_EXEC_PACKED_GEMM`` changed)."""
-    with _lock:
-        _state.clear()
-
-
-def _load() -> str | None:
-    for env in (ENV, NATIVE_ENV):
-        if switched_off(env):
-            return f"{env}={os.environ[env]!r}"
-    features = _cpu_features()
-    if not (features.get("AVX512F") and features.get("FMA3")):
-        return "the CPU lacks AVX-512F (numpy's CPU feature table)"
-    cc = shutil.which(os.environ.get("CC", "cc"))
-    if cc is None:
-        return f"no C compiler ({os.environ.get('CC', 'cc')!r} not on PATH)"
-    try:
-        lib = ctypes.CDLL(str(_built(cc)))
-    except (OSError, subprocess.SubprocessError) as e:
-        return f"the C kernels did not build or load ({type(e).__name__}: {e})"
-    for name, (restype, argtypes) in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    _state["lib"] = lib
-    reason = _self_check()
-    if reason is None:
-        lib.he_pool_start(max(0, _threads.cores() - 1), _spin_ns())
-    return reason
-
-
-def _spin_ns() -> int:
-    value = os.environ.get(SPIN_ENV, "")
-    try:
-        us = float(value) if value.strip() else DEFAULT_SPIN_US
-    except ValueError:
-        log.warning("%s=%r is not a number of microseconds; using %d", SPIN_ENV, value,
-                    DEFAULT_SPIN_US)
-        us = DEFAULT_SPIN_US
-    return max(0, int(us * 1000))
-
-
-def _cpu_features() -> dict[str, bool]:
-    try:
-        from numpy._core._multiarray_umath import __cpu_features__
-    except ImportError:  # numpy 1.x
-        from numpy.core._multiarray_umath import __cpu_features__  # type: ignore[no-redef]
-    return dict(__cpu_features__)
-
-
-def _built(cc: str) -> Path:
-    """The shared library for this source and compiler, compiled unless cached."""
-    source = b"\0".join(p.name.encode() + b"\0" + p.read_bytes() for p in SOURCES + HEADERS)
-    version = subprocess.run([cc, "--version"], capture_output=True, timeout=30).stdout
-    key = hashlib.sha256(source + b"\0" + version + b"\0" + " ".join(CFLAGS).encode())
-    name = f"gemm-{key.hexdigest()[:16]}.so"
-    for folder in _cache_dirs():
-        lib = folder / name
-        if lib.exists():
-            return lib
-    errors = []
-    for folder in _cache_dirs():
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
-            os.close(fd)
-        except OSError as e:  # a read-only install: the next folder
-            errors.append(f"{folder}: {e}")
-            continue
-        try:
-            done = subprocess.run([cc, *CFLAGS, "-o", tmp, *map(str, SOURCES)],
-                                  capture_output=True, timeout=120)
-            if done.returncode != 0:
-                raise OSError(f"{cc} exited {done.returncode}: "
-                              f"{done.stderr.decode(errors='replace')[-400:]}")
-            os.replace(tmp, folder / name)  # atomic: a concurrent build wins or loses whole
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        for old in folder.glob("gemm-*.so"):  # builds of earlier sources
-            if old.name != name:
-                old.unlink(missing_ok=True)
-        log.debug("packed float32 GEMM built: %s", folder / name)
-        return folder / name
-    raise OSError("no writable cache folder: " + "; ".join(errors))
-
-
-def _cache_dirs() -> list[Path]:
-    user = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hetero_exec"
-    return [SOURCE.parent / "__pycache__", user]
-
-
-def _self_check() -> str | None:
-    """A ragged product each way, with bias, residual and Clip, against numpy."""
-    rng = np.random.default_rng(0)
-    A = rng.standard_normal((13, 300), dtype=np.float32)
-    B = rng.standard_normal((300, 45), dtype=np.float32)
-    bias = rng.standard_normal(45, dtype=np.float32)
-    want = np.clip(A @ B + bias + A[:, :45], -1.0, 2.0)
-    got = PackedRight(B).matmul(A, bias=bias, z=np.ascontiguousarray(A[:, :45]),
-                                act=ACT_CLIP, lo=-1.0, hi=2.0)
-    if not np.allclose(got, want, rtol=1e-4, atol=1e-4):
-        return "gemm.c's right-hand product disagrees with numpy"
-    X = rng.standard_normal((2, 300, 45), dtype=np.float32)
-    want = np.maximum(A @ X + bias[:13, None], 0)
-    got = PackedLeft(A).matmul(X, bias=bias[:13], act=ACT_RELU)
-    if not np.allclose(got, want, rtol=1e-4, atol=1e-4):
-        return "gemm.c's left-hand product disagrees with numpy"
-    return None
-
-
-def _lib() -> Any:
-    lib = _state.get("lib")
-    if lib is None:
-        reason = unavailable_reason()
-        lib = _state.get("lib")
-        if reason or lib is None:
-            raise RuntimeError(f"packed float32 GEMM unavailable: {reason}")
-    return lib
-
-
-_CHAR = ctypes.c_char
-
-
-def address(a: np.ndarray) -> int:
-    """``a``'s data pointer: by the buffer protocol for a writable C-contiguous array
-    (0.5 us, against 1.5-2 us for numpy's ``a.ctypes.data``, which a call of a small
-    kernel paid four or five times), else by ``a.ctypes.data``."""
-    try:
-        return ctypes.addressof(_CHAR.from_buffer(a))
-    except (TypeError, ValueError, BufferError):  # read-only, strided or empty
-        return a.ctypes.data
-
-
-def _ptr(a: np.ndarray | None) -> int | None:
-    return None if a is None else address(a)
 
 
 def _parts(n: int, flops: float) -> int:
@@ -574,10 +373,12 @@ def depthwise_call(x_shape: tuple[int, ...], W: np.ndarray, strides: tuple[int, 
     lib = _lib()
     hot = lib.he_pool_hot
     head = (address(W), _ptr(bias))
-    # small planes along the channels (depthwise_cl.c), 16 channels an item; else by planes
+    # small planes along the channels (depthwise_cl.c), a vector of channels an item; else
+    # by planes
     along = depthwise_along_channels(OH * OW, KH * KW)
     fn = lib.he_depthwise_cl_mt if along else lib.he_depthwise_mt
-    items = n * -(-C // 16) if along else n * C
+    vw = library.constant("VW")  # channels a vector (depthwise_cl.c): 16 on AVX-512
+    items = n * -(-C // vw) if along else n * C
     mid = (n if along else n * C, C, H, Wd, OH, OW, KH, KW, strides[0], strides[1],
            dilations[0], dilations[1], pads[0], pads[1], act, lo, hi)
 
@@ -625,7 +426,7 @@ def layer_norm_channels(X: np.ndarray, scale: np.ndarray | None, bias: np.ndarra
     n, C, L = X.shape
     Y = np.empty((n, L, C) if channels_last else (n, C, L), np.float32)
     scale, bias = _contiguous_f32(scale), _contiguous_f32(bias)
-    runs = -(-L // 16)
+    runs = -(-L // library.constant("VW"))  # pixels a vector (norm.c)
     if _lib().he_layer_norm_channels_mt(address(X), _ptr(scale), _ptr(bias), eps, address(Y),
                                         n, C, L, int(channels_last),
                                         _parts(n * runs, NORM_COST * X.size)):

@@ -6,7 +6,7 @@
  * (OpenBLAS's do the same, far longer), and neither side needs the GIL: ctypes
  * releases it for the whole call. One split runs at a time; a caller that finds the
  * pool busy (a concurrent run's split) does all its parts itself. */
-#include "he.h"
+#include "kernels.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -50,7 +50,7 @@ static int spin_while_equal(const int *word, int value, long ns)
             int v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
             if (v != value)
                 return v;
-            _mm_pause();
+            cpu_relax();
         }
         if (now_ns() >= end)
             return __atomic_load_n(word, __ATOMIC_ACQUIRE);
@@ -163,7 +163,7 @@ void he_parallel(task_fn fn, void *args, int n, int parts)
     long end = now_ns() + P.spin_ns; /* the workers' parts end about when this one does */
     while (__atomic_load_n(&P.remaining, __ATOMIC_ACQUIRE) != 0 && now_ns() < end)
         for (int i = 0; i < 32; i++)
-            _mm_pause();
+            cpu_relax();
     if (__atomic_load_n(&P.remaining, __ATOMIC_ACQUIRE) != 0) {
         pthread_mutex_lock(&P.lock);
         P.caller_sleeping = 1;
