@@ -78,6 +78,7 @@ class Generator:
         self._length = 0  # tokens in the sequences (padding included)
         self._filled = 0  # positions in the cache
         self._logits: Any = None  # the last step's last-position logits, on its provider
+        self._placeholders: dict[int, dict[str, Any]] = {}
         #: decode steps at a fixed shape need the positions and the mask as inputs (an
         #: attention op with a shared buffer reads the lengths from the mask's sums)
         shared = any(e.mode == "shared" for e in layout.entries)
@@ -146,19 +147,34 @@ class Generator:
         if layout.attention_mask:
             feeds[layout.attention_mask] = self._mask[:, :n + t - p]
         if layout.position_ids:
-            pos = np.cumsum(self._mask[:, :t], axis=1) - 1
-            feeds[layout.position_ids] = np.where(self._mask[:, p:t] == 0, 1, pos[:, p:t])
-        for e in layout.entries:
-            if e.mode == "shared":  # the buffer itself, at capacity
-                feeds[e.past] = self._caches[e.past]
-                continue
-            shape = [self.batch, e.kv_heads, e.head_size]
-            shape.insert(e.axis, n)
-            feeds[e.past] = np.broadcast_to(np.zeros((), e.dtype), tuple(shape))
-            feeds[cache_input(e.past)] = self._caches[e.past]
+            if t - p == 1 and p > 0:  # each row's real tokens before this one
+                feeds[layout.position_ids] = self._mask[:, :p].sum(axis=1, keepdims=True)
+            else:  # HF's rule: cumsum(mask) - 1, padded positions 1
+                pos = np.cumsum(self._mask[:, :t], axis=1) - 1
+                feeds[layout.position_ids] = np.where(self._mask[:, p:t] == 0, 1, pos[:, p:t])
+        feeds.update(self._cache_feeds(n))
         logits = self._runner.run(feeds)
         self._logits = logits[:, -1, :] if logits.ndim == 3 else logits
         self._filled = t
+
+    def _cache_feeds(self, n: int) -> dict[str, Any]:
+        """The buffers and the past placeholders at length ``n`` (made once per length:
+        a decode step's is the same every step)."""
+        feeds = self._placeholders.get(n)
+        if feeds is None:
+            feeds = {}
+            for e in self.model.layout.entries:
+                if e.mode == "shared":  # the buffer itself, at capacity
+                    feeds[e.past] = self._caches[e.past]
+                    continue
+                shape = [self.batch, e.kv_heads, e.head_size]
+                shape.insert(e.axis, n)
+                feeds[e.past] = np.broadcast_to(np.zeros((), e.dtype), tuple(shape))
+                feeds[cache_input(e.past)] = self._caches[e.past]
+            if len(self._placeholders) > 4:
+                self._placeholders.clear()
+            self._placeholders[n] = feeds
+        return feeds
 
     def generate_next_token(self) -> None:
         self._check_open()
@@ -238,6 +254,7 @@ class Generator:
         if not self._closed:
             self._closed = True
             self._caches = {}
+            self._placeholders = {}
             self.model.release(self._reservation)
 
     def __enter__(self) -> "Generator":
