@@ -15,6 +15,7 @@ the file is for the machine that wrote it.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import numpy as np
@@ -24,14 +25,12 @@ from hetero_exec.kernels.registry import KnownInput, kernel
 NCHWC_DOMAIN = "com.microsoft.nchwc"
 
 
+@functools.lru_cache(maxsize=1)
 def block_size() -> int:
-    """MLAS's NCHWc block on this cpu."""
-    from hetero_exec.kernels.native.packed_gemm import _cpu_features
+    """MLAS's NCHWc block on this cpu (16 floats with AVX-512F, else 8)."""
+    from hetero_exec.kernels.native.library import cpu_runs
 
-    try:
-        return 16 if _cpu_features().get("AVX512F") else 8
-    except Exception:  # noqa: BLE001 - no feature table: AVX2's block
-        return 8
+    return 16 if cpu_runs()["avx512"] else 8
 
 
 def _round_up(c: int, b: int) -> int:
