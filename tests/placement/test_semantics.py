@@ -20,10 +20,10 @@ from hetero_exec.errors import (
     GraphCycleError,
     HeterogeneousPlacementRequired,
     MemoryAdmissionError,
+    MissingKernelsError,
     NotSupportedForHeterogeneous,
     PlacementError,
     UnboundedSymbolError,
-    MissingKernelsError,
     UnsupportedOperatorError,
 )
 from hetero_exec.kernels.registry import lookup

@@ -7,8 +7,6 @@ with LeakyRelu, which that epilogue lacks, applied after it.
 
 from __future__ import annotations
 
-import numpy as np
-
 from hetero_exec.kernels import fused as own
 from hetero_exec.kernels._packed import fused_matmul_hook
 from hetero_exec.kernels.contrib import schemas
@@ -85,8 +83,11 @@ def _matmul_specialize(xp, kwargs, inputs):
     """Without transposes or scaling: the packed-weight product of our own FusedMatMul."""
     if not _plain(kwargs):
         return None
-    generic = (lambda: lambda xp, A, B, bias=None, **attrs: FusedMatMul(xp, A, B, **attrs))
-    return fused_matmul_hook(generic, own._activate_after)(xp, {}, inputs)
+
+    def unpacked(xp, A, B, bias=None, **attrs):  # the hook's fallback, in its signature
+        return FusedMatMul(xp, A, B, **attrs)
+
+    return fused_matmul_hook(lambda: unpacked, own._activate_after)(xp, {}, inputs)
 
 
 @kernel("FusedMatMul", since=1, domain=MS_DOMAIN, specialize=_matmul_specialize)

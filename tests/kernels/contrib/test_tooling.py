@@ -148,4 +148,5 @@ def test_convnet_extended_level(tmp_path):
     made = _ort_optimized(m, tmp_path)
     feeds = {"x": RNG.standard_normal((2, 3, 9, 11)).astype(np.float32),
              "q": RNG.standard_normal((2, 7, 4)).astype(np.float32)}
-    _check(m, made, feeds, {"com.microsoft::FusedConv", "com.microsoft::FusedMatMul"})
+    _check(m, made, feeds, {"com.microsoft::FusedConv", "com.microsoft::FusedMatMul",
+                            "com.microsoft::FusedGemm"})
