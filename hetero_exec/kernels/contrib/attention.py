@@ -103,6 +103,14 @@ def _present(xp, past, new, past_len, capacity):
     """The cache after this call: past's first ``past_len[b]`` positions of row b, then
     ``new`` (B, S, Hkv, H) at past_len[b].., zeros elsewhere; (B, Hkv, capacity, H)."""
     batch, seq, kv_heads, head = new.shape
+    if xp is np:  # lengths on the host: copy each row's slices, zero only its tail
+        present = np.empty((batch, kv_heads, capacity, head), dtype=new.dtype)
+        for b, p in enumerate(past_len.tolist()):
+            if past is not None and p:
+                present[b, :, :p] = past[b, :, :p]
+            present[b, :, p:p + seq] = new[b].transpose(1, 0, 2)
+            present[b, :, p + seq:] = 0
+        return present
     present = xp.zeros((batch, kv_heads, capacity, head), dtype=new.dtype)
     if past is not None and past.shape[2]:
         keep = (xp.arange(past.shape[2], dtype=np.int64).reshape(1, 1, -1, 1)
@@ -189,7 +197,7 @@ def GroupQueryAttention(xp, query, key=None, value=None, past_key=None, past_val
     allowed = j <= at
     if local_window_size is not None and local_window_size > 0:
         allowed = allowed & (j > at - local_window_size)  # the last w keys
-    scores = xp.where(allowed, scores, -np.inf)
+    xp.copyto(scores, cdt(-np.inf), where=xp.logical_not(allowed))
     probs = _softmax(xp, scores, head_sink, smooth_softmax, heads, cdt)
     out = _grouped_matmul(xp, probs, V, kv_heads)  # (B, N, S, H)
     out = out.transpose(0, 2, 1, 3).reshape(batch, seq, heads * head).astype(query.dtype)
@@ -197,7 +205,7 @@ def GroupQueryAttention(xp, query, key=None, value=None, past_key=None, past_val
 
 
 def _softmax(xp, scores, head_sink, smooth_softmax, heads, cdt):
-    """Softmax over the last axis; with a sink (``head_sink[h]``, or 0 under
+    """Softmax over the last axis, in place; with a sink (``head_sink[h]``, or 0 under
     smooth_softmax) one more logit joins each row's denominator."""
     sink = None
     if head_sink is not None:
@@ -207,7 +215,8 @@ def _softmax(xp, scores, head_sink, smooth_softmax, heads, cdt):
     m = xp.max(scores, axis=-1, keepdims=True)
     if sink is not None:
         m = xp.maximum(m, sink)
-    e = xp.exp(scores - m)
+    e = xp.subtract(scores, m, out=scores)  # (scores is this call's own array)
+    xp.exp(e, out=e)
     s = xp.sum(e, axis=-1, keepdims=True)
     if sink is not None:
         s = s + xp.exp(sink - m)
