@@ -13,10 +13,12 @@ the buffers are distinct. Query heads share kv heads in groups, never repeated
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
 
+from hetero_exec.kernels._threads import single_blas_thread
 from hetero_exec.kernels.attention import RotaryEmbedding as _rotary
 from hetero_exec.kernels.attention import _grouped_matmul
 from hetero_exec.kernels.contrib import schemas
@@ -181,8 +183,25 @@ def GroupQueryAttention(xp, query, key=None, value=None, past_key=None, past_val
     present_k = _present(xp, past_key, new_k, past_len, capacity)
     present_v = _present(xp, past_value, new_v, past_len, capacity)
 
+    with _blas_context(xp):
+        out = _attend(xp, q4, present_k, present_v, past_len, total, head, heads, kv_heads,
+                      scale, softcap, attention_bias, local_window_size, head_sink,
+                      smooth_softmax, query.dtype)
+    return (out, present_k, present_v)[:max(num_outputs, 1)]
+
+
+def _blas_context(xp):
+    """One BLAS thread for the many small per-head products on the host: a threaded BLAS
+    costs more in wake-ups than it gains there (bench/bench_contrib.py)."""
+    return single_blas_thread() if xp is np else contextlib.nullcontext()
+
+
+def _attend(xp, q4, present_k, present_v, past_len, total, head, heads, kv_heads, scale,
+            softcap, attention_bias, local_window_size, head_sink, smooth_softmax, dtype):
+    """Causal (windowed) attention of q4 (B, N, S, H) over each row's keys; (B, S, N*H)."""
+    batch, seq = q4.shape[0], q4.shape[2]
     # scores over the first ``total`` positions only: no row reads past them
-    cdt = np.float64 if query.dtype == np.float64 else np.float32
+    cdt = np.float64 if dtype == np.float64 else np.float32
     K = present_k[:, :, :total].astype(cdt, copy=False)
     V = present_v[:, :, :total].astype(cdt, copy=False)
     alpha = scale if scale else 1.0 / math.sqrt(head)
@@ -200,8 +219,7 @@ def GroupQueryAttention(xp, query, key=None, value=None, past_key=None, past_val
     xp.copyto(scores, cdt(-np.inf), where=xp.logical_not(allowed))
     probs = _softmax(xp, scores, head_sink, smooth_softmax, heads, cdt)
     out = _grouped_matmul(xp, probs, V, kv_heads)  # (B, N, S, H)
-    out = out.transpose(0, 2, 1, 3).reshape(batch, seq, heads * head).astype(query.dtype)
-    return (out, present_k, present_v)[:max(num_outputs, 1)]
+    return out.transpose(0, 2, 1, 3).reshape(batch, seq, heads * head).astype(dtype)
 
 
 def _softmax(xp, scores, head_sink, smooth_softmax, heads, cdt):

@@ -16,6 +16,7 @@ import numpy as np
 
 from hetero_exec.kernels.attention import _grouped_matmul
 from hetero_exec.kernels.contrib import schemas
+from hetero_exec.kernels.contrib.attention import _blas_context
 from hetero_exec.kernels.contrib.schemas import MS_DOMAIN, define
 from hetero_exec.kernels.fused import product
 from hetero_exec.kernels.registry import kernel
@@ -145,7 +146,8 @@ def Attention(xp, input, weights, bias=None, mask_index=None, past=None, attenti
     cdt = np.float64 if input.dtype == np.float64 else np.float32
     mb = _mask_bias(xp, mask_index, batch, seq, total, past_len, mask_filter_value,
                     unidirectional, cdt)
-    out = _attend(xp, q, k, v, alpha, mb, attention_bias)
+    with _blas_context(xp):
+        out = _attend(xp, q, k, v, alpha, mb, attention_bias)
     if num_outputs > 1:
         return (out, xp.stack((k, v)))
     return (out,)
@@ -189,5 +191,6 @@ def MultiHeadAttention(xp, query, key=None, value=None, bias=None, key_padding_m
     cdt = np.float64 if query.dtype == np.float64 else np.float32
     mb = _mask_bias(xp, key_padding_mask, batch, seq, total, past_len, mask_filter_value,
                     unidirectional, cdt)
-    out = _attend(xp, q, k, v, alpha, mb, attention_bias)
+    with _blas_context(xp):
+        out = _attend(xp, q, k, v, alpha, mb, attention_bias)
     return (out, k, v)[:max(num_outputs, 1)]
