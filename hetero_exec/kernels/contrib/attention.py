@@ -74,7 +74,9 @@ define("RotaryEmbedding", ["input:T", "position_ids:M", "cos_cache:T", "sin_cach
 # --------------------------------------------------------------------------- RotaryEmbedding
 
 
-@kernel("RotaryEmbedding", since=1, domain=MS_DOMAIN)
+@kernel("RotaryEmbedding", since=1, domain=MS_DOMAIN,
+        refuse=lambda attrs, given, n: "is_packed_batching=1 is not supported"
+        if attrs.get("is_packed_batching") else None)
 def RotaryEmbedding(xp, input, position_ids, cos_cache, sin_cache, interleaved=0, num_heads=0,
                     rotary_embedding_dim=0, is_packed_batching=0, scale=1.0):
     """input (B, S, N*H) or (B, N, S, H); position_ids (B, S), or (1,): the first
@@ -124,7 +126,26 @@ def _present(xp, past, new, past_len, capacity):
     return present
 
 
-@kernel("GroupQueryAttention", since=1, domain=MS_DOMAIN, host_inputs=(6,))
+#: GroupQueryAttention's optional inputs the kernel does not take, by position
+_GQA_INPUTS_NOT_TAKEN = {12: "k_scale", 13: "v_scale", 14: "q_norm_weight", 15: "k_norm_weight",
+                         16: "query_seqlens"}
+
+
+def _gqa_refuse(attrs, given, num_outputs) -> str | None:
+    for i, name in _GQA_INPUTS_NOT_TAKEN.items():
+        if i in given:
+            return f"the {name} input is not supported"
+    for name in ("k_quant_type", "v_quant_type"):
+        if attrs.get(name, "NONE") != "NONE":
+            return f"quantized key/value caches ({name}={attrs[name]!r}) are not supported"
+    if attrs.get("qk_output", 0) or num_outputs > 3:
+        return "the output_qk output is not supported"
+    if not attrs.get("causal", 1):
+        return "causal=0 is not supported"
+    return None
+
+
+@kernel("GroupQueryAttention", since=1, domain=MS_DOMAIN, host_inputs=(6,), refuse=_gqa_refuse)
 def GroupQueryAttention(xp, query, key=None, value=None, past_key=None, past_value=None,
                         seqlens_k=None, total_sequence_length=None, cos_cache=None,
                         sin_cache=None, position_ids=None, attention_bias=None, head_sink=None,

@@ -126,7 +126,21 @@ def _activation(xp, Y, activation: str, alpha: float, beta: float, gamma: float)
     raise ValueError(f"FusedGemm: unsupported activation {activation!r}")
 
 
-@kernel("FusedGemm", since=1, domain=MS_DOMAIN)
+_GEMM_ACTIVATIONS = frozenset({"", "Relu", "Tanh", "Sigmoid", "LeakyRelu", "Elu", "HardSigmoid"})
+
+
+def _gemm_refuse(attrs, given, num_outputs) -> str | None:
+    act = attrs.get("activation", "")
+    return None if act in _GEMM_ACTIVATIONS else f"activation {act!r} is not supported"
+
+
+def _conv_refuse(attrs, given, num_outputs) -> str | None:
+    act = attrs.get("activation", "")
+    ok = act in own.ACTIVATIONS or act == "LeakyRelu"
+    return None if ok else f"activation {act!r} is not supported"
+
+
+@kernel("FusedGemm", since=1, domain=MS_DOMAIN, refuse=_gemm_refuse)
 def FusedGemm(xp, A, B, C=None, alpha=1.0, beta=1.0, transA=0, transB=0, activation="",
               activation_alpha=0.0, activation_beta=0.0, activation_gamma=0.0):
     """activation(alpha * op(A) @ op(B) + beta * C)."""
@@ -152,7 +166,7 @@ def _conv_hook(xp, kwargs, inputs):
     return _conv_specialize("FusedConv")(xp, kwargs, inputs)
 
 
-@kernel("FusedConv", since=1, domain=MS_DOMAIN, specialize=_conv_hook)
+@kernel("FusedConv", since=1, domain=MS_DOMAIN, specialize=_conv_hook, refuse=_conv_refuse)
 def FusedConv(xp, X, W, B=None, Z=None, activation="", activation_params=None, auto_pad="NOTSET",
               dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """activation(Conv(X, W, B) + Z)."""

@@ -116,7 +116,23 @@ def _attend(xp, q, k, v, scale, bias, attention_bias):
     return out.transpose(0, 2, 1, 3).reshape(b, seq, n * h).astype(q.dtype, copy=False)
 
 
-@kernel("Attention", since=1, domain=MS_DOMAIN)
+def _attention_refuse(attrs, given, num_outputs) -> str | None:
+    if attrs.get("do_rotary"):
+        return "do_rotary=1 is not supported"
+    if attrs.get("past_present_share_buffer"):
+        return "past_present_share_buffer=1 is not supported"
+    return None
+
+
+def _mha_refuse(attrs, given, num_outputs) -> str | None:
+    if 9 in given:
+        return "cache_indirection (beam search) is not supported"
+    if num_outputs > 3:
+        return "the qk output is not supported"
+    return None
+
+
+@kernel("Attention", since=1, domain=MS_DOMAIN, refuse=_attention_refuse)
 def Attention(xp, input, weights, bias=None, mask_index=None, past=None, attention_bias=None,
               past_sequence_length=None, num_heads=0, qkv_hidden_sizes=None, unidirectional=0,
               scale=0.0, mask_filter_value=-10000.0, do_rotary=0, past_present_share_buffer=0,
@@ -153,7 +169,7 @@ def Attention(xp, input, weights, bias=None, mask_index=None, past=None, attenti
     return (out,)
 
 
-@kernel("MultiHeadAttention", since=1, domain=MS_DOMAIN)
+@kernel("MultiHeadAttention", since=1, domain=MS_DOMAIN, refuse=_mha_refuse)
 def MultiHeadAttention(xp, query, key=None, value=None, bias=None, key_padding_mask=None,
                        attention_bias=None, past_key=None, past_value=None,
                        past_sequence_length=None, cache_indirection=None, num_heads=0,

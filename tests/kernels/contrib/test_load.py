@@ -76,3 +76,28 @@ def test_missing_kernel_error_survives_pickling():
         hetero_exec.InferenceSession(m.SerializeToString(), providers=["cpu"])
     back = pickle.loads(pickle.dumps(ei.value))
     assert back.missing == {"com.microsoft::NoSuchOp": 1} and str(back) == str(ei.value)
+
+
+@pytest.mark.parametrize("attrs", [{"k_quant_type": "PER_TENSOR"}, {"causal": 0}])
+def test_variant_the_kernel_does_not_take_is_refused_at_build(attrs):
+    """A GroupQueryAttention variant the kernel refuses: a build error on cpu naming why,
+    and a GPU decline with the same reason (not a failure at the first run)."""
+    from hetero_exec.errors import HeterogeneousPlacementRequired, UnsupportedOperatorError
+
+    node = helper.make_node("GroupQueryAttention", ["q", "k", "v", "", "", "sk", "tot"],
+                            ["y"], domain="com.microsoft", num_heads=2, kv_num_heads=1, **attrs)
+    m = helper.make_model(helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info("q", F, [1, 3, 16]),
+         helper.make_tensor_value_info("k", F, [1, 3, 8]),
+         helper.make_tensor_value_info("v", F, [1, 3, 8]),
+         helper.make_tensor_value_info("sk", onnx.TensorProto.INT32, [1]),
+         helper.make_tensor_value_info("tot", onnx.TensorProto.INT32, [])],
+        [helper.make_tensor_value_info("y", F, [1, 3, 16])]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    reason = "quantized key/value caches" if "k_quant_type" in attrs else "causal=0"
+    with pytest.raises(UnsupportedOperatorError, match=reason):
+        hetero_exec.InferenceSession(m.SerializeToString(), providers=["cpu"])
+    with pytest.raises(HeterogeneousPlacementRequired, match=reason):
+        hetero_exec.InferenceSession(m.SerializeToString(), providers=["sim-gpu"],
+                                     require_gpu=True)
