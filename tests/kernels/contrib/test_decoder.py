@@ -113,3 +113,30 @@ def test_prompt_then_decode(packed):
         nxt = want[0][:, -1].argmax(-1).reshape(batch, 1).astype(np.int64)
         feeds = {"input_ids": nxt, "attention_mask": np.ones((batch, total), np.int64),
                  "past_key_values.0.key": want[1], "past_key_values.0.value": want[2]}
+
+
+def test_decoder_on_ray_stages_mixed(ray_session):
+    """The same decoder on the Ray executor, cpu and sim-gpu stages mixed: the contrib
+    kernels run inside the stage actors."""
+    model = _decoder(False)
+    theirs = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    batch, prompt = 1, 5
+    ids = RNG.integers(0, V, (batch, prompt)).astype(np.int64)
+    empty = np.zeros((batch, NKV, 0, HEAD), np.float32)
+    feeds = {"input_ids": ids, "attention_mask": np.ones((batch, prompt), np.int64),
+             "past_key_values.0.key": empty, "past_key_values.0.value": empty}
+    # the MLP's Sigmoid kept off the GPU: cpu and sim-gpu segments
+    gpu_opts = {"exclude_ops": ["Sigmoid"]}
+    with hetero_exec.InferenceSession(model, providers=["sim-gpu", "cpu"],
+                                      provider_options=[gpu_opts, {}], hetero=True,
+                                      executor="ray") as sess:
+        assert len(sess.placement.segments) >= 2
+        for step in range(2):
+            want = theirs.run(None, feeds)
+            got = sess.run(None, feeds)
+            for w, g in zip(want, got):
+                np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
+            nxt = want[0][:, -1].argmax(-1).reshape(batch, 1).astype(np.int64)
+            feeds = {"input_ids": nxt,
+                     "attention_mask": np.ones((batch, prompt + step + 1), np.int64),
+                     "past_key_values.0.key": want[1], "past_key_values.0.value": want[2]}
