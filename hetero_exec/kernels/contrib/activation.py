@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hetero_exec.kernels import fused as own
 from hetero_exec.kernels.contrib import schemas
 from hetero_exec.kernels.contrib.schemas import FLOATS, MS_DOMAIN, define
 from hetero_exec.kernels.elementwise import Gelu as _gelu
@@ -24,16 +25,30 @@ def Gelu(xp, X):
     return _gelu(xp, X, "none")
 
 
+def _gelu_of_sum(xp, A, B, activation: str):
+    """GELU of A + B: on the host the sum's fresh array takes the compiled GELU in place
+    (one pass less than a separate GELU's output)."""
+    Y = A + B
+    if Y.flags.c_contiguous and Y.dtype in (np.float32, np.float64):
+        act = own._native_code(xp, Y, activation, None)
+        if act is not None:
+            own._native_last_axis(Y, None, act)
+            return (Y,)
+    return _gelu(xp, Y, "tanh" if activation == "GeluTanh" else "none")
+
+
 @kernel("FastGelu", since=1, domain=MS_DOMAIN)
 def FastGelu(xp, X, bias=None):
     """The tanh GELU of X (+ bias)."""
-    return _gelu(xp, X if bias is None else X + bias, "tanh")
+    if bias is None:
+        return _gelu(xp, X, "tanh")
+    return _gelu_of_sum(xp, X, bias, "GeluTanh")
 
 
 @kernel("BiasGelu", since=1, domain=MS_DOMAIN)
 def BiasGelu(xp, A, B):
     """The erf GELU of A + B (B a bias along the last axis)."""
-    return _gelu(xp, A + B, "none")
+    return _gelu_of_sum(xp, A, B, "Gelu")
 
 
 @kernel("QuickGelu", since=1, domain=MS_DOMAIN)
