@@ -48,6 +48,31 @@ class UnsupportedOperatorError(HeteroExecError):
         )
 
 
+class MissingKernelsError(UnsupportedOperatorError):
+    """Ops of the model that no provider has a kernel for, all of them at once, at
+    session build: ``missing`` maps each ``domain::op_type`` to its node count (through
+    subgraphs); ``nodes`` holds up to 3 node identities per op. The single-node fields
+    (node, domain, op_type, opset) describe the first missing node."""
+
+    def __init__(self, missing: dict[str, int], nodes: dict[str, list[str]], first: tuple,
+                 provider: str):
+        self.missing, self.nodes = dict(missing), {k: list(v) for k, v in nodes.items()}
+        node, domain, op_type, opset = first
+        self.node, self.domain, self.op_type = node, domain, op_type
+        self.opset, self.provider = opset, provider
+        self.reason = "no kernel registered"
+        listed = "; ".join(f"{op} x{n} (at {', '.join(self.nodes.get(op, []))})"
+                           for op, n in sorted(self.missing.items()))
+        HeteroExecError.__init__(
+            self, f"no kernel for {len(self.missing)} operator(s) of this model, on any "
+                  f"provider (requested {provider!r}): {listed}. First: unsupported operator "
+                  f"{domain}::{op_type} (opset {opset}) at {node}: {self.reason}")
+
+    def __reduce__(self):
+        first = (self.node, self.domain, self.op_type, self.opset)
+        return (type(self), (self.missing, self.nodes, first, self.provider))
+
+
 # --- session configuration ---------------------------------------------------
 
 

@@ -22,7 +22,7 @@ from hetero_exec.exec.elementwise_runs import merge_runs
 from hetero_exec.exec.functions import expand_function
 from hetero_exec.exec.host_steps import METADATA_OPS, host_step_nodes
 from hetero_exec.ir.graph import Graph, Node, attr_value, node_reads
-from hetero_exec.kernels.registry import KnownInput, lookup
+from hetero_exec.kernels.registry import KnownInput, lookup, refusal
 
 log = logging.getLogger(__name__)
 
@@ -342,6 +342,10 @@ class Compiler:
                     "no kernel registered and the op has no function body")
             sub = Subgraph(self.compile_graph(body, outer=None))
             return _function_step(sub), {}, False
+        refused = refusal(kdef, node)
+        if refused is not None:
+            raise UnsupportedOperatorError(node.identity, node.canonical_domain, node.op_type,
+                                           opset, self.provider, refused)
         kwargs: dict[str, Any] = {}
         for name, attr in node.attrs.items():
             if kdef.attrs is not None and name not in kdef.attrs:

@@ -23,6 +23,9 @@ Optional keyword-only parameters the executor fills in when a kernel declares th
 ``num_outputs`` (how many outputs the node asks for), ``scope`` (the enclosing values,
 for kernels that run subgraphs), ``opset`` (the resolved since_version of the node).
 
+A kernel may name a ``refuse`` hook too: the variants of its op (attribute values,
+optional inputs or outputs) it does not take, each with a reason, known from the node.
+
 A provider answers "supported?" from this table (`lookup`) plus its own dtype rules,
 so why a node was refused is data, not scattered ``if``s.
 """
@@ -34,6 +37,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+import onnx
 import onnx.defs
 
 log = logging.getLogger(__name__)
@@ -80,6 +84,12 @@ class KernelDef:
     attrs: frozenset[str] | None = None
     #: compile-time hook ``specialize(xp, kwargs, inputs: list[KnownInput]) -> fn | None``
     specialize: Callable | None = None
+    #: ``refuse(attrs, inputs, num_outputs) -> reason | None``: a variant of the op the
+    #: kernel does not take (an attribute value, an optional input or output present),
+    #: known from the node alone: providers decline it and the compiler refuses it, as
+    #: for a missing kernel. ``attrs``: the node's attribute values; ``inputs``: which
+    #: input positions are given
+    refuse: Callable | None = None
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -111,6 +121,7 @@ def kernel(
     host_only: str | None = None,
     dtypes: Iterable[str] | None = None,
     specialize: Callable | None = None,
+    refuse: Callable | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register ``fn`` for ``op_type`` from opset ``since`` on (several sinces allowed)."""
     sinces = (since,) if isinstance(since, int) else tuple(since)
@@ -144,11 +155,27 @@ def kernel(
                 wants=wants,
                 attrs=attrs,
                 specialize=specialize,
+                refuse=refuse,
             )
         _GENERATION[0] += 1
         return fn
 
     return register
+
+
+def refusal(kdef: KernelDef, node: Any) -> str | None:
+    """Why ``kdef`` does not take this variant of its op (its ``refuse`` hook), or None."""
+    if kdef.refuse is None:
+        return None
+    from hetero_exec.ir.graph import attr_value
+
+    attrs = {name: attr_value(a) for name, a in node.attrs.items()
+             if a.type not in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)}
+    given = frozenset(i for i, name in enumerate(node.inputs) if name)
+    outputs = list(node.outputs)
+    while outputs and not outputs[-1]:
+        outputs.pop()
+    return kdef.refuse(attrs, given, len(outputs))
 
 
 def resolve_since(domain: str, op_type: str, opset: int) -> int | None:

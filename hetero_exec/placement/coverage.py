@@ -96,6 +96,16 @@ def is_static(shapes: list) -> bool:
     return all(s is not None and all(isinstance(d, int) for d in s) for s in shapes)
 
 
+def has_kernel(node: Node, opset: int) -> bool:
+    """Whether the kernel table (or the op's function body) can run the node at all,
+    dtypes and providers aside."""
+    from hetero_exec.exec.functions import function_proto_for_support
+    from hetero_exec.kernels.registry import lookup
+
+    return lookup(node.domain, node.op_type, opset) is not None \
+        or function_proto_for_support(node, opset)
+
+
 def skipped(node: Node) -> bool:
     """Control-flow and sequence ops are not asked: they run on the coordinator's host."""
     return node.canonical_domain == "ai.onnx" and (node.op_type in CONTROL_FLOW_OPS

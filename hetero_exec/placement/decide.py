@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from hetero_exec.errors import (
     HeterogeneousPlacementRequired,
+    MissingKernelsError,
     PlacementError,
     ProviderError,
     UnsupportedOperatorError,
@@ -23,6 +24,7 @@ from hetero_exec.placement.coverage import (
     FallbackReport,
     assigned_ops,
     coverage_report,
+    has_kernel,
     is_static,
     node_signature,
     skipped,
@@ -78,9 +80,34 @@ def parse_providers(providers: Sequence[Any] | None) -> list[Provider]:
     return parsed
 
 
+def reject_missing_kernels(graph: Graph, provider: Provider) -> None:
+    """Ops no provider has a kernel for: one MissingKernelsError listing every such
+    ``domain::op_type`` with its count, whatever the shapes (a missing kernel does not
+    depend on them). ``provider`` is the one the error names."""
+    missing: dict[str, int] = {}
+    nodes: dict[str, list[str]] = {}
+    first = None
+    for g, node in walk_scoped(graph):
+        if skipped(node):
+            continue
+        opset = g.opset(node.domain)
+        if has_kernel(node, opset):
+            continue
+        op = f"{node.canonical_domain}::{node.op_type}"
+        missing[op] = missing.get(op, 0) + 1
+        if len(nodes.setdefault(op, [])) < 3:
+            nodes[op].append(node.identity)
+        if first is None:
+            first = (node.identity, node.canonical_domain, node.op_type, opset)
+    if missing:
+        raise MissingKernelsError(missing, nodes, first, provider.name)
+
+
 def reject_unsupported_operators(graph: Graph, provider: Provider) -> None:
-    """When cpu is requested, the first node with static input shapes it cannot run is
-    a load-time error; symbolic ones are deferred to run time."""
+    """When cpu is requested: every op without a kernel at all is one load-time error
+    (reject_missing_kernels); then the first node with static input shapes the provider
+    refuses for another reason; symbolic ones are deferred to run time."""
+    reject_missing_kernels(graph, provider)
     for g, node in walk_scoped(graph):
         if skipped(node):
             continue
@@ -129,6 +156,7 @@ def _place(graph: Graph, providers: Sequence[Any] | None, options) -> SessionBui
     # (an unavailable requested device places nothing: the single-provider path below
     # falls back with its reason in the report, or fails when the GPU is required)
     if hetero and not require and requested.kind != "cpu" and requested.available():
+        reject_missing_kernels(graph, requested)  # no segment of any provider could run them
         plan = classify_placement(graph, provs, affinity=options.affinity,
                                   strategy=options.strategy, dim_bounds=bounds,
                                   cost_model=options.cost_model)

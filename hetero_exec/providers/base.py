@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from hetero_exec.ir.graph import Node
-from hetero_exec.kernels.registry import KernelDef, lookup, resolve_since
+from hetero_exec.kernels.registry import KernelDef, lookup, refusal, resolve_since
 
 #: ops that run on the coordinator's host whatever the provider (bodies are placed inside)
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
@@ -113,6 +113,9 @@ class Provider:
             if function_proto_for_support(node, opset):
                 return SUPPORTED
             return Support(False, "no kernel registered")
+        refused = refusal(kdef, node)
+        if refused is not None:
+            return Support(False, refused)
         if kdef.dtypes is not None:
             for dt in dtypes:
                 if dt is not None and _dtype_name(dt) not in kdef.dtypes:

@@ -20,6 +20,7 @@ from hetero_exec.errors import (
     GraphCycleError,
     HeterogeneousPlacementRequired,
     MemoryAdmissionError,
+    MissingKernelsError,
     NotSupportedForHeterogeneous,
     PlacementError,
     UnboundedSymbolError,
@@ -396,12 +397,30 @@ def test_unsupported_operator_on_gpu_request_goes_to_coverage():
     assert "com.example::Foo" in ei.value.report.grouped()
 
 
-def test_unsupported_operator_with_symbolic_shapes_is_deferred_to_run():
-    sess = InferenceSession(_foo_model(shape=("N",)), providers=["cpu"])
-    with pytest.raises(UnsupportedOperatorError) as ei:
-        sess.run(None, {"x": rand(3)})
-    assert ei.value.node == 'graph/node#1 "foo"' and ei.value.op_type == "Foo"
-    assert "com.example::Foo" in str(ei.value)
+def test_op_without_kernel_fails_the_build_whatever_its_shapes():
+    """An op no provider has a kernel for does not wait for shapes (SEMANTICS.md 1.3's
+    deferral is for support that depends on them): the build fails, listing every such
+    op with its count, on cpu, and on a GPU request that falls back to cpu."""
+    for providers in (["cpu"], ["sim-gpu"]):
+        with pytest.raises(MissingKernelsError) as ei:
+            InferenceSession(_foo_model(shape=("N",)), providers=providers)
+        e = ei.value
+        assert isinstance(e, UnsupportedOperatorError)
+        assert e.missing == {"com.example::Foo": 1}
+        assert e.node == 'graph/node#1 "foo"' and e.op_type == "Foo"
+        assert "com.example::Foo x1" in str(e)
+
+
+def test_missing_kernels_are_listed_together_with_counts():
+    nodes = [h.make_node("Relu", ["x"], ["a"]), _foo("a", "b"), _foo("b", "c"),
+             h.make_node("Bar", ["c"], ["y"], domain="com.example", name="bar")]
+    m = model(nodes, [vi("x", F, [4])], [vi("y", F, [4])], extra_opsets={"com.example": 3})
+    for providers, opts in ((["cpu"], {}), (["sim-gpu"], {"hetero": True})):
+        with pytest.raises(MissingKernelsError) as ei:
+            InferenceSession(m, providers=providers, **opts)
+        assert ei.value.missing == {"com.example::Foo": 2, "com.example::Bar": 1}
+        msg = str(ei.value)
+        assert "com.example::Foo x2" in msg and "com.example::Bar x1" in msg
 
 
 # --- the guard ----------------------------------------------------------------------------

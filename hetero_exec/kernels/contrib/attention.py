@@ -13,10 +13,12 @@ the buffers are distinct. Query heads share kv heads in groups, never repeated
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
 
+from hetero_exec.kernels._threads import single_blas_thread
 from hetero_exec.kernels.attention import RotaryEmbedding as _rotary
 from hetero_exec.kernels.attention import _grouped_matmul
 from hetero_exec.kernels.contrib import schemas
@@ -73,7 +75,9 @@ define("RotaryEmbedding", ["input:T", "position_ids:M", "cos_cache:T", "sin_cach
 # --------------------------------------------------------------------------- RotaryEmbedding
 
 
-@kernel("RotaryEmbedding", since=1, domain=MS_DOMAIN)
+@kernel("RotaryEmbedding", since=1, domain=MS_DOMAIN,
+        refuse=lambda attrs, given, n: "is_packed_batching=1 is not supported"
+        if attrs.get("is_packed_batching") else None)
 def RotaryEmbedding(xp, input, position_ids, cos_cache, sin_cache, interleaved=0, num_heads=0,
                     rotary_embedding_dim=0, is_packed_batching=0, scale=1.0):
     """input (B, S, N*H) or (B, N, S, H); position_ids (B, S), or (1,): the first
@@ -102,13 +106,26 @@ def _heads_first(x, batch, seq, heads, head):
 
 def _present(xp, past, new, past_len, capacity):
     """The cache after this call: past's first ``past_len[b]`` positions of row b, then
-    ``new`` (B, S, Hkv, H) at past_len[b].., zeros elsewhere; (B, Hkv, capacity, H)."""
+    ``new`` (B, S, Hkv, H) at past_len[b].., zeros elsewhere; (B, Hkv, capacity, H). A
+    generator's shared buffer (kv_cache.share_buffer) is the present: only the new
+    positions are written, in place."""
     batch, seq, kv_heads, head = new.shape
     if past is not None and past.shape[2] >= capacity and is_shared(past):
         present = past  # a generator's buffer (kv_cache.share_buffer): written in place
-    else:
-        present = xp.zeros((batch, kv_heads, capacity, head), dtype=new.dtype)
-    if present is not past and past is not None and past.shape[2]:
+        rows = xp.arange(batch, dtype=np.int64).reshape(-1, 1)
+        cols = past_len.reshape(-1, 1) + xp.arange(seq, dtype=np.int64).reshape(1, -1)
+        present[rows, :, cols] = new
+        return present
+    if xp is np:  # lengths on the host: copy each row's slices, zero only its tail
+        present = np.empty((batch, kv_heads, capacity, head), dtype=new.dtype)
+        for b, p in enumerate(past_len.tolist()):
+            if past is not None and p:
+                present[b, :, :p] = past[b, :, :p]
+            present[b, :, p:p + seq] = new[b].transpose(1, 0, 2)
+            present[b, :, p + seq:] = 0
+        return present
+    present = xp.zeros((batch, kv_heads, capacity, head), dtype=new.dtype)
+    if past is not None and past.shape[2]:
         keep = (xp.arange(past.shape[2], dtype=np.int64).reshape(1, 1, -1, 1)
                 < past_len.reshape(-1, 1, 1, 1))
         present[:, :, :past.shape[2]] = xp.where(keep, past, 0).astype(new.dtype, copy=False)
@@ -118,7 +135,26 @@ def _present(xp, past, new, past_len, capacity):
     return present
 
 
-@kernel("GroupQueryAttention", since=1, domain=MS_DOMAIN, host_inputs=(6,))
+#: GroupQueryAttention's optional inputs the kernel does not take, by position
+_GQA_INPUTS_NOT_TAKEN = {12: "k_scale", 13: "v_scale", 14: "q_norm_weight", 15: "k_norm_weight",
+                         16: "query_seqlens"}
+
+
+def _gqa_refuse(attrs, given, num_outputs) -> str | None:
+    for i, name in _GQA_INPUTS_NOT_TAKEN.items():
+        if i in given:
+            return f"the {name} input is not supported"
+    for name in ("k_quant_type", "v_quant_type"):
+        if attrs.get(name, "NONE") != "NONE":
+            return f"quantized key/value caches ({name}={attrs[name]!r}) are not supported"
+    if attrs.get("qk_output", 0) or num_outputs > 3:
+        return "the output_qk output is not supported"
+    if not attrs.get("causal", 1):
+        return "causal=0 is not supported"
+    return None
+
+
+@kernel("GroupQueryAttention", since=1, domain=MS_DOMAIN, host_inputs=(6,), refuse=_gqa_refuse)
 def GroupQueryAttention(xp, query, key=None, value=None, past_key=None, past_value=None,
                         seqlens_k=None, total_sequence_length=None, cos_cache=None,
                         sin_cache=None, position_ids=None, attention_bias=None, head_sink=None,
@@ -177,8 +213,25 @@ def GroupQueryAttention(xp, query, key=None, value=None, past_key=None, past_val
     present_k = _present(xp, past_key, new_k, past_len, capacity)
     present_v = _present(xp, past_value, new_v, past_len, capacity)
 
+    with _blas_context(xp):
+        out = _attend(xp, q4, present_k, present_v, past_len, total, head, heads, kv_heads,
+                      scale, softcap, attention_bias, local_window_size, head_sink,
+                      smooth_softmax, query.dtype)
+    return (out, present_k, present_v)[:max(num_outputs, 1)]
+
+
+def _blas_context(xp):
+    """One BLAS thread for the many small per-head products on the host: a threaded BLAS
+    costs more in wake-ups than it gains there (bench/bench_contrib.py)."""
+    return single_blas_thread() if xp is np else contextlib.nullcontext()
+
+
+def _attend(xp, q4, present_k, present_v, past_len, total, head, heads, kv_heads, scale,
+            softcap, attention_bias, local_window_size, head_sink, smooth_softmax, dtype):
+    """Causal (windowed) attention of q4 (B, N, S, H) over each row's keys; (B, S, N*H)."""
+    batch, seq = q4.shape[0], q4.shape[2]
     # scores over the first ``total`` positions only: no row reads past them
-    cdt = np.float64 if query.dtype == np.float64 else np.float32
+    cdt = np.float64 if dtype == np.float64 else np.float32
     K = present_k[:, :, :total].astype(cdt, copy=False)
     V = present_v[:, :, :total].astype(cdt, copy=False)
     alpha = scale if scale else 1.0 / math.sqrt(head)
@@ -193,15 +246,14 @@ def GroupQueryAttention(xp, query, key=None, value=None, past_key=None, past_val
     allowed = j <= at
     if local_window_size is not None and local_window_size > 0:
         allowed = allowed & (j > at - local_window_size)  # the last w keys
-    scores = xp.where(allowed, scores, -np.inf)
+    xp.copyto(scores, cdt(-np.inf), where=xp.logical_not(allowed))
     probs = _softmax(xp, scores, head_sink, smooth_softmax, heads, cdt)
     out = _grouped_matmul(xp, probs, V, kv_heads)  # (B, N, S, H)
-    out = out.transpose(0, 2, 1, 3).reshape(batch, seq, heads * head).astype(query.dtype)
-    return (out, present_k, present_v)[:max(num_outputs, 1)]
+    return out.transpose(0, 2, 1, 3).reshape(batch, seq, heads * head).astype(dtype)
 
 
 def _softmax(xp, scores, head_sink, smooth_softmax, heads, cdt):
-    """Softmax over the last axis; with a sink (``head_sink[h]``, or 0 under
+    """Softmax over the last axis, in place; with a sink (``head_sink[h]``, or 0 under
     smooth_softmax) one more logit joins each row's denominator."""
     sink = None
     if head_sink is not None:
@@ -211,7 +263,8 @@ def _softmax(xp, scores, head_sink, smooth_softmax, heads, cdt):
     m = xp.max(scores, axis=-1, keepdims=True)
     if sink is not None:
         m = xp.maximum(m, sink)
-    e = xp.exp(scores - m)
+    e = xp.subtract(scores, m, out=scores)  # (scores is this call's own array)
+    xp.exp(e, out=e)
     s = xp.sum(e, axis=-1, keepdims=True)
     if sink is not None:
         s = s + xp.exp(sink - m)

@@ -22,18 +22,18 @@ def _caches(max_pos, rd):
 
 
 def _gqa(B, S, N, Nkv, H, seqlens, total, past_cap=0, packed=False, rotary=False,
-         interleaved=0, rd=None, extra=None, **attrs):
+         interleaved=0, rd=None, extra=None, dtype=np.float32, **attrs):
     """(model, feeds) of one GroupQueryAttention node; rows of a first prompt past a
     row's length are padding, which onnxruntime leaves undefined."""
     if packed:
-        q, k, v = _r(B, S, (N + 2 * Nkv) * H), None, None
+        q, k, v = _r(B, S, (N + 2 * Nkv) * H, dtype=dtype), None, None
     else:
-        q, k, v = _r(B, S, N * H), _r(B, S, Nkv * H), _r(B, S, Nkv * H)
-    pk = _r(B, Nkv, past_cap, H) if past_cap else None
-    pv = _r(B, Nkv, past_cap, H) if past_cap else None
+        q, k, v = (_r(B, S, n * H, dtype=dtype) for n in (N, Nkv, Nkv))
+    pk = _r(B, Nkv, past_cap, H, dtype=dtype) if past_cap else None
+    pv = _r(B, Nkv, past_cap, H, dtype=dtype) if past_cap else None
     cos = sin = None
     if rotary:
-        cos, sin = _caches(64, rd or H)
+        cos, sin = (c.astype(dtype) for c in _caches(64, rd or H))
     inputs = [q, k, v, pk, pv, np.array(seqlens, np.int32), np.array(total, np.int32), cos, sin]
     for i, x in (extra or {}).items():  # later optional inputs by position
         inputs += [None] * (i + 1 - len(inputs))
@@ -41,7 +41,7 @@ def _gqa(B, S, N, Nkv, H, seqlens, total, past_cap=0, packed=False, rotary=False
     if rotary:
         attrs.update(do_rotary=1, rotary_interleaved=interleaved)
     return one_node("GroupQueryAttention", inputs, n_outputs=3, num_heads=N, kv_num_heads=Nkv,
-                    out_types=[np.float32] * 3, **attrs)
+                    out_types=[dtype] * 3, **attrs)
 
 
 def _valid_rows(seqlens, S, total):
@@ -107,6 +107,17 @@ def test_gqa_smooth_softmax_and_head_sink():
     compare(*_gqa(1, S, 4, 2, 8, seqlens, S, smooth_softmax=1), rtol=1e-4, atol=1e-5)
     sink = _r(4)
     compare(*_gqa(2, 1, 4, 2, 8, [3, 5], 6, past_cap=6, extra={11: sink}), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("past_cap", [0, 8])
+def test_gqa_float16(past_cap):
+    """float16 in and out, float32 arithmetic inside (as onnxruntime's cpu kernel)."""
+    if past_cap:
+        compare(*_gqa(2, 1, 4, 2, 16, [3, 5], 6, past_cap=past_cap, rotary=True,
+                      dtype=np.float16), rtol=2e-3, atol=2e-3)
+    else:
+        compare(*_gqa(1, 5, 4, 2, 16, [4], 5, rotary=True, dtype=np.float16), rtol=2e-3,
+                atol=2e-3)
 
 
 def test_gqa_attention_bias():
