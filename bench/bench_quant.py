@@ -9,7 +9,9 @@ bench/models.py:
 * ``nbits``: every constant 2-D MatMul weight quantized to 4 bits (block 32, with zero
   points) by onnxruntime's blockwise quantizer (``quantize_matmul_4bits``, the function
   its MatMulNBitsQuantizer calls; the quantizer itself needs onnx_ir) into MatMulNBits;
-* ``fp16``: ``convert_float_to_float16``.
+* ``fp16``: ``convert_float_to_float16``;
+* ``f32``: the float32 model itself, the anchor: our ratio on the same machine in the
+  same minutes, against which the variants' ratios read.
 
 Both sessions run interleaved in one process (ours, ort, ours, ort ...); each figure is
 the median of ``--runs`` timed runs after ``--warmup``. onnxruntime's spinning is off.
@@ -39,7 +41,7 @@ if str(ROOT) not in sys.path:
 
 from bench.models import MODELS, inputs  # noqa: E402
 
-VARIANTS = ("dyn", "qdq", "nbits", "fp16")
+VARIANTS = ("f32", "dyn", "qdq", "nbits", "fp16")
 
 
 def nbits_model(m: onnx.ModelProto, block: int = 32) -> onnx.ModelProto:
@@ -80,6 +82,8 @@ def nbits_model(m: onnx.ModelProto, block: int = 32) -> onnx.ModelProto:
 def variant(name: str, kind: str, m: onnx.ModelProto, tmp: Path) -> onnx.ModelProto:
     src, dst = tmp / f"{name}.onnx", tmp / f"{name}_{kind}.onnx"
     onnx.save(m, src)
+    if kind == "f32":
+        return m
     if kind == "dyn":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -154,12 +158,15 @@ def main() -> None:
                         t_ours.append(_once(lambda: ours.run(None, feed)))
                         t_ort.append(_once(lambda: theirs.run(None, feed)))
                     mo, mt = statistics.median(t_ours), statistics.median(t_ort)
-                    ratios.append(mo / mt)
+                    ratios.append((kind, mo / mt))
                     print(f"{name:10} {kind:7} {batch:5d} {mo * 1e3:9.3f} {mt * 1e3:9.3f} "
                           f"{mo / mt:6.2f} {diff:10.2e}", flush=True)
-    if ratios:
-        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-        print(f"# geomean ours/ort {geo:.2f}x over {len(ratios)} rows, worst {max(ratios):.2f}x")
+    for group, rs in (("variants", [r for k, r in ratios if k != "f32"]),
+                      ("f32 anchor", [r for k, r in ratios if k == "f32"])):
+        if rs:
+            geo = math.exp(sum(math.log(r) for r in rs) / len(rs))
+            print(f"# {group}: geomean ours/ort {geo:.2f}x over {len(rs)} rows, "
+                  f"worst {max(rs):.2f}x")
 
 
 if __name__ == "__main__":

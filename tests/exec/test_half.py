@@ -88,9 +88,9 @@ def test_float16_layer_norm_computes_in_float32():
     assert step.op_type in half.FLOAT32_OPS
 
 
-def test_float16_plan_wraps_accumulating_nodes_only():
-    """MatMul / LayerNormalization on float16 get the float32 wrapper (with the weight
-    upcast at compile time); element-wise Add keeps numpy's float16 loop."""
+def test_float16_plan_wraps_float_nodes():
+    """MatMul / LayerNormalization / Add on float16 get the float32 wrapper (with the
+    weight upcast at compile time)."""
     from hetero_exec.exec.plan import Compiler
     from hetero_exec.ir.load import load
 
@@ -100,7 +100,7 @@ def test_float16_plan_wraps_accumulating_nodes_only():
     names = {s.node.op_type: s.fn.__name__ for s in plan.steps}
     assert names["MatMul"].endswith("_float32")
     assert names["LayerNormalization"].endswith("_float32")
-    assert not names["Add"].endswith("_float32")
+    assert names["Add"].endswith("_float32")
     x = np.random.default_rng(4).standard_normal((3, 96)).astype(np.float16)
     step = next(s for s in plan.steps if s.node.op_type == "MatMul")
     W = plan.template[step.inputs[1]]
