@@ -45,6 +45,15 @@ FLOAT32_OPS = frozenset({
 })
 
 
+def cast(a: Any, dtype: np.dtype) -> Any:
+    """``a.astype(dtype)`` between float16 and float32; large contiguous arrays through
+    native/half.c (numpy's own conversion is a scalar loop, 20-150x slower)."""
+    from hetero_exec.kernels.native.packed_gemm import convert_half
+
+    out = convert_half(a, dtype) if type(a) is np.ndarray else None
+    return a.astype(dtype) if out is None else out
+
+
 def half_inputs(xp, node: Any, known: Sequence[KnownInput]) -> tuple[int, ...]:
     """Positions of the float16 inputs of a node that computes in float32 here."""
     if xp is not np or node.op_type not in FLOAT32_OPS:
@@ -85,12 +94,12 @@ def float32_compute(fn: Callable, positions: Sequence[int], known: Sequence[Know
                 entry[0] = a
             if a is entry[0] or (fed[p] and a is known[p].value):
                 return entry[1]
-        return a.astype(F32)
+        return cast(a, F32)
 
     def float16_node(xp, *args, **kwargs):
         args = [as_float32(i, a) if i in pos else a for i, a in enumerate(args)]
         outs = fn(xp, *args, **kwargs)
-        return tuple(o.astype(HALF)
+        return tuple(cast(o, HALF)
                      if (i >= len(back) or back[i]) and getattr(o, "dtype", None) == F32
                      else o for i, o in enumerate(outs))
 

@@ -61,7 +61,7 @@ SOURCE = Path(__file__).with_name("gemm.c")
 #: workers) and their shared header
 SOURCES = tuple(SOURCE.with_name(name) for name in (
     "gemm.c", "conv.c", "depthwise.c", "depthwise_cl.c", "softmax.c", "norm.c", "act.c",
-    "blas.c", "workers.c"))
+    "blas.c", "workers.c", "half.c"))
 HEADERS = (SOURCE.with_name("he.h"),)
 CFLAGS = ("-O3", "-mavx512f", "-mfma", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread")
 
@@ -107,6 +107,8 @@ _I = ctypes.c_int
 _L = ctypes.c_long
 _F = ctypes.c_float
 _SIGNATURES = {
+    "he_half_to_float": (None, [_P, _P, _L]),
+    "he_float_to_half": (None, [_P, _P, _L]),
     "he_pack_right_size": (_L, [_I, _I]),
     "he_pack_right": (None, [_I, _I, _P, _L, _L, _P]),
     "he_pack_left_size": (_L, [_I, _I]),
@@ -593,6 +595,29 @@ def depthwise_call(x_shape: tuple[int, ...], W: np.ndarray, strides: tuple[int, 
 
     call.keep = (W, bias)  # (the call holds their pointers only)
     return call
+
+
+#: below this many values numpy's astype is as quick as a ctypes call
+HALF_MIN_SIZE = 2048
+
+
+def convert_half(a: np.ndarray, dtype: Any) -> np.ndarray | None:
+    """A C-contiguous float16 array as float32, or a float32 one as float16
+    (native/half.c: same bits as ``astype``); None when the native library is
+    unavailable or the array is small, strided or of another dtype."""
+    if (a.size < HALF_MIN_SIZE or not a.flags.c_contiguous or type(a) is not np.ndarray
+            or not available()):
+        return None
+    dt = np.dtype(dtype)
+    if a.dtype == np.float16 and dt == np.float32:
+        out = np.empty(a.shape, np.float32)
+        _lib().he_half_to_float(a.ctypes.data, address(out), a.size)
+        return out
+    if a.dtype == np.float32 and dt == np.float16:
+        out = np.empty(a.shape, np.float16)
+        _lib().he_float_to_half(a.ctypes.data, address(out), a.size)
+        return out
+    return None
 
 
 def softmax_rows(x: np.ndarray) -> np.ndarray:
