@@ -27,7 +27,7 @@ from setuptools.command.build_ext import build_ext
 HERE = Path(__file__).parent
 NATIVE = Path("hetero_exec") / "kernels" / "native"
 SOURCES = ["gemm.c", "conv.c", "depthwise.c", "depthwise_cl.c", "softmax.c", "norm.c",
-           "act.c", "blas.c", "workers.c", "abi.c"]
+           "act.c", "blas.c", "workers.c", "half.c", "abi.c"]
 COMMON = ["-O3", "-std=gnu11", "-fno-strict-aliasing", "-fno-math-errno", "-pthread",
           "-fvisibility=hidden", "-Wall", "-Wno-unknown-pragmas"]
 
@@ -37,7 +37,7 @@ def variants() -> dict[str, list[str]]:
     machine = platform.machine().lower()
     if machine in ("x86_64", "amd64"):
         return {"avx512": ["-DHE_ISA_AVX512", "-mavx512f", "-mfma"],
-                "avx2": ["-DHE_ISA_AVX2", "-mavx2", "-mfma"],
+                "avx2": ["-DHE_ISA_AVX2", "-mavx2", "-mfma", "-mf16c"],
                 "baseline": []}
     if machine in ("aarch64", "arm64"):
         return {"neon": ["-DHE_ISA_NEON"], "baseline": []}

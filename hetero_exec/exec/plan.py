@@ -281,6 +281,12 @@ class Compiler:
                     and all(s in constants or s == NONE_SLOT for s in in_slots)):
                 if self._fold(fn, kwargs, in_slots, out_slots, template, node, step_xp):
                     constants.update(s for s in out_slots if s != TRASH_SLOT)
+                    if not self.device and node.op_type == "DequantizeLinear":
+                        # a QDQ model's weight, folded: its MatMul's / Conv's specialize
+                        # hook sees the float weight (and packs it) as in a float model
+                        for o, s in zip(node.outputs, out_slots):
+                            if o and s != TRASH_SLOT and type(template[s]) is np.ndarray:
+                                known[o] = template[s]
                     continue
             raw_steps.append((node, fn, in_slots, cap_slots, out_slots, kwargs, wants_scope, step_xp))
 

@@ -110,7 +110,18 @@ def _to_enum(to) -> int:
 
 @kernel("Cast", (1, 19, 24))
 def Cast(xp, input, to, saturate=1, round_mode="up"):  # noqa: A002
-    return (xp.asarray(cast(xp, input, _to_enum(to), saturate, round_mode)),)
+    to = _to_enum(to)
+    if xp is np and to in _HALF_FLOAT and type(input) is np.ndarray:
+        from hetero_exec.kernels.native.packed_gemm import convert_half
+
+        out = convert_half(input, _HALF_FLOAT[to])  # float16 <-> float32 (native/half.c)
+        if out is not None:
+            return (out,)
+    return (xp.asarray(cast(xp, input, to, saturate, round_mode)),)
+
+
+#: Cast targets native/half.c converts to (from the other of the two)
+_HALF_FLOAT = {TensorProto.FLOAT: np.dtype(np.float32), TensorProto.FLOAT16: np.dtype(np.float16)}
 
 
 @kernel("CastLike", (15, 19, 24))

@@ -88,9 +88,9 @@ def test_float16_layer_norm_computes_in_float32():
     assert step.op_type in half.FLOAT32_OPS
 
 
-def test_float16_plan_wraps_accumulating_nodes_only():
-    """MatMul / LayerNormalization on float16 get the float32 wrapper (with the weight
-    upcast at compile time); element-wise Add keeps numpy's float16 loop."""
+def test_float16_plan_wraps_float_nodes():
+    """MatMul / LayerNormalization / Add on float16 get the float32 wrapper (with the
+    weight upcast at compile time)."""
     from hetero_exec.exec.plan import Compiler
     from hetero_exec.ir.load import load
 
@@ -100,7 +100,7 @@ def test_float16_plan_wraps_accumulating_nodes_only():
     names = {s.node.op_type: s.fn.__name__ for s in plan.steps}
     assert names["MatMul"].endswith("_float32")
     assert names["LayerNormalization"].endswith("_float32")
-    assert not names["Add"].endswith("_float32")
+    assert names["Add"].endswith("_float32")
     x = np.random.default_rng(4).standard_normal((3, 96)).astype(np.float16)
     step = next(s for s in plan.steps if s.node.op_type == "MatMul")
     W = plan.template[step.inputs[1]]
@@ -109,3 +109,23 @@ def test_float16_plan_wraps_accumulating_nodes_only():
     assert y.dtype == np.float16
     want = (x.astype(np.float32) @ W.astype(np.float32)).astype(np.float16)
     np.testing.assert_array_equal(y, want)
+
+
+@pytest.mark.parametrize("n", [2048, 4099, 1 << 16])
+def test_native_half_conversion_matches_astype(n):
+    from hetero_exec.kernels.native import packed_gemm
+
+    if not packed_gemm.available():
+        pytest.skip(packed_gemm.unavailable_reason())
+    rng = np.random.default_rng(n)
+    h = (rng.standard_normal(n) * 3000).astype(np.float16)
+    h[:6] = [np.inf, -np.inf, 6e-8, -0.0, 65504, 1e-5]  # infinities, subnormals, extremes
+    f = packed_gemm.convert_half(h, np.float32)
+    np.testing.assert_array_equal(f.view(np.uint32), h.astype(np.float32).view(np.uint32))
+    x = (rng.standard_normal(n) * 30000).astype(np.float32)
+    x[:5] = [np.inf, 1e-9, 65520.0, -70000.0, 2.0 ** -24 * 1.5]  # ties, overflow, subnormal
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)
+    got = packed_gemm.convert_half(x, np.float16)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    assert np.isnan(packed_gemm.convert_half(np.full(n, np.nan, np.float32), np.float16)).all()

@@ -93,6 +93,8 @@ HE_API void he_last_axis_mt(float *y, const float *b, int rows, int cols, int co
 HE_API void he_blas_gemm_mt(void *fn, void *gemv, int ilp64, int dbl, int ta, int tb, long batch, long M, long N, long K, const void *A, long lda, long sa, const void *B, long ldb, long sb, void *C, long ldc, long sc, int unit, int parts);
 HE_API int he_pool_start(int n, long spin_ns);
 HE_API int he_pool_hot(void);
+HE_API void he_half_to_float(const uint16_t *src, float *dst, long n);
+HE_API void he_float_to_half(const float *src, uint16_t *dst, long n);
 HE_API int he_cpu_features(void);
 
 #endif

@@ -396,6 +396,29 @@ def depthwise_call(x_shape: tuple[int, ...], W: np.ndarray, strides: tuple[int, 
     return call
 
 
+#: below this many values numpy's astype is as quick as a ctypes call
+HALF_MIN_SIZE = 2048
+
+
+def convert_half(a: np.ndarray, dtype: Any) -> np.ndarray | None:
+    """A C-contiguous float16 array as float32, or a float32 one as float16
+    (native/half.c: same bits as ``astype``); None when the native library is
+    unavailable or the array is small, strided or of another dtype."""
+    if (a.size < HALF_MIN_SIZE or not a.flags.c_contiguous or type(a) is not np.ndarray
+            or not available()):
+        return None
+    dt = np.dtype(dtype)
+    if a.dtype == np.float16 and dt == np.float32:
+        out = np.empty(a.shape, np.float32)
+        _lib().he_half_to_float(address(a), address(out), a.size)
+        return out
+    if a.dtype == np.float32 and dt == np.float16:
+        out = np.empty(a.shape, np.float16)
+        _lib().he_float_to_half(address(a), address(out), a.size)
+        return out
+    return None
+
+
 def softmax_rows(x: np.ndarray) -> np.ndarray:
     """Softmax over the last axis of ``x`` (C-contiguous float32), in place
     (native/softmax.c), its rows split over gemm.c's workers; returns x. NaN, and rows of

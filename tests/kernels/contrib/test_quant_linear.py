@@ -17,7 +17,7 @@ from onnxruntime.quantization import (
 )
 
 from tests._models import init, model, vi
-from tests.kernels.contrib._quant_helpers import MS, compare
+from tests.kernels.contrib._quant_helpers import MS, SIM, compare
 
 U8, I8 = TensorProto.UINT8, TensorProto.INT8
 _NP = {U8: np.uint8, I8: np.int8}
@@ -201,3 +201,27 @@ def test_gather_block_quantized_int4(signed, axes):
               extra_opsets={MS: 1})
     idx = np.array([0, 5, 2, 1], np.int32)
     compare(m, {"idx": idx}, providers=["cpu"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("activation", [QuantType.QUInt8, QuantType.QInt8])
+def test_quantize_static_qdq_net(tmp_path, activation):
+    """QDQ form: against onnxruntime running the Q/DQ nodes as written (no fusion into
+    its integer kernels, which round otherwise)."""
+    import onnxruntime
+
+    from hetero_exec import InferenceSession
+
+    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save(_conv_net(), src)
+    quantize_static(str(src), str(dst), _Calibration(), quant_format=QuantFormat.QDQ,
+                    activation_type=activation, weight_type=QuantType.QInt8)
+    q = onnx.load(dst)
+    assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in q.graph.node}
+    x = np.random.default_rng(2).standard_normal((1, 3, 11, 9)).astype(np.float32)
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = onnxruntime.InferenceSession(q.SerializeToString(), so,
+                                        providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for providers in (["cpu"], [SIM, "cpu"]):
+        got = InferenceSession(q.SerializeToString(), providers=providers).run(None, {"x": x})
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
