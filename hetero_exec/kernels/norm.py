@@ -13,7 +13,7 @@ from hetero_exec.kernels import native
 from hetero_exec.kernels._common import norm_axis, np_dtype
 from hetero_exec.kernels._nn_common import acc_dtype
 from hetero_exec.kernels.fused import FUSED_DOMAIN
-from hetero_exec.kernels.native import packed_gemm
+from hetero_exec.kernels.native import packed_gemm, row_kernels
 from hetero_exec.kernels.registry import kernel
 
 
@@ -226,7 +226,7 @@ def FusedLayerNorm(xp, X, scale=None, bias=None, axis=-1, epsilon=1e-5, axes=Non
         if (scale is None or g is not None) and (bias is None or b is not None):
             # a channels-first LayerNorm (ConvNeXt's): native/norm.c, over the channels
             X3 = np.ascontiguousarray(X).reshape(X.shape[0], X.shape[1], -1)
-            return (packed_gemm.layer_norm_channels(X3, g, b, float(epsilon)).reshape(X.shape),)
+            return (row_kernels.layer_norm_channels(X3, g, b, float(epsilon)).reshape(X.shape),)
     d = X - xp.mean(X, axis=ax, keepdims=True)
     var = xp.mean(d * d, axis=ax, keepdims=True)
     d *= 1.0 / xp.sqrt(var + epsilon)
@@ -255,7 +255,7 @@ def _permuted_layer_norm(xp, X, scale, bias, epsilon):
         if v is not None and (v.dtype != np.float32 or v.size != C):
             return None
         vectors.append(None if v is None else v.reshape(C))
-    Y = packed_gemm.layer_norm_channels(base.reshape(X.shape[0], C, -1), *vectors,
+    Y = row_kernels.layer_norm_channels(base.reshape(X.shape[0], C, -1), *vectors,
                                         float(epsilon), channels_last=True)
     return Y.reshape(X.shape)
 
