@@ -120,17 +120,29 @@ def _normalized_rows(xp, X, axis, stash_type, scale):
 
 
 def _compiled(xp, X2, sdt, rows: int, cols: int) -> bool:
-    """Whether the compiled row kernels (kernels/native/norm.py) take this norm: numpy,
-    a float32/float64 input normalised in its own dtype, and something to normalise."""
-    return X2.dtype == sdt and rows > 0 and cols > 0 and native.takes(xp, X2)
+    """Whether the compiled row kernels take this norm: numpy, a float32 (the C
+    library's native/norm.c) or float64 (numba's native/norm.py) input normalised in its
+    own dtype, and something to normalise."""
+    if X2.dtype != sdt or rows <= 0 or cols <= 0 or xp is not np:
+        return False
+    if X2.dtype == np.float32 and packed_gemm.available():
+        return True
+    return native.takes(xp, X2)
 
 
 def _row_vector(v, cols: int, dtype):
     return np.zeros(0, dtype) if v is None else np.ascontiguousarray(v, dtype=dtype).reshape(cols)
 
 
+def _vector_or_none(v, cols: int):
+    return None if v is None else np.ascontiguousarray(v, dtype=np.float32).reshape(cols)
+
+
 def _native_layer_norm(X2, sc, bi, epsilon: float):
     rows, cols = X2.shape
+    if X2.dtype == np.float32 and packed_gemm.available():
+        return row_kernels.row_norm(X2, _vector_or_none(sc, cols), _vector_or_none(bi, cols),
+                                    float(epsilon))
     X2 = np.ascontiguousarray(X2)
     s, b = _row_vector(sc, cols, X2.dtype), _row_vector(bi, cols, X2.dtype)
     Y = np.empty_like(X2)
@@ -143,6 +155,9 @@ def _native_layer_norm(X2, sc, bi, epsilon: float):
 
 def _native_rms_norm(X2, sc, epsilon: float):
     rows, cols = X2.shape
+    if X2.dtype == np.float32 and packed_gemm.available():
+        return row_kernels.row_norm(X2, _vector_or_none(sc, cols), None, float(epsilon),
+                                    rms=True)[0]
     X2 = np.ascontiguousarray(X2)
     Y = np.empty_like(X2)
     native.split(native.module("norm").rms_norm, rows, X2, _row_vector(sc, cols, X2.dtype),

@@ -664,3 +664,27 @@ def test_last_axis_activation_matches_the_numba_epilogue(monkeypatch, name):
         native.module("epilogue").last_axis(want, np.zeros(0, np.float32), code, p0, p1, 0, rows)
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
         assert bool(ran) == compiled, rows
+
+
+@needs_packed
+@pytest.mark.parametrize("cols", [1, 7, 16, 100, 768])
+@pytest.mark.parametrize("rms", [False, True])
+def test_row_norm_against_float64(cols, rms):
+    """LayerNorm and RMSNorm over the last axis in float32 (native/norm.c), ragged rows,
+    with and without scale and bias, against float64 formulas."""
+    rng = np.random.default_rng(cols)
+    x = (rng.standard_normal((9, cols)) * 3 + 2).astype(np.float32)
+    g = rng.standard_normal(cols).astype(np.float32)
+    b = rng.standard_normal(cols).astype(np.float32)
+    x64 = x.astype(np.float64)
+    for scale, bias in ((None, None), (g, None), (g, b)):
+        bias = None if rms else bias
+        got, mean, inv = row_kernels.row_norm(x, scale, bias, 1e-5, rms=rms)
+        m = 0.0 if rms else x64.mean(axis=1, keepdims=True)
+        iv = 1.0 / np.sqrt(((x64 - m) ** 2).mean(axis=1, keepdims=True) + 1e-5)
+        want = (x64 - m) * iv * (1.0 if scale is None else scale)
+        want = want + (0.0 if bias is None else bias)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(inv, iv[:, 0], rtol=2e-5)
+        if not rms:
+            np.testing.assert_allclose(mean, m[:, 0], rtol=1e-5, atol=1e-5)

@@ -73,3 +73,25 @@ def last_axis(Y: np.ndarray, bias: np.ndarray | None, code: int, p0: float, p1: 
 
 #: an element of an activation pass in `_parts`' FLOPs (the rationals' ~20 operations)
 ACT_COST = 8.0
+
+
+def row_norm(X: np.ndarray, scale: np.ndarray | None, bias: np.ndarray | None, eps: float,
+             rms: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """LayerNorm (``rms``: RMSNorm) of each row of X (rows, cols) float32, times scale and
+    plus bias (cols,) where given (native/norm.c): (Y, mean, 1 / sqrt(var + eps)), the
+    last two (rows,) (mean 0 for RMSNorm)."""
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    rows, cols = X.shape
+    Y = np.empty_like(X)
+    mean = np.empty(rows, np.float32)
+    inv = np.empty(rows, np.float32)
+    scale, bias = _contiguous_f32(scale), _contiguous_f32(bias)
+    if rows and cols:
+        _lib().he_row_norm_mt(address(X), _ptr(scale), _ptr(bias), eps, address(Y),
+                              address(mean), address(inv), rows, cols, int(rms),
+                              _parts(rows, ROW_NORM_COST * X.size))
+    return Y, mean, inv
+
+
+#: an element of a row norm in `_parts`' FLOPs (three reads, the sums, the scaling)
+ROW_NORM_COST = 8.0
