@@ -28,7 +28,7 @@ OpenBLAS's workers spin 2**28 cycles (~0.1 s of a core) after each call before t
 sleep. The first run shortens that to 2**20 (~0.4 ms: `_shorten_spin`), long enough to
 stay awake between one run's products, short enough to give the core back when the
 run ends: to the next stage actor on the node, to onnxruntime in a benchmark. gemm.c's
-workers spin as long (native/packed_gemm.py).
+workers spin as long (native/library.py, workers.c).
 
 `single_blas_thread` holds the BLAS at one thread whatever else runs; inside it the
 kernels split their large products and independent blocks over a small pool of our own
@@ -495,7 +495,7 @@ def split_parts(n: int, flops: float, least: int = 1, alone: bool = True,
     least ``least`` items each and at most `split_width`: inside `single_blas_thread`
     from PARALLEL_FLOPS; for work that calls no BLAS (``alone``) in a run alone too,
     from ``alone_flops``. `parallel_for`'s rule, and that of native code's own workers
-    (native/packed_gemm.py)."""
+    (native/library.parts)."""
     # the cheap tests first: most calls (a lone run's, or small work) stop there
     if n >= 2 * least and ((_single_thread_holds and flops >= PARALLEL_FLOPS)
                            or (alone and _depth <= 1 and flops >= alone_flops)):
