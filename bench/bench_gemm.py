@@ -121,13 +121,13 @@ def part_models(names: list[str], runs: int) -> None:
     from hetero_exec import InferenceSession
 
     pg.unavailable_reason()
-    saved = dict(pg._state)
+    saved = dict(pg.library._state)
 
     def switch(on: bool) -> None:
         if on:
-            pg._state.update(saved)
+            pg.library._state.update(saved)
         else:
-            pg._state["reason"] = "off for the A/B"
+            pg.library._state["reason"] = "off for the A/B"
 
     for name in names:
         model = MODELS[name]() if name in MODELS else ARCH_MODELS[name]()

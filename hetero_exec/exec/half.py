@@ -48,7 +48,7 @@ FLOAT32_OPS = frozenset({
 def cast(a: Any, dtype: np.dtype) -> Any:
     """``a.astype(dtype)`` between float16 and float32; large contiguous arrays through
     native/half.c (numpy's own conversion is a scalar loop, 20-150x slower)."""
-    from hetero_exec.kernels.native.packed_gemm import convert_half
+    from hetero_exec.kernels.native.row_kernels import convert_half
 
     out = convert_half(a, dtype) if type(a) is np.ndarray else None
     return a.astype(dtype) if out is None else out

@@ -21,7 +21,7 @@ import numpy as np
 
 from hetero_exec.kernels import conv, native
 from hetero_exec.kernels._nn_common import conv_geometry, spatial_attrs
-from hetero_exec.kernels.native import packed_gemm
+from hetero_exec.kernels.native import packed_gemm, plane_kernels
 
 #: the input shapes a node keeps bound calls for; a model fed more shapes rebinds
 LIMIT = 8
@@ -86,10 +86,10 @@ def bind(X: np.ndarray, W: np.ndarray, B: np.ndarray | None, Z: np.ndarray | Non
     kind = path.kind
     strides, dilations, out_sp = tuple(strides), tuple(dilations), tuple(out_sp)
     if kind == "depthwise_native":
-        if M != C or not packed_gemm.depthwise_fits(X.shape, W.shape, strides, dilations,
+        if M != C or not plane_kernels.depthwise_fits(X.shape, W.shape, strides, dilations,
                                                     out_sp):
             return None
-        call = packed_gemm.depthwise_call(X.shape, W.reshape(C, KH, KW), strides, dilations,
+        call = plane_kernels.depthwise_call(X.shape, W.reshape(C, KH, KW), strides, dilations,
                                           (pb[0], pb[1]), out_sp, B, code, lo, hi)
     elif kind == "pointwise":
         L = math.prod(out_sp)
@@ -139,7 +139,7 @@ def _patchified(packed, N: int, KH: int, KW: int, out_sp, out_shape, B, store) -
 def _pixel_patches(path, W: np.ndarray, B, kernel, dilations, strides, pads, out_sp,
                    out_shape, store) -> BoundCall:
     """A conv as each output pixel's patch (a row) times the weight packed transposed
-    (packed_gemm.conv_patches, PackedRight), then the (pixels, M) result turned into
+    (plane_kernels.conv_patches, PackedRight), then the (pixels, M) result turned into
     NCHW: for ungrouped convs whose planes are too narrow for the packed conv's lanes
     (ResNet-18's 7 x 7 ones), where im2col and OpenBLAS ran at 110-130 GFLOP/s against
     onnxruntime's 250. The bias and the store's activation go in the product; with a
@@ -151,7 +151,7 @@ def _pixel_patches(path, W: np.ndarray, B, kernel, dilations, strides, pads, out
     code, lo, hi = store
 
     def call(X: np.ndarray, Z: np.ndarray | None) -> np.ndarray:
-        P = packed_gemm.conv_patches(X, kernel, dilations, strides, pads, out_sp)
+        P = plane_kernels.conv_patches(X, kernel, dilations, strides, pads, out_sp)
         if Z is None:
             Yt = packed.matmul(P, bias=B, act=code, lo=lo, hi=hi).reshape(N, L, M)
             return np.ascontiguousarray(Yt.transpose(0, 2, 1)).reshape(out_shape)

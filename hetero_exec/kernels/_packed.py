@@ -16,7 +16,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from hetero_exec.kernels.native import packed_gemm
+from hetero_exec.kernels.native import (
+    blas_split,  # noqa: F401 (registers it with _threads)
+    packed_gemm,
+)
 from hetero_exec.kernels.registry import KnownInput
 
 

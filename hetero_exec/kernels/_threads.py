@@ -28,7 +28,7 @@ OpenBLAS's workers spin 2**28 cycles (~0.1 s of a core) after each call before t
 sleep. The first run shortens that to 2**20 (~0.4 ms: `_shorten_spin`), long enough to
 stay awake between one run's products, short enough to give the core back when the
 run ends: to the next stage actor on the node, to onnxruntime in a benchmark. gemm.c's
-workers spin as long (native/packed_gemm.py).
+workers spin as long (native/library.py, workers.c).
 
 `single_blas_thread` holds the BLAS at one thread whatever else runs; inside it the
 kernels split their large products and independent blocks over a small pool of our own
@@ -74,9 +74,9 @@ SPLIT_ENV = "HETERO_EXEC_BLAS_SPLIT"
 
 _LOCK = threading.Lock()
 _depth = 0  # runs inside run_threads or single_blas_thread, all threads together
-_holds = 0  # of them, single_blas_thread's
+_single_thread_holds = 0  # of them, single_blas_thread's
 _held = False  # the BLAS at one thread now (our pool splits)
-_c_split = False  # a run alone, its BLAS products split on gemm.c's workers (`one_pool`)
+_blas_on_c_workers = False  # a run alone: its BLAS products split on the C workers (`one_pool`)
 _one_pool: bool | None = None
 _blas_matmul: Callable[..., Any] | None = None  # packed_gemm's, once `one_pool` says yes
 _NESTED = threading.local()  # a thread's own depth: only its outermost entry counts
@@ -90,14 +90,15 @@ def _after_fork_in_child() -> None:
     """A forked child has none of the parent's threads: a fresh lock and pool (the old
     pool's threads do not exist there, so a split would wait for ever), no run inside,
     and the BLAS count a run of the parent was holding given back."""
-    global _LOCK, _depth, _holds, _held, _pool, _pool_free, _NESTED, _affinity, _c_split
+    global _LOCK, _depth, _single_thread_holds, _held, _pool, _pool_free, _NESTED, _affinity
+    global _blas_on_c_workers
     _LOCK = threading.Lock()
     _affinity = None
     _pool, _pool_free = None, None
     if _depth and _libs:
         for lib, n in zip(_libs, _saved):
             lib.set_num_threads(n)
-    _depth, _holds, _held, _c_split = 0, 0, False, False
+    _depth, _single_thread_holds, _held, _blas_on_c_workers = 0, 0, False, False
     _NESTED = threading.local()
 
 
@@ -309,7 +310,7 @@ def single_blas_thread() -> Iterator[None]:
 
 @contextmanager
 def _entered(hold: bool) -> Iterator[None]:
-    global _depth, _holds, _held, _saved, _c_split
+    global _depth, _single_thread_holds, _held, _saved, _blas_on_c_workers
     libs = _blas_libs()
     nested = getattr(_NESTED, "depth", 0)
     if not libs or nested:  # no BLAS to drive, or this thread's outer run already counts
@@ -324,9 +325,9 @@ def _entered(hold: bool) -> Iterator[None]:
         if _depth == 0:
             _saved = [lib.get_num_threads() for lib in libs]
         _depth += 1
-        _holds += hold
-        if _holds or _depth >= 2:
-            _c_split = False
+        _single_thread_holds += hold
+        if _single_thread_holds or _depth >= 2:
+            _blas_on_c_workers = False
             if not _held:
                 for lib in libs:
                     lib.set_num_threads(1)
@@ -335,7 +336,7 @@ def _entered(hold: bool) -> Iterator[None]:
             # workers; else the BLAS splits this run's products itself, at its width
             # (above the count it started with, too: Ray starts a fractional-CPU actor's
             # BLAS at OMP_NUM_THREADS=1, and a lone stage there may use its node's cores)
-            _c_split = pool
+            _blas_on_c_workers = pool
             width = 1 if pool else split_width()
             if libs[0].get_num_threads() != width:
                 for lib in libs:
@@ -347,11 +348,23 @@ def _entered(hold: bool) -> Iterator[None]:
         _NESTED.depth = 0
         with _LOCK:
             _depth -= 1
-            _holds -= hold
+            _single_thread_holds -= hold
             if _depth == 0:
                 for lib, n in zip(libs, _saved):
                     lib.set_num_threads(n)
-                _held = _c_split = False
+                _held = _blas_on_c_workers = False
+
+
+#: (blas_matmul, available) of native/blas_split.py, which registers them when imported
+#: (`register_c_blas_split`): this module imports nothing of native/, which imports it
+_c_blas_split: tuple[Callable[..., Any], Callable[[], bool]] | None = None
+
+
+def register_c_blas_split(matmul: Callable[..., Any], available: Callable[[], bool]) -> None:
+    """The C workers' BLAS split (native/blas_split.blas_matmul) and whether the library
+    is loaded: what `one_pool` decides from."""
+    global _c_blas_split
+    _c_blas_split = (matmul, available)
 
 
 def one_pool() -> bool:
@@ -361,14 +374,13 @@ def one_pool() -> bool:
     process."""
     global _one_pool
     if _one_pool is None:
-        from hetero_exec.kernels import native
-        from hetero_exec.kernels.native import packed_gemm
-
-        _one_pool = (not native.switched_off(SPLIT_ENV) and blas_gemm() is not None
-                     and packed_gemm.available())
+        split = _c_blas_split
+        off = os.environ.get(SPLIT_ENV, "").strip().lower() in ("0", "false", "off", "no")
+        _one_pool = bool(not off and blas_gemm() is not None and split is not None
+                         and split[1]())
         if _one_pool:
             global _blas_matmul
-            _blas_matmul = packed_gemm.blas_matmul
+            _blas_matmul = split[0]
         log.debug("BLAS products of a lone run split on %s",
                   "gemm.c's workers" if _one_pool else "the BLAS's own threads")
     return _one_pool
@@ -403,8 +415,8 @@ def matmul(xp, a, b, out=None):
         return flat.reshape(a.shape[:-1] + (b.shape[-1],)) if out is None else out
     if xp is not np or a.ndim < 2 or b.ndim < 2:
         return xp.matmul(a, b, out=out)
-    if not _holds:
-        if _c_split and _blas_matmul is not None:
+    if not _single_thread_holds:
+        if _blas_on_c_workers and _blas_matmul is not None:
             y = _blas_matmul(a, b, out)
             if y is not None:
                 return y
@@ -483,9 +495,9 @@ def split_parts(n: int, flops: float, least: int = 1, alone: bool = True,
     least ``least`` items each and at most `split_width`: inside `single_blas_thread`
     from PARALLEL_FLOPS; for work that calls no BLAS (``alone``) in a run alone too,
     from ``alone_flops``. `parallel_for`'s rule, and that of native code's own workers
-    (native/packed_gemm.py)."""
+    (native/library.parts)."""
     # the cheap tests first: most calls (a lone run's, or small work) stop there
-    if n >= 2 * least and ((_holds and flops >= PARALLEL_FLOPS)
+    if n >= 2 * least and ((_single_thread_holds and flops >= PARALLEL_FLOPS)
                            or (alone and _depth <= 1 and flops >= alone_flops)):
         return max(1, min(split_width(), n // least))
     return 1

@@ -16,7 +16,7 @@ import numpy as np
 
 from hetero_exec.kernels._common import np_dtype
 from hetero_exec.kernels.fused import FUSED_DOMAIN, product
-from hetero_exec.kernels.native import packed_gemm
+from hetero_exec.kernels.native import row_kernels
 from hetero_exec.kernels.reduce import exp_scores_inplace
 from hetero_exec.kernels.registry import kernel
 
@@ -366,8 +366,8 @@ _SCORE_BLOCK = 1 << 21
 def _softmax_last_inplace(xp, s):
     """Softmax over the last axis, written into ``s``: the Softmax kernel's arithmetic
     (compiled for float32 on the host, native/softmax.c)."""
-    if xp is np and packed_gemm.softmax_fits(s):
-        return packed_gemm.softmax_rows(s)
+    if xp is np and row_kernels.softmax_fits(s):
+        return row_kernels.softmax_rows(s)
     s -= xp.max(s, axis=-1, keepdims=True)
     exp_scores_inplace(xp, s)
     s /= xp.sum(s, axis=-1, keepdims=True)

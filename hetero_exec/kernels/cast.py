@@ -112,7 +112,7 @@ def _to_enum(to) -> int:
 def Cast(xp, input, to, saturate=1, round_mode="up"):  # noqa: A002
     to = _to_enum(to)
     if xp is np and to in _HALF_FLOAT and type(input) is np.ndarray:
-        from hetero_exec.kernels.native.packed_gemm import convert_half
+        from hetero_exec.kernels.native.row_kernels import convert_half
 
         out = convert_half(input, _HALF_FLOAT[to])  # float16 <-> float32 (native/half.c)
         if out is not None:

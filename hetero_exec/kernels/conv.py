@@ -64,7 +64,7 @@ from hetero_exec.kernels._nn_common import (
 )
 from hetero_exec.kernels._threads import matmul
 from hetero_exec.kernels.fused import FUSED_DOMAIN, epilogue_activation
-from hetero_exec.kernels.native import packed_gemm
+from hetero_exec.kernels.native import packed_gemm, plane_kernels
 from hetero_exec.kernels.registry import KnownInput, kernel
 
 #: output plane size (columns per image) below which images share one wide GEMM
@@ -332,11 +332,11 @@ def _depthwise_packed(X, W, B, Z, activation, act, strides, dilations, pb, out_s
                               None if Z is None else Z[:, :, None], activation, act,
                               (1, strides[0]), (1, dilations[0]), (0, pb[0]), (1, out_sp[0]))
         return None if Y is None else Y[:, :, 0]
-    if not packed_gemm.depthwise_fits(X.shape, W.shape, tuple(strides), tuple(dilations),
+    if not plane_kernels.depthwise_fits(X.shape, W.shape, tuple(strides), tuple(dilations),
                                       tuple(out_sp)):
         return None
     C = X.shape[1]
-    return _stored(lambda code, lo, hi: packed_gemm.depthwise_2d(
+    return _stored(lambda code, lo, hi: plane_kernels.depthwise_2d(
         X, W.reshape((C,) + W.shape[2:]), tuple(strides), tuple(dilations), (pb[0], pb[1]),
         tuple(out_sp), bias=B, z=Z, act=code, lo=lo, hi=hi), activation, act)
 

@@ -18,7 +18,7 @@ from hetero_exec.kernels._packed import fused_matmul_hook
 from hetero_exec.kernels._threads import matmul
 from hetero_exec.kernels.elementwise import Gelu
 from hetero_exec.kernels.linalg import _float_operands
-from hetero_exec.kernels.native import packed_gemm
+from hetero_exec.kernels.native import packed_gemm, row_kernels
 from hetero_exec.kernels.registry import kernel
 
 FUSED_DOMAIN = "hetero_exec"
@@ -127,7 +127,7 @@ def _native_last_axis(Y, bias, act) -> None:
     rows split over our threads."""
     Y2 = Y.reshape(-1, Y.shape[-1])
     if Y.dtype == np.float32 and packed_gemm.available():  # native/act.c: 16 lanes a step
-        packed_gemm.last_axis(Y2, bias, *act)
+        row_kernels.last_axis(Y2, bias, *act)
         return
     b = np.zeros(0, Y.dtype) if bias is None else np.ascontiguousarray(bias, dtype=Y.dtype)
     native.split(native.module("epilogue").last_axis, Y2.shape[0], Y2, b, *act,

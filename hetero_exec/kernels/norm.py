@@ -13,7 +13,7 @@ from hetero_exec.kernels import native
 from hetero_exec.kernels._common import norm_axis, np_dtype
 from hetero_exec.kernels._nn_common import acc_dtype
 from hetero_exec.kernels.fused import FUSED_DOMAIN
-from hetero_exec.kernels.native import packed_gemm
+from hetero_exec.kernels.native import packed_gemm, row_kernels
 from hetero_exec.kernels.registry import kernel
 
 
@@ -120,17 +120,29 @@ def _normalized_rows(xp, X, axis, stash_type, scale):
 
 
 def _compiled(xp, X2, sdt, rows: int, cols: int) -> bool:
-    """Whether the compiled row kernels (kernels/native/norm.py) take this norm: numpy,
-    a float32/float64 input normalised in its own dtype, and something to normalise."""
-    return X2.dtype == sdt and rows > 0 and cols > 0 and native.takes(xp, X2)
+    """Whether the compiled row kernels take this norm: numpy, a float32 (the C
+    library's native/norm.c) or float64 (numba's native/norm.py) input normalised in its
+    own dtype, and something to normalise."""
+    if X2.dtype != sdt or rows <= 0 or cols <= 0 or xp is not np:
+        return False
+    if X2.dtype == np.float32 and packed_gemm.available():
+        return True
+    return native.takes(xp, X2)
 
 
 def _row_vector(v, cols: int, dtype):
     return np.zeros(0, dtype) if v is None else np.ascontiguousarray(v, dtype=dtype).reshape(cols)
 
 
+def _vector_or_none(v, cols: int):
+    return None if v is None else np.ascontiguousarray(v, dtype=np.float32).reshape(cols)
+
+
 def _native_layer_norm(X2, sc, bi, epsilon: float):
     rows, cols = X2.shape
+    if X2.dtype == np.float32 and packed_gemm.available():
+        return row_kernels.row_norm(X2, _vector_or_none(sc, cols), _vector_or_none(bi, cols),
+                                    float(epsilon))
     X2 = np.ascontiguousarray(X2)
     s, b = _row_vector(sc, cols, X2.dtype), _row_vector(bi, cols, X2.dtype)
     Y = np.empty_like(X2)
@@ -143,6 +155,9 @@ def _native_layer_norm(X2, sc, bi, epsilon: float):
 
 def _native_rms_norm(X2, sc, epsilon: float):
     rows, cols = X2.shape
+    if X2.dtype == np.float32 and packed_gemm.available():
+        return row_kernels.row_norm(X2, _vector_or_none(sc, cols), None, float(epsilon),
+                                    rms=True)[0]
     X2 = np.ascontiguousarray(X2)
     Y = np.empty_like(X2)
     native.split(native.module("norm").rms_norm, rows, X2, _row_vector(sc, cols, X2.dtype),
@@ -226,7 +241,7 @@ def FusedLayerNorm(xp, X, scale=None, bias=None, axis=-1, epsilon=1e-5, axes=Non
         if (scale is None or g is not None) and (bias is None or b is not None):
             # a channels-first LayerNorm (ConvNeXt's): native/norm.c, over the channels
             X3 = np.ascontiguousarray(X).reshape(X.shape[0], X.shape[1], -1)
-            return (packed_gemm.layer_norm_channels(X3, g, b, float(epsilon)).reshape(X.shape),)
+            return (row_kernels.layer_norm_channels(X3, g, b, float(epsilon)).reshape(X.shape),)
     d = X - xp.mean(X, axis=ax, keepdims=True)
     var = xp.mean(d * d, axis=ax, keepdims=True)
     d *= 1.0 / xp.sqrt(var + epsilon)
@@ -255,7 +270,7 @@ def _permuted_layer_norm(xp, X, scale, bias, epsilon):
         if v is not None and (v.dtype != np.float32 or v.size != C):
             return None
         vectors.append(None if v is None else v.reshape(C))
-    Y = packed_gemm.layer_norm_channels(base.reshape(X.shape[0], C, -1), *vectors,
+    Y = row_kernels.layer_norm_channels(base.reshape(X.shape[0], C, -1), *vectors,
                                         float(epsilon), channels_last=True)
     return Y.reshape(X.shape)
 

@@ -22,7 +22,7 @@ from hetero_exec.kernels._nn_common import (
     pad_spatial,
     spatial_attrs,
 )
-from hetero_exec.kernels.native import packed_gemm
+from hetero_exec.kernels.native import packed_gemm, plane_kernels
 from hetero_exec.kernels.registry import kernel
 
 
@@ -165,7 +165,7 @@ def _max_pool(xp, X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode
     if (not want_indices and nd == 2 and xp is np and X.dtype == np.float32 and X.size
             and all(out) and packed_gemm.available()):  # compiled (native/conv.c)
         ends = [e + x for e, x in zip(pe, extra)]
-        return packed_gemm.max_pool_2d(X, tuple(kernel), tuple(strides), tuple(dilations),
+        return plane_kernels.max_pool_2d(X, tuple(kernel), tuple(strides), tuple(dilations),
                                        (pb[0], pb[1], ends[0], ends[1]), tuple(out)), None
     if not want_indices:
         Y = _box_reduce(xp, X, out, kernel, strides, dilations, pb, True)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from hetero_exec.kernels._common import host_ints, norm_axis
-from hetero_exec.kernels.native import packed_gemm
+from hetero_exec.kernels.native import row_kernels
 from hetero_exec.kernels.registry import kernel
 
 
@@ -291,8 +291,8 @@ def _softmax(xp, x, axis, log=False):
     dt = x.dtype
     if _is_ml(dt):  # bfloat16 & co in float32; float16 stays float16 as the ONNX reference
         x = x.astype(np.float32)  # computes it (the fp16 attention cases depend on it)
-    if not log and xp is np and axis == x.ndim - 1 and packed_gemm.softmax_fits(x):
-        return packed_gemm.softmax_rows(x.copy()).astype(dt, copy=False)  # native/softmax.c
+    if not log and xp is np and axis == x.ndim - 1 and row_kernels.softmax_fits(x):
+        return row_kernels.softmax_rows(x.copy()).astype(dt, copy=False)  # native/softmax.c
     z = x - xp.max(x, axis=axis, keepdims=True)
     if log:
         z -= xp.log(xp.sum(xp.exp(z), axis=axis, keepdims=True))

@@ -113,19 +113,19 @@ def test_float16_plan_wraps_float_nodes():
 
 @pytest.mark.parametrize("n", [2048, 4099, 1 << 16])
 def test_native_half_conversion_matches_astype(n):
-    from hetero_exec.kernels.native import packed_gemm
+    from hetero_exec.kernels.native import library, row_kernels
 
-    if not packed_gemm.available():
-        pytest.skip(packed_gemm.unavailable_reason())
+    if not library.available():
+        pytest.skip(library.unavailable_reason())
     rng = np.random.default_rng(n)
     h = (rng.standard_normal(n) * 3000).astype(np.float16)
     h[:6] = [np.inf, -np.inf, 6e-8, -0.0, 65504, 1e-5]  # infinities, subnormals, extremes
-    f = packed_gemm.convert_half(h, np.float32)
+    f = row_kernels.convert_half(h, np.float32)
     np.testing.assert_array_equal(f.view(np.uint32), h.astype(np.float32).view(np.uint32))
     x = (rng.standard_normal(n) * 30000).astype(np.float32)
     x[:5] = [np.inf, 1e-9, 65520.0, -70000.0, 2.0 ** -24 * 1.5]  # ties, overflow, subnormal
     with np.errstate(over="ignore"):
         want = x.astype(np.float16)
-    got = packed_gemm.convert_half(x, np.float16)
+    got = row_kernels.convert_half(x, np.float16)
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
-    assert np.isnan(packed_gemm.convert_half(np.full(n, np.nan, np.float32), np.float16)).all()
+    assert np.isnan(row_kernels.convert_half(np.full(n, np.nan, np.float32), np.float16)).all()

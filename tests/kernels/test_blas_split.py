@@ -1,5 +1,5 @@
 """native/blas.c: a run alone splits numpy's OpenBLAS products over gemm.c's workers
-(`packed_gemm.blas_matmul`, `_threads.one_pool`), with the BLAS at one thread."""
+(`blas_split.blas_matmul`, `_threads.one_pool`), with the BLAS at one thread."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from hetero_exec.kernels import _threads
+from hetero_exec.kernels.native import blas_split
 from hetero_exec.kernels.native import packed_gemm as pg
 
 pytestmark = pytest.mark.skipif(
@@ -22,7 +23,7 @@ def one_pool(monkeypatch):
     monkeypatch.setattr(_threads, "_one_pool", None)
     monkeypatch.delenv(_threads.SPLIT_ENV, raising=False)
     assert _threads.one_pool()
-    monkeypatch.setattr(pg, "BLAS_SPLIT_FLOPS", 0.0)
+    monkeypatch.setattr(blas_split, "BLAS_SPLIT_FLOPS", 0.0)
 
 
 def _operand(rng, shape, dtype, layout):
@@ -68,10 +69,10 @@ def test_split_products_match_numpy(one_pool, sa, sb, layouts, dtype):
     b = _operand(rng, sb, dtype, layouts[1])
     want = a.astype(np.float64) @ b.astype(np.float64)
     with _threads.run_threads():
-        got = pg.blas_matmul(a, b)
+        got = blas_split.blas_matmul(a, b)
         assert got is not None, "the product did not take the split"
         out = np.full(want.shape, np.nan, dtype)
-        assert pg.blas_matmul(a, b, out=out) is out
+        assert blas_split.blas_matmul(a, b, out=out) is out
         via = _threads.matmul(np, a, b)  # the kernels' entry point takes the same path
     tol = 1e-4 if dtype == np.float32 else 1e-10
     for y in (got, out, via):
@@ -84,30 +85,30 @@ def test_products_it_does_not_take(one_pool):
     a = rng.standard_normal((40, 30), np.float32)
     b = rng.standard_normal((30, 20), np.float32)
     with _threads.run_threads():
-        assert pg.blas_matmul(a.astype(np.float16), b.astype(np.float16)) is None
-        assert pg.blas_matmul(a, b.astype(np.float64)) is None  # mixed dtypes: numpy casts
-        assert pg.blas_matmul(a, rng.standard_normal((31, 20), np.float32)) is None
+        assert blas_split.blas_matmul(a.astype(np.float16), b.astype(np.float16)) is None
+        assert blas_split.blas_matmul(a, b.astype(np.float64)) is None  # mixed dtypes: numpy casts
+        assert blas_split.blas_matmul(a, rng.standard_normal((31, 20), np.float32)) is None
         # an out that is not C-contiguous, or that overlaps an operand
-        assert pg.blas_matmul(a, b, out=np.empty((20, 40), np.float32).T) is None
+        assert blas_split.blas_matmul(a, b, out=np.empty((20, 40), np.float32).T) is None
         sq = rng.standard_normal((30, 30), np.float32)
-        assert pg.blas_matmul(sq, sq, out=sq) is None
+        assert blas_split.blas_matmul(sq, sq, out=sq) is None
         # batch axes that are not one stride apart (b broadcast along a middle axis)
         a4 = rng.standard_normal((2, 3, 40, 30), np.float32)
         b4 = rng.standard_normal((2, 1, 30, 20), np.float32)
-        assert pg.blas_matmul(a4, b4) is None
+        assert blas_split.blas_matmul(a4, b4) is None
         np.testing.assert_allclose(_threads.matmul(np, a4, b4), a4 @ b4, rtol=1e-5, atol=1e-5)
     # outside a run nothing is split: the BLAS keeps its own threads there
-    assert _threads._c_split is False
+    assert _threads._blas_on_c_workers is False
 
 
 def test_small_products_stay_on_the_calling_thread(monkeypatch):
     monkeypatch.setattr(_threads, "_one_pool", True)
     a = np.ones((8, 8), np.float32)
     with _threads.run_threads():
-        assert pg.blas_matmul(a, a) is None  # below BLAS_SPLIT_FLOPS: one thread
+        assert blas_split.blas_matmul(a, a) is None  # below BLAS_SPLIT_FLOPS: one thread
     with _threads.intra_op_threads(1), _threads.run_threads():
         big = np.ones((256, 256), np.float32)
-        assert pg.blas_matmul(big, big) is None  # a run that asks for one thread
+        assert blas_split.blas_matmul(big, big) is None  # a run that asks for one thread
 
 
 def test_concurrent_splits_share_the_workers(one_pool):
@@ -125,10 +126,10 @@ def test_concurrent_splits_share_the_workers(one_pool):
     def work():
         go.wait(10)
         for _ in range(200):
-            y = pg.blas_matmul(a, b)
+            y = blas_split.blas_matmul(a, b)
             if y is None or not np.allclose(y, want_row, rtol=1e-4, atol=1e-3):
                 errors.append("row product")
-            y = pg.blas_matmul(m, c)
+            y = blas_split.blas_matmul(m, c)
             if y is None or not np.allclose(y, want_m, rtol=1e-4, atol=1e-3):
                 errors.append("matrix product")
 
@@ -146,8 +147,8 @@ def test_a_run_alone_holds_the_blas_at_one_thread_and_splits_on_the_workers(one_
     before = _threads.blas_threads()
     with _threads.run_threads():
         assert _threads.blas_threads() == 1
-        assert _threads._c_split
-    assert _threads.blas_threads() == before and not _threads._c_split
+        assert _threads._blas_on_c_workers
+    assert _threads.blas_threads() == before and not _threads._blas_on_c_workers
 
 
 def test_switched_off_by_the_environment(monkeypatch):
@@ -155,5 +156,5 @@ def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setattr(_threads, "_one_pool", None)
     assert _threads.one_pool() is False
     with _threads.run_threads():
-        assert not _threads._c_split
+        assert not _threads._blas_on_c_workers
         assert _threads.blas_threads() == _threads.split_width()  # the BLAS's own threads

@@ -13,6 +13,7 @@ from hetero_exec.kernels import _conv_bound, conv
 from hetero_exec.kernels.conv import ConvPath, _conv_full
 from hetero_exec.kernels.fused import epilogue_activation
 from hetero_exec.kernels.native import packed_gemm as pg
+from hetero_exec.kernels.native import plane_kernels
 
 pytestmark = pytest.mark.skipif(not pg.available(), reason=f"no packed kernels: "
                                 f"{pg.unavailable_reason()}")
@@ -181,7 +182,7 @@ def _conv_act_model(w, b, attrs, activation, group=1):
 def test_narrow_planes_take_pixel_patches(monkeypatch, xs, ws, attrs, activation, residual):
     """Planes too narrow for the packed conv's lanes (conv_fits says no), by a weight of
     at least 64 channels: each output pixel's patch a row, times the weight packed
-    transposed (packed_gemm.conv_patches, PackedRight), against the reference."""
+    transposed (plane_kernels.conv_patches, PackedRight), against the reference."""
     rng = np.random.default_rng(6)
     x = rng.standard_normal(xs, dtype=np.float32)
     w = rng.standard_normal(ws, dtype=np.float32) * 0.2
@@ -198,8 +199,8 @@ def test_narrow_planes_take_pixel_patches(monkeypatch, xs, ws, attrs, activation
     elif activation == "HardSigmoid":
         want = np.clip(0.2 * want + 0.5, 0.0, 1.0)
     taken: list[int] = []
-    patches = pg.conv_patches
-    monkeypatch.setattr(pg, "conv_patches", lambda *a, **k: taken.append(1) or patches(*a, **k))
+    patches = plane_kernels.conv_patches
+    monkeypatch.setattr(plane_kernels, "conv_patches", lambda *a, **k: taken.append(1) or patches(*a, **k))
     act = epilogue_activation(activation, params)
     calls = _conv_bound.BoundCalls(ConvPath("im2col"), act)
     for _ in range(2):  # bound, then the kept call

@@ -562,13 +562,14 @@ def test_channels_first_layer_norm(monkeypatch, shape, sshape):
     for a per-channel scale and bias, numpy for a scale that varies over the pixels too;
     both against float64."""
     from hetero_exec.kernels.native import packed_gemm as pg
+    from hetero_exec.kernels.native import row_kernels
     from hetero_exec.kernels.norm import FusedLayerNorm
 
     if not pg.available():
         pytest.skip(pg.unavailable_reason())
     ran: list[int] = []
-    run = pg.layer_norm_channels
-    monkeypatch.setattr(pg, "layer_norm_channels", lambda *a: ran.append(1) or run(*a))
+    run = row_kernels.layer_norm_channels
+    monkeypatch.setattr(row_kernels, "layer_norm_channels", lambda *a: ran.append(1) or run(*a))
     x = f32(*shape) * 3 + 1
     g = None if sshape is None else f32(*sshape)
     b = None if sshape is None else f32(*sshape)
@@ -588,13 +589,14 @@ def test_layer_norm_of_a_channels_last_view(monkeypatch, shape, with_bias):
     block): native/norm.c reads the NCHW array and writes channels-last, against the
     reference on the copied view."""
     from hetero_exec.kernels.native import packed_gemm as pg
+    from hetero_exec.kernels.native import row_kernels
     from hetero_exec.kernels.norm import LayerNormalization
 
     if not pg.available():
         pytest.skip(pg.unavailable_reason())
     ran: list[int] = []
-    run = pg.layer_norm_channels
-    monkeypatch.setattr(pg, "layer_norm_channels", lambda *a, **k: ran.append(1) or run(*a, **k))
+    run = row_kernels.layer_norm_channels
+    monkeypatch.setattr(row_kernels, "layer_norm_channels", lambda *a, **k: ran.append(1) or run(*a, **k))
     x = np.moveaxis(f32(*shape) * 2 + 1, 1, -1)  # a view: (n, *S, C)
     C = shape[1]
     args = [x, f32(C)] + ([f32(C)] if with_bias else [])

@@ -14,6 +14,7 @@ import hetero_exec
 from hetero_exec import InferenceSession
 from hetero_exec.kernels import _packed as packed
 from hetero_exec.kernels.native import packed_gemm as pg
+from hetero_exec.kernels.native import plane_kernels, row_kernels
 
 needs_packed = pytest.mark.skipif(not pg.available(),
                                   reason=f"packed GEMM off: {pg.unavailable_reason()}")
@@ -36,7 +37,7 @@ def test_right_product(monkeypatch, M, K, N, act, split):
     """On one thread and split over the workers (by row tiles from 64 rows, else by
     panels)."""
     if split:
-        monkeypatch.setattr(pg, "SPLIT_FLOPS", 0.0)
+        monkeypatch.setattr(pg.library, "SPLIT_FLOPS", 0.0)
     rng = np.random.default_rng(M * 1000 + K + N)
     A = rng.standard_normal((M, K), dtype=np.float32)
     Bt = rng.standard_normal((N, K), dtype=np.float32)
@@ -72,7 +73,7 @@ def test_left_product(n, M, K, L, act):
 def test_left_product_split_by_rows(monkeypatch, L):
     """One image of few 32-column panels (a small plane at batch 1) is cut by the
     weight's rows; a ragged last block of rows too."""
-    monkeypatch.setattr(pg, "SPLIT_FLOPS", 0.0)
+    monkeypatch.setattr(pg.library, "SPLIT_FLOPS", 0.0)
     rng = np.random.default_rng(L)
     W = rng.standard_normal((100, 37), dtype=np.float32)
     X = rng.standard_normal((1, 37, L), dtype=np.float32)
@@ -155,8 +156,8 @@ def _count_packed(monkeypatch) -> list[int]:
 def _count_depthwise(monkeypatch) -> list[int]:
     """Count the depthwise convs that native/depthwise.c computes."""
     calls: list[int] = []
-    run = pg.depthwise_call  # (depthwise_2d and the sessions' bound calls go through it)
-    monkeypatch.setattr(pg, "depthwise_call", lambda *a, **k: calls.append(1) or run(*a, **k))
+    run = plane_kernels.depthwise_call  # (depthwise_2d and the sessions' bound calls go through it)
+    monkeypatch.setattr(plane_kernels, "depthwise_call", lambda *a, **k: calls.append(1) or run(*a, **k))
     return calls
 
 
@@ -229,7 +230,7 @@ def test_pointwise_conv_through_a_session(monkeypatch, act, residual):
     rng = np.random.default_rng(2)
     model = _pointwise_model(rng, act=act, residual=residual)
     lefts = _counting(monkeypatch, pg.PackedLeft, "matmul_call")
-    monkeypatch.setattr(pg, "SPLIT_FLOPS", 0.0)  # this small model takes it too
+    monkeypatch.setattr(pg.library, "SPLIT_FLOPS", 0.0)  # this small model takes it too
     sess = InferenceSession(model.SerializeToString(), ["cpu"])
     ref = ReferenceEvaluator(model)
     for n in (1, 3):
@@ -338,7 +339,7 @@ def test_conv_through_a_session(monkeypatch, case, act, residual):
     rng = np.random.default_rng(case)
     model = _conv_model(rng, C, M, H, Wd, dict(attrs), act, residual)
     convs = _counting(monkeypatch, pg.PackedLeft, "conv_call")
-    monkeypatch.setattr(pg, "SPLIT_FLOPS", 0.0)  # these small convs take it too
+    monkeypatch.setattr(pg.library, "SPLIT_FLOPS", 0.0)  # these small convs take it too
     want = _agrees_with_reference(model, rng, (C, H, Wd), residual)
     # the lanes holding output pixels must be 4/5 at least: of the padded rows at strides
     # 1, else of the runs of 16 pixels within each output row
@@ -364,7 +365,7 @@ def test_conv1d_through_a_session(monkeypatch, attrs, depthwise):
     model = _model(nodes, [_f("x", ["N", 6, 61])], [_f("y", ["n", "m", "l"])], inits)
     calls = (_count_depthwise(monkeypatch) if depthwise
              else _counting(monkeypatch, pg.PackedLeft, "conv_call"))
-    monkeypatch.setattr(pg, "SPLIT_FLOPS", 0.0)
+    monkeypatch.setattr(pg.library, "SPLIT_FLOPS", 0.0)
     sess = InferenceSession(model.SerializeToString(), ["cpu"])
     x = rng.standard_normal((2, 6, 61), dtype=np.float32)
     np.testing.assert_allclose(sess.run(None, {"x": x})[0],
@@ -468,8 +469,8 @@ POOLS = [  # (H, W, attributes): MaxPool cases, with pads, strides, dilation, ce
 def test_max_pool_against_the_reference(monkeypatch, case):
     H, Wd, attrs = POOLS[case]
     calls: list[int] = []
-    pool = pg.max_pool_2d
-    monkeypatch.setattr(pg, "max_pool_2d", lambda *a: calls.append(1) or pool(*a))
+    pool = plane_kernels.max_pool_2d
+    monkeypatch.setattr(plane_kernels, "max_pool_2d", lambda *a: calls.append(1) or pool(*a))
     model = _model([helper.make_node("MaxPool", ["x"], ["y"], **attrs)],
                    [_f("x", ["N", 3, H, Wd])], [_f("y", ["n", "c", "h", "w"])], {}, opset=12)
     rng = np.random.default_rng(case)
@@ -536,7 +537,7 @@ DEPTHWISE = [  # (C, H, W, attributes): MobileNet's and ConvNeXt's, and odd geom
 @pytest.mark.parametrize("along", [False, True])
 def test_depthwise_through_a_session(monkeypatch, case, act, residual, along):
     """By planes (depthwise.c) and along the channels (depthwise_cl.c), every geometry."""
-    monkeypatch.setattr(pg, "depthwise_along_channels", lambda *a: along)
+    monkeypatch.setattr(plane_kernels, "depthwise_along_channels", lambda *a: along)
     C, H, Wd, attrs = DEPTHWISE[case]
     rng = np.random.default_rng(case)
     model = _conv_model(rng, C, C, H, Wd, dict(attrs), act, residual, group=C)
@@ -550,7 +551,7 @@ def test_depthwise_through_a_session(monkeypatch, case, act, residual, along):
 def test_depthwise_nan_inf_and_other_dtypes(monkeypatch, along):
     """NaN and inf propagate as in the numpy path, by planes and along the channels;
     float64 keeps the compiled numba kernel (depthwise.c is float32 only)."""
-    monkeypatch.setattr(pg, "depthwise_along_channels", lambda *a: along)
+    monkeypatch.setattr(plane_kernels, "depthwise_along_channels", lambda *a: along)
     rng = np.random.default_rng(9)
     model = _conv_model(rng, 4, 4, 9, 9, {"k": (3, 3), "pads": [1, 1, 1, 1]}, "Clip", group=4)
     x = rng.standard_normal((2, 4, 9, 9), dtype=np.float32)
@@ -591,8 +592,8 @@ def test_softmax_rows_against_float64(monkeypatch, n):
     from hetero_exec.kernels.reduce import Softmax
 
     ran: list[int] = []
-    run = pg.softmax_rows
-    monkeypatch.setattr(pg, "softmax_rows", lambda x: ran.append(1) or run(x))
+    run = row_kernels.softmax_rows
+    monkeypatch.setattr(row_kernels, "softmax_rows", lambda x: ran.append(1) or run(x))
     rng = np.random.default_rng(n)
     x = (rng.standard_normal((3, 7, n)) * 8).astype(np.float32)
     z = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
@@ -612,7 +613,7 @@ def test_softmax_rows_special_values_as_numpy():
 
     x = np.array([[0.0, -np.inf, 1.0, -np.inf], [np.nan, 0.0, 0.0, 1.0],
                   [-np.inf] * 4, [np.inf, 0.0, 0.0, 0.0], [-200.0, 0.0, -90.0, 3.0]], np.float32)
-    got = pg.softmax_rows(x.copy())
+    got = row_kernels.softmax_rows(x.copy())
     assert np.isnan(got[1:4]).all() and not np.isnan(got[[0, 4]]).any()
     np.testing.assert_allclose(got[0], [0.26894142, 0.0, 0.7310586, 0.0], rtol=1e-6)
     assert got[4, 0] == 0.0 and got[4, 2] == 0.0  # exp(-203), exp(-93): 0, not subnormal
@@ -645,12 +646,12 @@ def test_last_axis_activation_matches_the_numba_epilogue(monkeypatch, name):
     want, got = y.copy(), y.copy()
     with np.errstate(all="ignore"):
         native.module("epilogue").last_axis(want, bias, code, p0, p1, 0, 3)
-    pg.last_axis(got, bias, code, p0, p1)
+    row_kernels.last_axis(got, bias, code, p0, p1)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
     ran: list[int] = []
-    run = pg.last_axis
-    monkeypatch.setattr(pg, "last_axis", lambda *a: ran.append(1) or run(*a))
+    run = row_kernels.last_axis
+    monkeypatch.setattr(row_kernels, "last_axis", lambda *a: ran.append(1) or run(*a))
     # few values: numpy's one pass after the bias for Relu, Clip, Tanh (and a bias
     # alone), the compiled epilogue for the others; many values: the compiled one
     for rows, compiled in ((5, name not in fused._ONE_PASS), (fused.SMALL_EPILOGUE // 37 + 1, True)):
@@ -663,3 +664,27 @@ def test_last_axis_activation_matches_the_numba_epilogue(monkeypatch, name):
         native.module("epilogue").last_axis(want, np.zeros(0, np.float32), code, p0, p1, 0, rows)
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
         assert bool(ran) == compiled, rows
+
+
+@needs_packed
+@pytest.mark.parametrize("cols", [1, 7, 16, 100, 768])
+@pytest.mark.parametrize("rms", [False, True])
+def test_row_norm_against_float64(cols, rms):
+    """LayerNorm and RMSNorm over the last axis in float32 (native/norm.c), ragged rows,
+    with and without scale and bias, against float64 formulas."""
+    rng = np.random.default_rng(cols)
+    x = (rng.standard_normal((9, cols)) * 3 + 2).astype(np.float32)
+    g = rng.standard_normal(cols).astype(np.float32)
+    b = rng.standard_normal(cols).astype(np.float32)
+    x64 = x.astype(np.float64)
+    for scale, bias in ((None, None), (g, None), (g, b)):
+        bias = None if rms else bias
+        got, mean, inv = row_kernels.row_norm(x, scale, bias, 1e-5, rms=rms)
+        m = 0.0 if rms else x64.mean(axis=1, keepdims=True)
+        iv = 1.0 / np.sqrt(((x64 - m) ** 2).mean(axis=1, keepdims=True) + 1e-5)
+        want = (x64 - m) * iv * (1.0 if scale is None else scale)
+        want = want + (0.0 if bias is None else bias)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(inv, iv[:, 0], rtol=2e-5)
+        if not rms:
+            np.testing.assert_allclose(mean, m[:, 0], rtol=1e-5, atol=1e-5)

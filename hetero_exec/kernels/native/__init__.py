@@ -1,5 +1,15 @@
 """Compiled CPU kernels (numba), for the few ops numpy cannot do at memory speed.
 
+Two mechanisms live under this package: the C library, built by the package's build
+(library.py loads it: every float32 product, conv, depthwise conv, MaxPool, softmax, row
+and channel norms, and the FusedMatMul epilogue), and numba, here, for what the C
+library does not cover: the float64 paths (depthwise conv, row norms, epilogues), the
+element-wise float32 activations (Gelu, ...) and the channels epilogue of a conv the
+store cannot finish. numba compiles on first use (cached on disk); a process with no
+cache paid 2-4 s for it, so the float32 row norms moved to C, and the compile check
+below runs when a numba kernel is first used rather than at `available`. Porting the
+rest is open work, not a measured choice.
+
 numpy runs one pass over memory per operation and has no fused multiply-add, so an op
 that is a chain of small element-wise steps (a depthwise convolution is a sum of K*K
 scaled shifted copies) runs at a fraction of the machine's speed however it is written
@@ -83,12 +93,19 @@ def _find_reason() -> str | None:
         importlib.import_module("numba")
     except Exception as e:  # ImportError, or a numba that fails on this numpy
         return f"numba is not importable ({type(e).__name__}: {e})"
-    try:  # a numba that imports but cannot compile here (LLVM, CPU) must not fail a run
-        import numpy as np
+    return None
 
+
+def _compile_check() -> str | None:
+    """A numba that imports but cannot compile here (LLVM, CPU) must not fail a run: one
+    small kernel compiled and run before the first kernel module is used (not at
+    `available`, which every float32 gate asks: compiling it cost a process's first run
+    2-3 s, where the float32 paths are the C library's and need no numba)."""
+    try:
         x = np.array([-1.0, 2.0], np.float32)
         y = np.empty_like(x)
-        module("epilogue").unary(x, y, ACT_CODES["Relu"], 0.0, 0.0, 0, 2)
+        importlib.import_module(f"{__name__}.epilogue").unary(x, y, ACT_CODES["Relu"], 0.0, 0.0,
+                                                              0, 2)
         if y.tolist() != [0.0, 2.0]:
             return f"numba's compiled Relu gave {y.tolist()} for [-1, 2]"
     except Exception as e:
@@ -141,6 +158,12 @@ def module(name: str) -> ModuleType:
             if "checked" not in _state:
                 _drop_stale_cache(Path(__file__).parent)
                 _state["checked"] = True
+                reason = _compile_check()
+                if reason:  # numba off from now on; this call's caller fails once
+                    _state["reason"] = reason
+                    log.warning("compiled cpu kernels off: %s; numpy paths only", reason)
+            if _state.get("reason"):
+                raise RuntimeError(f"numba kernels unavailable: {_state['reason']}")
         mod = _modules[name] = importlib.import_module(f"{__name__}.{name}")
     return mod
 

@@ -89,6 +89,7 @@ HE_API int he_maxpool_plane_mt(const float *X, float *Y, int planes, int H, int 
 HE_API int he_depthwise_cl_mt(const float *X, const float *W, const float *bias, const float *z, float *Y, int n, int C, int H, int Wd, int OH, int OW, int KH, int KW, int sh, int sw, int dh, int dw, int pt, int pl, int act, float lo, float hi, int parts);
 HE_API void he_softmax_mt(float *x, int rows, int n, int parts);
 HE_API int he_layer_norm_channels_mt(const float *x, const float *g, const float *b, float eps, float *y, int n, int C, int L, int nhwc, int parts);
+HE_API void he_row_norm_mt(const float *x, const float *g, const float *b, float eps, float *y, float *mean, float *inv, int rows, int cols, int rms, int parts);
 HE_API void he_last_axis_mt(float *y, const float *b, int rows, int cols, int code, float p0, float p1, int parts);
 HE_API void he_blas_gemm_mt(void *fn, void *gemv, int ilp64, int dbl, int ta, int tb, long batch, long M, long N, long K, const void *A, long lda, long sa, const void *B, long ldb, long sb, void *C, long ldc, long sc, int unit, int parts);
 HE_API int he_pool_start(int n, long spin_ns);

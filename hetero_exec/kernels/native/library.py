@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from hetero_exec.kernels import _threads
 from hetero_exec.kernels.native import ENV as NATIVE_ENV
 from hetero_exec.kernels.native import switched_off
 
@@ -185,8 +186,6 @@ def _load() -> str | None:
     _state["variant"], _state["why"], _state["path"] = name, why, path
     reason = _codes_differ() or _self_check(lib)
     if reason is None:
-        from hetero_exec.kernels import _threads
-
         lib.he_pool_start(max(0, _threads.cores() - 1), _spin_ns())
     return reason
 
@@ -291,3 +290,18 @@ def address(a: np.ndarray) -> int:
 def pointer(a: np.ndarray | None) -> int | None:
     """`address`, None for None (a NULL argument)."""
     return None if a is None else address(a)
+
+
+#: a split over the library's workers from this many FLOPs (~30 us of work: a hand-off to
+#: a spinning worker costs a few us, to a sleeping one 40-130 us here)
+SPLIT_FLOPS = 4e6
+
+
+def parts(n: int, flops: float) -> int:
+    """Parts to cut ``n`` work items into over the library's workers (1: none), as
+    kernels/_threads.parallel_for would for work that calls no BLAS."""
+    return _threads.split_parts(n, flops, alone_flops=SPLIT_FLOPS)
+
+
+def contiguous_f32(a: np.ndarray | None) -> np.ndarray | None:
+    return None if a is None else np.ascontiguousarray(a, dtype=np.float32)

@@ -4,8 +4,8 @@
  * each a strided reduction or a temporary; here a run of VW pixels is read for its
  * means over the channels, again for the variances (two passes: no sum of squares minus
  * the squared mean, which cancels), and once for the output, while its C x VW floats
- * stay in L1. (The row norms over the last axis stay numba's, native/norm.py: a C
- * version measured no faster.) */
+ * stay in L1. The row norms over the last axis (he_row_norm_mt) are float32's here and
+ * float64's in numba (native/norm.py). */
 #include "kernels.h"
 
 typedef struct {
@@ -77,4 +77,64 @@ int he_layer_norm_channels_mt(const float *x, const float *g, const float *b, fl
     norm_args a = {x, g, b, y, C, L, (L + VW - 1) / VW, eps, nhwc, 0};
     he_parallel(channels_task, &a, n * a.runs, parts);
     return a.failed ? -1 : 0;
+}
+
+/* ------------------------------------------------ LayerNorm and RMSNorm over the rows */
+
+typedef struct {
+    const float *x, *g, *b;
+    float *y, *mean, *inv;
+    int cols, rms;
+    float eps;
+} rows_args;
+
+/* rows [r0, r1) of (rows, cols): a row read for its mean, again for its variance (two
+ * passes: no sum of squares minus the squared mean, which cancels), once for the
+ * output; the lanes' partial sums added in double */
+static void rows_task(void *p, int r0, int r1)
+{
+    const rows_args *a = (const rows_args *)p;
+    const int n = a->cols;
+    for (int r = r0; r < r1; r++) {
+        const float *x = a->x + (long)r * n;
+        float *y = a->y + (long)r * n;
+        double m = 0.0;
+        if (!a->rms) {
+            vf s = vzero();
+            for (int k = 0; k < n; k += VW)
+                s = vadd(s, vload_lanes(first_lanes(n - k), x + k));
+            m = (double)vreduce_add(s) / n;
+        }
+        vf vm = vset1((float)m), v = vzero();
+        for (int k = 0; k < n; k += VW) {
+            lanes_t l = first_lanes(n - k);
+            vf d = vkeep(l, vsub(vload_lanes(l, x + k), vm));
+            v = vfma(d, d, v);
+        }
+        double iv = 1.0 / __builtin_sqrt((double)vreduce_add(v) / n + a->eps);
+        if (a->mean)
+            a->mean[r] = (float)m;
+        if (a->inv)
+            a->inv[r] = (float)iv;
+        vf vi = vset1((float)iv);
+        for (int k = 0; k < n; k += VW) {
+            lanes_t l = first_lanes(n - k);
+            vf o = vmul(vsub(vload_lanes(l, x + k), vm), vi);
+            if (a->g)
+                o = vmul(o, vload_lanes(l, a->g + k));
+            if (a->b)
+                o = vadd(o, vload_lanes(l, a->b + k));
+            vstore_lanes(y + k, l, o);
+        }
+    }
+}
+
+/* y = LayerNorm (or with rms RMSNorm: x / sqrt(mean(x^2) + eps)) of each row of x (rows,
+ * cols), times g and plus b (cols) where not NULL; mean and inv (rows), 1 / sqrt(var +
+ * eps), kept where not NULL */
+void he_row_norm_mt(const float *x, const float *g, const float *b, float eps, float *y,
+                    float *mean, float *inv, int rows, int cols, int rms, int parts)
+{
+    rows_args a = {x, g, b, y, mean, inv, cols, rms, eps};
+    he_parallel(rows_task, &a, rows, parts);
 }

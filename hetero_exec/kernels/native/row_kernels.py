@@ -1,0 +1,120 @@
+"""The C library's row kernels, float32 (native/softmax.c, norm.c, act.c): the softmax
+over the last axis, LayerNorm over the channels, and act(y + bias) over the last axis,
+each split by rows over the library's workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hetero_exec.kernels.native import library
+from hetero_exec.kernels.native.library import address
+from hetero_exec.kernels.native.library import contiguous_f32 as _contiguous_f32
+from hetero_exec.kernels.native.library import lib as _lib
+from hetero_exec.kernels.native.library import parts as _parts
+from hetero_exec.kernels.native.library import pointer as _ptr
+
+
+def softmax_rows(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis of ``x`` (C-contiguous float32), in place
+    (native/softmax.c), its rows split over gemm.c's workers; returns x. NaN, and rows of
+    +-inf, give what numpy's arithmetic gives (NaN rows)."""
+    n = x.shape[-1]
+    rows = x.size // n if n else 0
+    if rows and n:
+        _lib().he_softmax_mt(address(x), rows, n, _parts(rows, SOFTMAX_COST * x.size))
+    return x
+
+
+#: an element of a softmax in `_parts`' FLOPs (its exp polynomial, max, sum and divide)
+SOFTMAX_COST = 16.0
+
+
+def softmax_fits(x: Any) -> bool:
+    """Whether `softmax_rows` computes ``x``'s softmax over its last axis."""
+    return (type(x) is np.ndarray and x.dtype == np.float32 and x.ndim >= 1
+            and x.flags.c_contiguous and x.size < 2**31 and library.available())
+
+
+def layer_norm_channels(X: np.ndarray, scale: np.ndarray | None, bias: np.ndarray | None,
+                        eps: float, channels_last: bool = False) -> np.ndarray:
+    """LayerNorm over axis 1 of X (n, C, L), C-contiguous float32, scale and bias (C,) or
+    None: each pixel normalised over its channels (a channels-first LayerNorm). Returns
+    (n, C, L), or with ``channels_last`` (n, L, C): a LayerNorm over the last axis of
+    X's permuted view (ConvNeXt's after its depthwise conv), written out in that order."""
+    n, C, L = X.shape
+    Y = np.empty((n, L, C) if channels_last else (n, C, L), np.float32)
+    scale, bias = _contiguous_f32(scale), _contiguous_f32(bias)
+    runs = -(-L // library.constant("VW"))  # pixels a vector (norm.c)
+    if _lib().he_layer_norm_channels_mt(address(X), _ptr(scale), _ptr(bias), eps, address(Y),
+                                        n, C, L, int(channels_last),
+                                        _parts(n * runs, NORM_COST * X.size)):
+        raise MemoryError(f"layer_norm_channels: no memory for a {C} x 16 block")
+    return Y
+
+
+#: an element of the channels' LayerNorm in `_parts`' FLOPs (three reads, the sums, the
+#: scaling)
+NORM_COST = 8.0
+
+
+def last_axis(Y: np.ndarray, bias: np.ndarray | None, code: int, p0: float, p1: float) -> None:
+    """act(Y + bias) in place over the last axis of Y (rows, cols), C-contiguous float32,
+    bias (cols,) float32 or None; ``code`` one of kernels/native.ACT_CODES (native/act.c),
+    the rows split over gemm.c's workers."""
+    rows, cols = Y.shape
+    if rows and cols:
+        bias = _contiguous_f32(bias)
+        _lib().he_last_axis_mt(address(Y), _ptr(bias), rows, cols, code, p0, p1,
+                               _parts(rows, ACT_COST * Y.size))
+
+
+#: an element of an activation pass in `_parts`' FLOPs (the rationals' ~20 operations)
+ACT_COST = 8.0
+
+
+def row_norm(X: np.ndarray, scale: np.ndarray | None, bias: np.ndarray | None, eps: float,
+             rms: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """LayerNorm (``rms``: RMSNorm) of each row of X (rows, cols) float32, times scale and
+    plus bias (cols,) where given (native/norm.c): (Y, mean, 1 / sqrt(var + eps)), the
+    last two (rows,) (mean 0 for RMSNorm)."""
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    rows, cols = X.shape
+    Y = np.empty_like(X)
+    mean = np.empty(rows, np.float32)
+    inv = np.empty(rows, np.float32)
+    scale, bias = _contiguous_f32(scale), _contiguous_f32(bias)
+    if rows and cols:
+        _lib().he_row_norm_mt(address(X), _ptr(scale), _ptr(bias), eps, address(Y),
+                              address(mean), address(inv), rows, cols, int(rms),
+                              _parts(rows, ROW_NORM_COST * X.size))
+    return Y, mean, inv
+
+
+#: an element of a row norm in `_parts`' FLOPs (three reads, the sums, the scaling)
+ROW_NORM_COST = 8.0
+
+
+#: below this many values numpy's astype is as quick as a ctypes call
+HALF_MIN_SIZE = 2048
+
+
+def convert_half(a: np.ndarray, dtype: Any) -> np.ndarray | None:
+    """A C-contiguous float16 array as float32, or a float32 one as float16
+    (native/half.c: same bits as ``astype``); None when the native library is
+    unavailable or the array is small, strided or of another dtype."""
+    if (a.size < HALF_MIN_SIZE or not a.flags.c_contiguous or type(a) is not np.ndarray
+            or not library.available()):
+        return None
+    dt = np.dtype(dtype)
+    if a.dtype == np.float16 and dt == np.float32:
+        out = np.empty(a.shape, np.float32)
+        _lib().he_half_to_float(address(a), address(out), a.size)
+        return out
+    if a.dtype == np.float32 and dt == np.float16:
+        out = np.empty(a.shape, np.float16)
+        _lib().he_float_to_half(address(a), address(out), a.size)
+        return out
+    return None
