@@ -84,31 +84,48 @@ def plan_slots(specs: Sequence[StageSpec], opts: RayOptions
     >>> [(s.num_cpus, s.num_gpus) for s in slots], bundles
     ([(0.25, 1.0), (0.25, 0.0)], [{'CPU': 0.25, 'GPU': 1.0}, {'CPU': 0.25}])
     """
-    bundles = bundles_for([spec.device for spec in specs], opts)
+    bundles = bundles_for([spec.device for spec in specs], opts, cluster_has_gpus())
     slots = [ActorSlot(i, spec, i, b["CPU"], b.get("GPU", 0.0), threads=opts.stage_threads)
              for i, (spec, b) in enumerate(zip(specs, bundles))]
     return slots, bundles
 
 
-def bundles_for(devices: Sequence[str], opts: RayOptions) -> list[dict[str, float]]:
+def bundles_for(devices: Sequence[str], opts: RayOptions, emulated_gpus: bool = True
+                ) -> list[dict[str, float]]:
     """A bundle per stage (``devices``: each stage's provider): ``stage_num_cpus`` CPUs,
     and for a device stage ``device_num_gpus`` GPUs, split in equal fractions when a
-    device spans several stages (a plan that interleaves two devices).
+    device spans several stages (a plan that interleaves two devices). An emulated
+    device (sim-gpu) reserves GPUs only with ``emulated_gpus``: on a cluster that
+    declares none (a plain ``ray start``) it places where a cpu stage would; a real
+    ``gpu`` stage always reserves them.
 
     >>> bundles_for(["sim-gpu:0", "cpu", "sim-gpu:0"], RayOptions())
     [{'CPU': 0.25, 'GPU': 0.5}, {'CPU': 0.25}, {'CPU': 0.25, 'GPU': 0.5}]
+    >>> bundles_for(["sim-gpu:0", "cpu"], RayOptions(), emulated_gpus=False)
+    [{'CPU': 0.25}, {'CPU': 0.25}]
     """
+    def reserves_gpu(d: str) -> bool:
+        return d != "cpu" and (emulated_gpus or not d.startswith("sim-gpu"))
+
     per_device: dict[str, int] = {}
     for d in devices:
-        if d != "cpu":
+        if reserves_gpu(d):
             per_device[d] = per_device.get(d, 0) + 1
     bundles = []
     for d in devices:
         bundle = {"CPU": float(opts.stage_num_cpus)}
-        if d != "cpu":
+        if reserves_gpu(d):
             bundle["GPU"] = math.floor(opts.device_num_gpus / per_device[d] * 1e4) / 1e4
         bundles.append(bundle)
     return bundles
+
+
+def cluster_has_gpus() -> bool:
+    """Whether the connected cluster declares any GPU (logical ones count); True when
+    not connected, so that plans made offline keep their GPU bundles."""
+    if not ray.is_initialized():
+        return True
+    return ray.cluster_resources().get("GPU", 0.0) > 0
 
 
 def stage_shares(slots: Sequence[ActorSlot]) -> None:
