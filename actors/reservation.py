@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import pickle
 import threading
 import time
 from dataclasses import dataclass, field
@@ -43,9 +44,12 @@ class ActorSlot:
     threads: int | None = None  # BLAS threads in the actor (None: its host's cores / share)
     share: int = 1  # this plan's stages on the same node (they split its cores)
     handle: Any = None
-    #: the actor's constructor argument, put once and held: Ray re-reads it at each
-    #: restart, so it must outlive the creation task (ray-project/ray#53727)
+    #: the stage when it travels inline in the constructor (small); else None and
+    #: ``stage_ref`` holds it, put once: the actor loads it after its constructor, and
+    #: again after each restart (`actors.replay`), so no constructor argument lives in
+    #: the object store (ray-project/ray#53727)
     init_args: Any = None
+    stage_ref: Any = None
     incarnation: str = ""
     generation: int = 0  # bumped when the actor is re-created
     node: str = ""  # the Ray node it runs on (from ready())
@@ -334,9 +338,12 @@ class Reservation:
             placement_group=self.pg,
             placement_group_bundle_index=slot.bundle + self.first_bundle,
         )
-        if slot.init_args is None:
-            slot.init_args = ray.put(slot.spec)
-        return (
+        if slot.init_args is None and slot.stage_ref is None:
+            if len(pickle.dumps(slot.spec, protocol=5)) <= INLINE_SPEC_BYTES:
+                slot.init_args = slot.spec
+            else:
+                slot.stage_ref = ray.put(slot.spec)
+        handle = (
             remote_class()
             .options(
                 num_cpus=slot.num_cpus,
@@ -347,13 +354,15 @@ class Reservation:
                 runtime_env=self.runtime_env or None,
             )
             .remote(
-                (slot.init_args,),
+                slot.init_args,
                 self.opts.seam_transport,
                 self.profile,
                 {"prefix": f"{self.shm_prefix}-s{slot.index}", "budget": self.opts.shm_seam_bytes},
                 slot.threads or -slot.share,  # negative: a share of the host's cores
             )
         )
+        send_stage(slot, handle)  # before ready(): one caller's tasks run in order
+        return handle
 
     # -- recovery ---------------------------------------------------------------------
 
@@ -388,7 +397,7 @@ class Reservation:
                 except Exception as e:
                     errors.append(e)
                 slot.handle = None
-            slot.init_args = None
+            slot.init_args = slot.stage_ref = None
         if self.pg is not None and self.owns_pg and usable:
             try:
                 remove_placement_group(self.pg)
@@ -397,6 +406,17 @@ class Reservation:
         self.pg = None
         if errors:
             raise ActorError(f"releasing stage actors failed: {errors[0]!r}") from errors[0]
+
+
+#: a stage whose pickle is at most this travels inline in its actor's constructor
+#: (under Ray's 100 KiB limit for inline arguments); a larger one is loaded after it
+INLINE_SPEC_BYTES = 64 << 10
+
+
+def send_stage(slot: ActorSlot, handle: Any) -> None:
+    """Send the stage to a new or restarted actor when it did not travel inline."""
+    if slot.stage_ref is not None:
+        handle.load.remote([slot.stage_ref])
 
 
 def _sum(bundles: Sequence[dict[str, float]]) -> dict[str, float]:
