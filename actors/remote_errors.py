@@ -84,6 +84,12 @@ class FailedValue:
 
 
 #: Ray errors after which the request is replayed (the actor or the object is gone)
+class StageNotLoaded(RuntimeError):
+    """A stage actor that Ray restarted has no stage yet: its constructor takes none when
+    the stage is too large to travel inline, and the coordinator sends it again
+    (`actors.replay`). A fault: what ran there is replayed."""
+
+
 FAULTS: tuple[type[BaseException], ...] = (
     ray.exceptions.RayActorError,  # ActorDiedError, ActorUnavailableError
     ray.exceptions.ObjectLostError,  # OwnerDiedError, ObjectReconstructionFailedError...
@@ -92,6 +98,7 @@ FAULTS: tuple[type[BaseException], ...] = (
     ray.exceptions.LocalRayletDiedError,
     ray.exceptions.ObjectFetchTimedOutError,
     SeamUnreachable,  # a shared-memory seam's writer restarted (its files went with it)
+    StageNotLoaded,  # restarted, its stage not sent again yet
 )
 
 

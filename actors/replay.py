@@ -19,7 +19,7 @@ import ray
 from actors.options import RayOptions
 from actors.remote_errors import is_fault, root_cause, user_error
 from actors.request import Request
-from actors.reservation import ActorSlot, Reservation
+from actors.reservation import ActorSlot, Reservation, send_stage
 from hetero_exec.errors import ActorError
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,11 @@ class Replay:
                         f"{self.opts.recovery_timeout_s:g}s"
                     )
                 try:
-                    slot.incarnation = ray.get(slot.handle.ping.remote(), timeout=remaining)
+                    incarnation = ray.get(slot.handle.ping.remote(), timeout=remaining)
+                    if not incarnation:  # restarted by Ray without its stage: send it
+                        send_stage(slot, slot.handle)
+                        continue
+                    slot.incarnation = incarnation
                     return slot.incarnation
                 except ray.exceptions.GetTimeoutError:
                     continue

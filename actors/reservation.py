@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import pickle
 import threading
 import time
 from dataclasses import dataclass, field
@@ -43,9 +44,12 @@ class ActorSlot:
     threads: int | None = None  # BLAS threads in the actor (None: its host's cores / share)
     share: int = 1  # this plan's stages on the same node (they split its cores)
     handle: Any = None
-    #: the actor's constructor argument, put once and held: Ray re-reads it at each
-    #: restart, so it must outlive the creation task (ray-project/ray#53727)
+    #: the stage when it travels inline in the constructor (small); else None and
+    #: ``stage_ref`` holds it, put once: the actor loads it after its constructor, and
+    #: again after each restart (`actors.replay`), so no constructor argument lives in
+    #: the object store (ray-project/ray#53727)
     init_args: Any = None
+    stage_ref: Any = None
     incarnation: str = ""
     generation: int = 0  # bumped when the actor is re-created
     node: str = ""  # the Ray node it runs on (from ready())
@@ -84,31 +88,48 @@ def plan_slots(specs: Sequence[StageSpec], opts: RayOptions
     >>> [(s.num_cpus, s.num_gpus) for s in slots], bundles
     ([(0.25, 1.0), (0.25, 0.0)], [{'CPU': 0.25, 'GPU': 1.0}, {'CPU': 0.25}])
     """
-    bundles = bundles_for([spec.device for spec in specs], opts)
+    bundles = bundles_for([spec.device for spec in specs], opts, cluster_has_gpus())
     slots = [ActorSlot(i, spec, i, b["CPU"], b.get("GPU", 0.0), threads=opts.stage_threads)
              for i, (spec, b) in enumerate(zip(specs, bundles))]
     return slots, bundles
 
 
-def bundles_for(devices: Sequence[str], opts: RayOptions) -> list[dict[str, float]]:
+def bundles_for(devices: Sequence[str], opts: RayOptions, emulated_gpus: bool = True
+                ) -> list[dict[str, float]]:
     """A bundle per stage (``devices``: each stage's provider): ``stage_num_cpus`` CPUs,
     and for a device stage ``device_num_gpus`` GPUs, split in equal fractions when a
-    device spans several stages (a plan that interleaves two devices).
+    device spans several stages (a plan that interleaves two devices). An emulated
+    device (sim-gpu) reserves GPUs only with ``emulated_gpus``: on a cluster that
+    declares none (a plain ``ray start``) it places where a cpu stage would; a real
+    ``gpu`` stage always reserves them.
 
     >>> bundles_for(["sim-gpu:0", "cpu", "sim-gpu:0"], RayOptions())
     [{'CPU': 0.25, 'GPU': 0.5}, {'CPU': 0.25}, {'CPU': 0.25, 'GPU': 0.5}]
+    >>> bundles_for(["sim-gpu:0", "cpu"], RayOptions(), emulated_gpus=False)
+    [{'CPU': 0.25}, {'CPU': 0.25}]
     """
+    def reserves_gpu(d: str) -> bool:
+        return d != "cpu" and (emulated_gpus or not d.startswith("sim-gpu"))
+
     per_device: dict[str, int] = {}
     for d in devices:
-        if d != "cpu":
+        if reserves_gpu(d):
             per_device[d] = per_device.get(d, 0) + 1
     bundles = []
     for d in devices:
         bundle = {"CPU": float(opts.stage_num_cpus)}
-        if d != "cpu":
+        if reserves_gpu(d):
             bundle["GPU"] = math.floor(opts.device_num_gpus / per_device[d] * 1e4) / 1e4
         bundles.append(bundle)
     return bundles
+
+
+def cluster_has_gpus() -> bool:
+    """Whether the connected cluster declares any GPU (logical ones count); True when
+    not connected, so that plans made offline keep their GPU bundles."""
+    if not ray.is_initialized():
+        return True
+    return ray.cluster_resources().get("GPU", 0.0) > 0
 
 
 def stage_shares(slots: Sequence[ActorSlot]) -> None:
@@ -317,9 +338,12 @@ class Reservation:
             placement_group=self.pg,
             placement_group_bundle_index=slot.bundle + self.first_bundle,
         )
-        if slot.init_args is None:
-            slot.init_args = ray.put(slot.spec)
-        return (
+        if slot.init_args is None and slot.stage_ref is None:
+            if len(pickle.dumps(slot.spec, protocol=5)) <= INLINE_SPEC_BYTES:
+                slot.init_args = slot.spec
+            else:
+                slot.stage_ref = ray.put(slot.spec)
+        handle = (
             remote_class()
             .options(
                 num_cpus=slot.num_cpus,
@@ -330,13 +354,15 @@ class Reservation:
                 runtime_env=self.runtime_env or None,
             )
             .remote(
-                (slot.init_args,),
+                slot.init_args,
                 self.opts.seam_transport,
                 self.profile,
                 {"prefix": f"{self.shm_prefix}-s{slot.index}", "budget": self.opts.shm_seam_bytes},
                 slot.threads or -slot.share,  # negative: a share of the host's cores
             )
         )
+        send_stage(slot, handle)  # before ready(): one caller's tasks run in order
+        return handle
 
     # -- recovery ---------------------------------------------------------------------
 
@@ -371,7 +397,7 @@ class Reservation:
                 except Exception as e:
                     errors.append(e)
                 slot.handle = None
-            slot.init_args = None
+            slot.init_args = slot.stage_ref = None
         if self.pg is not None and self.owns_pg and usable:
             try:
                 remove_placement_group(self.pg)
@@ -380,6 +406,17 @@ class Reservation:
         self.pg = None
         if errors:
             raise ActorError(f"releasing stage actors failed: {errors[0]!r}") from errors[0]
+
+
+#: a stage whose pickle is at most this travels inline in its actor's constructor
+#: (under Ray's 100 KiB limit for inline arguments); a larger one is loaded after it
+INLINE_SPEC_BYTES = 64 << 10
+
+
+def send_stage(slot: ActorSlot, handle: Any) -> None:
+    """Send the stage to a new or restarted actor when it did not travel inline."""
+    if slot.stage_ref is not None:
+        handle.load.remote([slot.stage_ref])
 
 
 def _sum(bundles: Sequence[dict[str, float]]) -> dict[str, float]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
@@ -512,20 +513,31 @@ def serve_forever(model: Any, *, host: str = "127.0.0.1", port: int = 8000,
 
     import ray
 
-    from actors.connect import forget_haproxy_files, serve_ingress_env
+    from actors.connect import (
+        forget_haproxy_files,
+        given_address,
+        loopback_init_kwargs,
+        loopback_node,
+        loopback_runtime_env,
+        serve_ingress_env,
+    )
 
-    address = address or os.environ.get("RAY_ADDRESS") or None
+    address = given_address(address)  # "local" is a Ray of our own, as no address is
     started = not ray.is_initialized() and address is None
     node = None
     if not ray.is_initialized():
         extra: dict[str, Any] = {}
         if address is None:  # sim-gpu devices are logical GPUs on a Ray of our own,
             # which serves through HAProxy (a cluster serves as its operator set it up)
+            # and listens on loopback only (the frontend on ``host``)
             extra["num_gpus"] = _logical_gpus(model, build_kwargs)
-            extra["runtime_env"] = {"env_vars": serve_ingress_env()}
+            extra["runtime_env"] = loopback_runtime_env(serve_ingress_env())
+            extra.update(loopback_init_kwargs())
+        else:
+            extra["include_dashboard"] = False
         # "local": a Ray of our own, never one that someone's `ray start` left running
-        ray.init(address=address or "local", include_dashboard=False,
-                 logging_level=logging.WARNING, **extra)
+        with loopback_node() if address is None else contextlib.nullcontext():
+            ray.init(address=address or "local", logging_level=logging.WARNING, **extra)
         node = ray.get_runtime_context().get_node_id() if started else None
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set())

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import ray
 
-from actors.remote_errors import FailedValue, SegmentRunError
+from actors.remote_errors import FailedValue, SegmentRunError, StageNotLoaded
 from actors.request import Layout, pick
 from actors.stage_model import SegmentPart, StageSpec, load_stage_graph
 from actors.transport import make_transport
@@ -85,24 +85,24 @@ class StageActor:
     """The actor class (made remote by `remote_class`); one per stage.
 
     >>> import ray  # doctest: +SKIP
-    >>> actor = remote_class().options(num_cpus=0.25).remote(ray.put(spec))  # doctest: +SKIP
+    >>> actor = remote_class().options(num_cpus=0.25).remote(spec)  # doctest: +SKIP
     >>> ray.get(actor.ready.remote())["stage"]  # doctest: +SKIP
     'stage#0 (cpu)'
     """
 
     def __init__(
         self,
-        spec: StageSpec | ray.ObjectRef | tuple[ray.ObjectRef],
+        spec: StageSpec | None,
         seam_transport: str = "object_store",
         profile: bool = False,
         seam_config: dict[str, Any] | None = None,
         threads: int | None = None,  # BLAS threads; negative: a share of the host's cores
     ):
-        if isinstance(spec, tuple):
-            # the spec, put once by the coordinator, which holds the ref: a restart reads
-            # it again (a ref inside a tuple is not resolved by Ray, so it is fetched here)
-            spec = ray.get(spec[0])
-        self.spec: StageSpec = spec
+        # the stage comes inline when small; else None, and `load` brings it (from the
+        # coordinator's object, which it holds): no constructor argument lives in the
+        # object store, so a restart never needs one (ray-project/ray#53727), and a
+        # restarted actor answers ping with "" until the coordinator loads it again
+        self.spec: StageSpec | None = None
         self.incarnation = uuid.uuid4().hex
         self.threads = stage_threads(threads)
         self.seam = self._make_seam(seam_transport, seam_config or {})
@@ -115,6 +115,19 @@ class StageActor:
         self.chain: SegmentChain | None = None
         self.segments: list[SegmentStats] = []
         self.compile_s = 0.0
+        self._load_lock = threading.Lock()
+        if spec is not None:
+            self._compile(spec)
+
+    def load(self, box: list[ray.ObjectRef]) -> None:
+        """Take the stage from ``box[0]`` (a ref in a list: Ray does not resolve it, the
+        actor fetches it) and compile it, unless it has one already."""
+        with self._load_lock:
+            if self.spec is None:
+                self._compile(ray.get(box[0]))
+
+    def _compile(self, spec: StageSpec) -> None:
+        self.spec = spec
         device_id = 0 if ray.is_initialized() and ray.get_gpu_ids() else None
         started = time.perf_counter()
         try:
@@ -138,6 +151,7 @@ class StageActor:
 
     def ready(self) -> dict[str, Any]:
         """Start-up report: incarnation, pid, node, threads and each segment's compile time."""
+        self._loaded()
         if self.init_error is not None:
             raise self.init_error
         return {
@@ -153,7 +167,10 @@ class StageActor:
         }
 
     def ping(self) -> str:
-        """This actor's incarnation (a new one after each restart)."""
+        """This actor's incarnation (a new one after each restart); "" while it has no
+        stage (restarted, not loaded again yet)."""
+        if self.spec is None:
+            return ""
         if self.init_error is not None:
             raise self.init_error
         return self.incarnation
@@ -171,12 +188,19 @@ class StageActor:
         ``floor`` has finished, so the seam transport may reuse what they held.
         """
         requests, layout, floor = meta
+        self._loaded()
         self.seam.release_below(floor)
         return self._run_group(requests, layout, flat)
+
+    def _loaded(self) -> None:
+        if self.spec is None:
+            raise StageNotLoaded(f"stage actor {self.incarnation[:8]} was restarted and has "
+                                 f"no stage yet")
 
     def run_fetching(self, meta: tuple[list[int], Layout, int], flat: list[Any]) -> Any:
         """Like `run`, with seam ObjectRefs fetched here (profiling times each fetch)."""
         requests, layout, floor = meta
+        self._loaded()
         self.seam.release_below(floor)
         fetched = []
         for item in flat:
@@ -259,6 +283,7 @@ class StageActor:
         merged: dict[str, Any] = {}
         for src in sources:
             merged.update(src)
+        self._loaded()
         self.tasks += 1
         outs = self._execute({n: merged.get(n) for n in self.spec.inputs})
         return dict(zip(self.spec.outputs, outs))

@@ -290,6 +290,9 @@ class Compiler:
                     continue
             raw_steps.append((node, fn, in_slots, cap_slots, out_slots, kwargs, wants_scope, step_xp))
 
+        if self.device:
+            self._device_outputs(nodes, outputs, slot_of, template, host_slots, constants,
+                                 raw_steps)
         output_slots = [slot(o) for o in outputs]
         # outer captures are held by the enclosing run: releasing them here frees nothing
         # (and a Loop's later iterations read them again from the same slot list)
@@ -416,6 +419,29 @@ class Compiler:
             out.append(s)
         return tuple(out)
 
+    def _device_outputs(self, nodes: Sequence[Node], outputs: Sequence[str],
+                        slot_of: dict[str, int], template: list[Any], host_slots: set[int],
+                        constants: set[int], raw_steps: list[tuple]) -> None:
+        """A device plan hands out device values only. A host step's result (shape
+        arithmetic, Shape, a constant folded on the host) that another segment reads
+        leaves as a device value: a seam between two segments of one device moves
+        nothing, and the next may read it as data (a device Add of it)."""
+        producers = {o: node for node in nodes for o in node.outputs if o}
+        for name in outputs:
+            s = slot_of.get(name)
+            if s is None or s not in host_slots:
+                continue
+            moved = slot_of[name] = len(template)
+            if s in constants:  # moved once, here
+                template.append(self.to_device(template[s]) if template[s] is not None
+                                else None)
+                constants.add(moved)
+                continue
+            template.append(None)
+            node = producers.get(name)
+            raw_steps.append((node, _converting(_passed, [0], self.to_device), (s,), (),
+                              (moved,), {}, False, self.xp))
+
     def _fold(self, fn: Callable, kwargs: dict, in_slots: tuple[int, ...], out_slots: tuple[int, ...],
               template: list[Any], node: Node, xp: Any = None) -> bool:
         try:
@@ -431,6 +457,11 @@ class Compiler:
                     v = np.ascontiguousarray(v)
                 template[s] = v
         return True
+
+
+def _passed(xp: Any, value: Any) -> tuple[Any]:
+    """A step that hands its input on (moved first by `_converting`)."""
+    return (value,)
 
 
 def _converting(fn: Callable, positions: Sequence[int], convert: Callable[[Any], Any]) -> Callable:

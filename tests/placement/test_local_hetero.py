@@ -165,3 +165,36 @@ def test_a_seam_folded_from_constants_moves_once_at_build():
         # each run moves x alone to the device, never the 24 x 16 weight
         assert (ex.copies, ex.copy_bytes) == (run, run * x.nbytes)
         assert dev.bytes_to_device - d0 == run * x.nbytes
+
+
+def _host_value_across_a_seam():
+    """dev: Relu, Shape, Gather (a host step: its one reader is in another segment) |
+    cpu: Softmax (excluded) | dev: ArgMax, then Add(argmax, d): d, made on the host by
+    the first device segment, read as data by a device kernel of the second (TorchScript
+    exports of BART compute such shape values beside their activations)."""
+    from onnx import TensorProto as T
+    from onnx import numpy_helper
+
+    nodes = [
+        h.make_node("Relu", ["x"], ["r"], name="dev/relu"),
+        h.make_node("Shape", ["r"], ["s"], name="dev/shape"),
+        h.make_node("Gather", ["s", "one"], ["d"], axis=0, name="dev/gather"),
+        h.make_node("Softmax", ["r"], ["y"], axis=-1, name="cpu/softmax"),
+        h.make_node("ArgMax", ["y"], ["am"], axis=1, keepdims=1, name="dev2/argmax"),
+        h.make_node("Add", ["am", "d"], ["ai"], name="dev2/add"),
+        h.make_node("Cast", ["ai"], ["c"], to=T.FLOAT, name="dev2/cast"),
+        h.make_node("Mul", ["y", "c"], ["z"], name="dev2/mul"),
+    ]
+    graph = h.make_graph(nodes, "host_value_seam", [vi("x", shape=["N", 4])], [vi("z", shape=["N", 4])],
+                         [numpy_helper.from_array(np.array(1, np.int64), "one")])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_a_host_value_crossing_a_device_seam_reaches_the_next_segment_on_the_device():
+    m = _host_value_across_a_seam()
+    sess = InferenceSession(m, [("sim-gpu", {"exclude_ops": ["Softmax"]}), "cpu"], hetero=True)
+    segs = _segments(sess)
+    assert [p for p, _ in segs] == ["sim-gpu:0", "cpu", "sim-gpu:0"], segs
+    assert "dev/gather" in segs[0][1] and "dev2/add" in segs[2][1]
+    x = rand(3, 4)
+    assert_outputs(sess.run(None, {"x": x}), ort(m, {"x": x}))

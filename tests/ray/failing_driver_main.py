@@ -18,10 +18,12 @@ from hetero_exec import InferenceSession
 from tests.ray.models import mlp
 
 
-def build() -> InferenceSession:
-    sess = InferenceSession(mlp(layers=2), [("sim-gpu", {"exclude_ops": ["Relu"]}), "cpu"],
-                            hetero=True, executor="ray")
-    sess.run(None, {"x": np.ones((2, 32), np.float32)})
+def build(width: int = 32) -> InferenceSession:
+    """A session on stage actors (width 256: stages too large to travel inline in their
+    actors' constructors, which load them after)."""
+    sess = InferenceSession(mlp(width, layers=2), [("sim-gpu", {"exclude_ops": ["Relu"]}),
+                                                   "cpu"], hetero=True, executor="ray")
+    sess.run(None, {"x": np.ones((2, width), np.float32)})
     from ray._private import worker
 
     node = worker._global_node
@@ -36,7 +38,7 @@ def main() -> None:
         sess = build()  # noqa: F841 - the traceback's frame holds it
         raise RuntimeError("user code fails")
     global SESSION
-    SESSION = build()
+    SESSION = build(256 if mode == "exit3" else 32)
     if mode == "exit3":
         sys.exit(3)
     while True:  # sigterm: the test kills it

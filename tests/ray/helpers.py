@@ -35,3 +35,88 @@ def eventually(check: Callable[[], bool], timeout: float = 15.0) -> bool:
 
 def actor_ids(handles) -> set[str]:
     return {h._actor_id.hex() for h in handles}
+
+
+def process_tree(root: int) -> set[int]:
+    """``root`` and every process descended from it (from /proc's parent links)."""
+    import os
+
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree.add(pid)
+            todo.extend(children.get(pid, ()))
+    return tree
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    import os
+
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    except OSError:
+        pass
+    return inodes
+
+
+def _hex_address(text: str, v6: bool) -> str:
+    import ipaddress
+    import struct
+
+    raw = bytes.fromhex(text)
+    if v6:  # four little-endian 32-bit words
+        raw = b"".join(struct.pack("<I", w) for w in struct.unpack(">4I", raw))
+        return str(ipaddress.IPv6Address(raw))
+    return str(ipaddress.IPv4Address(struct.pack("<I", int(text, 16))))
+
+
+def listening_sockets(pids: set[int]) -> list[tuple[int, str, int]]:
+    """(pid, address, port) of every TCP socket in LISTEN state that the processes
+    ``pids`` hold, read from /proc/net/tcp and tcp6 (inodes mapped to pids through
+    /proc/<pid>/fd)."""
+    owner = {inode: pid for pid in pids for inode in _socket_inodes(pid)}
+    found = []
+    for table, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if cols[3] != "0A":  # TCP_LISTEN
+                continue
+            inode = int(cols[9])
+            if inode in owner:
+                addr, port = cols[1].split(":")
+                found.append((owner[inode], _hex_address(addr, v6), int(port, 16)))
+    return found
+
+
+def not_loopback(sockets: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
+    import ipaddress
+
+    def loopback(text: str) -> bool:
+        addr = ipaddress.ip_address(text)
+        mapped = getattr(addr, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+        return (mapped or addr).is_loopback
+
+    return [s for s in sockets if not loopback(s[1])]

@@ -66,14 +66,16 @@ def recorded(port: int) -> bool:
         return False
 
 
-def start_head(log_path) -> tuple[subprocess.Popen, int]:
-    """`ray start --head --block` on free ports (its workers' range clear of them)."""
+def start_head(log_path, gpus: int = 2) -> tuple[subprocess.Popen, int]:
+    """`ray start --head --block` on free ports of 127.0.0.1 (its workers' range clear of
+    them), with ``gpus`` logical GPUs (0: none declared, as a plain `ray start` on a
+    machine without GPUs)."""
     ports = free_ports(8)
     worker_lo = max(ports) + 1
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
     cmd = [
         ray_cli, "start", "--head", "--block", f"--port={ports[0]}", "--num-cpus=2",
-        "--num-gpus=2", "--include-dashboard=false", f"--ray-client-server-port={ports[1]}",
+        f"--num-gpus={gpus}", "--node-ip-address=127.0.0.1", "--include-dashboard=false", f"--ray-client-server-port={ports[1]}",
         f"--node-manager-port={ports[2]}", f"--object-manager-port={ports[3]}",
         f"--dashboard-agent-listen-port={ports[4]}", f"--dashboard-agent-grpc-port={ports[5]}",
         f"--runtime-env-agent-port={ports[6]}", f"--metrics-export-port={ports[7]}",
@@ -101,12 +103,12 @@ def stop(proc: subprocess.Popen, port: int) -> None:
         os.unlink(ADDRESS_FILE)
 
 
-@pytest.fixture
-def head_node(tmp_path):
-    """A running head node, retried on fresh ports if one was taken meanwhile."""
+def running_head(tmp_path, gpus: int = 2):
+    """A running head node, retried on fresh ports if one was taken meanwhile; yields
+    its GCS port, and stops it by its pid after."""
     for attempt in range(3):
         log = tmp_path / f"head{attempt}.log"
-        proc, port = start_head(log)
+        proc, port = start_head(log, gpus)
         deadline = time.monotonic() + 60
         while proc.poll() is None and not (listening(port) and recorded(port)):
             if time.monotonic() > deadline:
@@ -123,6 +125,17 @@ def head_node(tmp_path):
         stop(proc, port)
 
 
+@pytest.fixture
+def head_node(tmp_path):
+    yield from running_head(tmp_path)
+
+
+@pytest.fixture
+def gpuless_head(tmp_path):
+    """`ray start --head --num-cpus=2`, no GPU declared."""
+    yield from running_head(tmp_path, gpus=0)
+
+
 @pytest.mark.timeout(300)
 def test_an_existing_cluster_is_joined_not_refused(head_node):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -134,6 +147,20 @@ def test_an_existing_cluster_is_joined_not_refused(head_node):
     assert report["how"].startswith("joined") and report["gcs"].endswith(f":{head_node}")
     assert report["cpus"] == 2.0  # the cluster's own, not what a local start would size
     assert report["ok"] and report["actors"] >= 2  # two sessions placed side by side
+
+
+@pytest.mark.timeout(300)
+def test_sim_gpu_places_on_a_cluster_without_gpus(gpuless_head):
+    """sim-gpu exists to exercise placement, seams and actors where there is no GPU: on
+    a cluster that declares none, its stages reserve like cpu stages."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = ROOT
+    proc = subprocess.run([sys.executable, "-c", DRIVER], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["gcs"].endswith(f":{gpuless_head}") and report["cpus"] == 2.0
+    assert report["ok"] and report["actors"] >= 2
 
 
 def test_forget_raylet_semaphores_takes_only_a_dead_raylets():

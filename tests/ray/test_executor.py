@@ -376,3 +376,17 @@ def test_compiled_graph_path_matches_local(ray_session):
         kept += sess.run_many(feeds)
         for got, f in zip(kept, feeds + feeds):
             assert_same(got, local.run(None, f))
+
+
+def test_a_host_value_crossing_a_device_seam_on_ray(ray_session):
+    """The in-process case of tests/placement/test_local_hetero.py on stage actors: a
+    value the first device segment made on the host, read as data by the second."""
+    from tests.placement._models import ort as ort_run
+    from tests.placement.test_local_hetero import _host_value_across_a_seam
+
+    m = _host_value_across_a_seam()
+    x = rand((3, 4), 1)
+    with InferenceSession(m, [("sim-gpu", {"exclude_ops": ["Softmax"]}), "cpu"], hetero=True,
+                          executor="ray") as sess:
+        got = sess.run(None, {"x": x})
+    np.testing.assert_allclose(got[0], ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-6)

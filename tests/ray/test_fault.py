@@ -26,7 +26,12 @@ def feed(i: int, batch: int = 16, width: int = 64) -> dict[str, np.ndarray]:
     return {"x": np.random.default_rng(i).standard_normal((batch, width)).astype(np.float32)}
 
 
-def test_kills_during_concurrent_requests_lose_nothing(ray_session):
+@pytest.mark.parametrize("stage_travel", ["inline", "loaded"])
+def test_kills_during_concurrent_requests_lose_nothing(ray_session, monkeypatch, stage_travel):
+    # "loaded": stages too large for the actors' constructors (none is, here, unless the
+    # limit is 0): each actor loads its stage after it, and again after every restart
+    if stage_travel == "loaded":
+        monkeypatch.setattr("actors.reservation.INLINE_SPEC_BYTES", 0)
     model = mlp(width=64, layers=2)
     local = InferenceSession(model, ["cpu"])
     n = 96
@@ -101,6 +106,7 @@ def test_kills_during_concurrent_requests_lose_nothing(ray_session):
         for i in range(n):
             np.testing.assert_allclose(results[i], want[i], rtol=1e-4, atol=1e-5)
         assert kills and ex.replays > 0
+        assert all((s.stage_ref is not None) == (stage_travel == "loaded") for s in ex.slots)
         # the session still serves, through restarted or re-created actors
         for i in range(4):
             got = sess.run(None, feed(i, batch=512))[0]
