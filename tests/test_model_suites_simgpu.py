@@ -13,7 +13,6 @@ import pytest
 
 from tests.model_suites import CASES, case_params, run_model_case
 
-
 #: failing on sim-gpu only, in this environment, at the commit before this stop's work
 #: too (ccaf084): its sim-gpu Conv gives per-channel garbage (~1e9) once the C library
 #: is loaded (HETERO_EXEC_NATIVE=0 or HETERO_EXEC_PACKED_GEMM=0 pass; no C or numba
