@@ -37,18 +37,20 @@ def prompt_rows(batch: int, length: int) -> np.ndarray:
     return np.random.default_rng(0).integers(3, 256, (batch, length)).astype(np.int64)
 
 
-def time_ours(model: hg.Model, rows: np.ndarray, new: int) -> tuple[float, float]:
-    params = hg.GeneratorParams(model)
+def time_generator(api, model, rows: np.ndarray, new: int) -> tuple[float, float]:
+    """(prefill ms, median decode ms per token) of one greedy generation through ``api``:
+    ours (hetero_exec.genai) or onnxruntime_genai, the same calls on both."""
+    params = api.GeneratorParams(model)
     params.set_search_options(batch_size=rows.shape[0], max_length=rows.shape[1] + new)
-    with hg.Generator(model, params) as gen:
+    gen = api.Generator(model, params)
+    t0 = time.perf_counter()
+    gen.append_tokens(rows)
+    prefill = time.perf_counter() - t0
+    steps = []
+    while not gen.is_done():
         t0 = time.perf_counter()
-        gen.append_tokens(rows)
-        prefill = time.perf_counter() - t0
-        steps = []
-        while not gen.is_done():
-            t0 = time.perf_counter()
-            gen.generate_next_token()
-            steps.append(time.perf_counter() - t0)
+        gen.generate_next_token()
+        steps.append(time.perf_counter() - t0)
     return prefill * 1e3, statistics.median(steps[1:]) * 1e3
 
 
@@ -89,24 +91,13 @@ def time_ort_loop(sess: ort.InferenceSession, layout, rows: np.ndarray,
     return times[0] * 1e3, statistics.median(times[2:]) * 1e3
 
 
-def time_ortgenai(folder: str, rows: np.ndarray, new: int) -> tuple[float, float] | None:
+def ortgenai_model(folder: str):
+    """onnxruntime-genai's model of the builder folder, or None when it is not installed."""
     try:
         import onnxruntime_genai as og
     except ImportError:
         return None
-    model = og.Model(folder)
-    params = og.GeneratorParams(model)
-    params.set_search_options(batch_size=rows.shape[0], max_length=rows.shape[1] + new)
-    gen = og.Generator(model, params)
-    t0 = time.perf_counter()
-    gen.append_tokens(rows.astype(np.int32))
-    prefill = time.perf_counter() - t0
-    steps = []
-    while not gen.is_done():
-        t0 = time.perf_counter()
-        gen.generate_next_token()
-        steps.append(time.perf_counter() - t0)
-    return prefill * 1e3, statistics.median(steps[1:]) * 1e3
+    return og, og.Model(folder)
 
 
 def main() -> None:
@@ -119,7 +110,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--mixed", action="store_true", help="also ours on strict sim-gpu + cpu")
     args = ap.parse_args()
-    genai_folder = os.path.join(MODELS, "llama_genai")
+    genai = ortgenai_model(os.path.join(MODELS, "llama_genai"))
     print(f"{'model':14} {'B':>2} {'P':>4} {'ours':>14} {'ort loop':>14} {'ort-genai':>14}"
           f" {'/ort':>6} {'/genai':>7}   (prefill ms / decode ms per token, medians)")
     for name in args.models:
@@ -133,14 +124,13 @@ def main() -> None:
                 rows = prompt_rows(batch, plen)
                 res: dict[str, list] = {"ours": [], "ort": [], "genai": [], "mixed": []}
                 for _ in range(args.rounds):  # interleaved
-                    res["ours"].append(time_ours(ours, rows, args.new))
+                    res["ours"].append(time_generator(hg, ours, rows, args.new))
                     res["ort"].append(time_ort_loop(sess, layout, rows, args.new))
-                    if name.startswith("llama"):
-                        g = time_ortgenai(genai_folder, rows, args.new)
-                        if g is not None:
-                            res["genai"].append(g)
+                    if name.startswith("llama") and genai is not None:
+                        res["genai"].append(time_generator(genai[0], genai[1],
+                                                           rows.astype(np.int32), args.new))
                     if mixed is not None:
-                        res["mixed"].append(time_ours(mixed, rows, args.new))
+                        res["mixed"].append(time_generator(hg, mixed, rows, args.new))
                 med = {k: (statistics.median(p for p, _ in v), statistics.median(d for _, d in v))
                        for k, v in res.items() if v}
 

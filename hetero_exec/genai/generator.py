@@ -59,7 +59,6 @@ class Generator:
             model.release(self._reservation)
             raise
         self._closed = False
-        logits_prov = None
         resident = {(cache_input(e.past) if e.mode == "concat" else e.past):
                     model.cache_providers[e.past] for e in layout.entries}
         self._runner = StepRunner(model.session._executor, resident,
