@@ -192,14 +192,8 @@ def _dynamic_quantize(xp, A: Any) -> tuple[Any, Any, Any]:
 def _dynamic_quantize_matmul(cw: CenteredWeight | None = None):
     def DynamicQuantizeMatMul(xp, A, B, b_scale, b_zero_point=None, bias=None):
         q, a_scale, a_zp = _dynamic_quantize(xp, A)
-        if cw is not None and cw.serves(B, b_zero_point):
-            acc = int_matmul(xp, q, B, a_zp, Bf=cw.Bf, b_max=cw.b_max)
-        else:
-            acc = int_matmul(xp, q, B, a_zp, b_zero_point)
         scale = a_scale.astype(np.float32) * _per_column(xp, b_scale).astype(np.float32)
-        Y = acc.astype(np.float32) * scale
-        if bias is not None:
-            Y += bias.astype(np.float32)
+        Y = _scaled_product(xp, cw, q, B, a_zp, b_zero_point, scale, bias)
         return (Y.astype(A.dtype, copy=False),)
 
     return DynamicQuantizeMatMul
@@ -211,18 +205,25 @@ DynamicQuantizeMatMul = kernel(
         _dynamic_quantize_matmul())
 
 
+def _scaled_product(xp, cw: CenteredWeight | None, A, B, a_zp, b_zp, scale, bias):
+    """``scale * ((A - a_zp) @ (B - b_zp)) + bias`` in float32, the exact integer product
+    on the weight centred at compile time when ``cw`` holds it for this B."""
+    if cw is not None and cw.serves(B, b_zp):
+        acc = int_matmul(xp, A, B, a_zp, Bf=cw.Bf, b_max=cw.b_max)
+    else:
+        acc = int_matmul(xp, A, B, a_zp, b_zp)
+    Y = acc.astype(np.float32) * scale
+    if bias is not None:
+        Y += bias.astype(np.float32)
+    return Y
+
+
 def _matmul_integer_to_float(cw: CenteredWeight | None = None):
     def MatMulIntegerToFloat(xp, A, B, a_scale, b_scale, a_zero_point=None, b_zero_point=None,
                              bias=None):
-        if cw is not None and cw.serves(B, b_zero_point):
-            acc = int_matmul(xp, A, B, a_zero_point, Bf=cw.Bf, b_max=cw.b_max)
-        else:
-            acc = int_matmul(xp, A, B, a_zero_point, b_zero_point)
         scale = (_per_column(xp, a_scale).astype(np.float32)
                  * _per_column(xp, b_scale).astype(np.float32))
-        Y = acc.astype(np.float32) * scale
-        if bias is not None:
-            Y += bias.astype(np.float32)
+        Y = _scaled_product(xp, cw, A, B, a_zero_point, b_zero_point, scale, bias)
         return (Y.astype(a_scale.dtype, copy=False),)
 
     return MatMulIntegerToFloat
