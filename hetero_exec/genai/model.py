@@ -17,7 +17,7 @@ from hetero_exec.genai.config import Config
 from hetero_exec.genai.errors import CacheAdmissionError, GenaiError
 from hetero_exec.genai.layout import CacheLayout, discover
 from hetero_exec.genai.rewrite import rewrite
-from hetero_exec.placement.partition import weight_bytes
+from hetero_exec.placement.sizes import weight_bytes
 
 log = logging.getLogger(__name__)
 

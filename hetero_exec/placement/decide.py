@@ -145,7 +145,7 @@ def _place(graph: Graph, providers: Sequence[Any] | None, options) -> SessionBui
     _check_affinity_needs_hetero(options, requested, hetero)
 
     if options.placement is not None:
-        from hetero_exec.placement.artifacts import load_plan
+        from hetero_exec.placement.saved_plan import load_plan
 
         plan = _segment_passes(load_plan(options.placement, graph, provs), options)
         admit(plan, bounds)

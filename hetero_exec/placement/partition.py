@@ -16,8 +16,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from hetero_exec.errors import MemoryAdmissionError
-from hetero_exec.ir.graph import Graph, Node
-from hetero_exec.placement.dims import bound_dim
+from hetero_exec.ir.graph import Graph, Node, node_reads
+from hetero_exec.placement.sizes import (
+    cost_bounds,
+    nodes_need,
+    resolve_shape,
+    value_bytes,
+)
 from hetero_exec.providers.base import Provider
 
 log = logging.getLogger(__name__)
@@ -207,29 +212,6 @@ def _symbols_from(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> dict[str,
     return bounds
 
 
-def resolve_shape(graph: Graph, name: str, bounds: dict[str, int]) -> tuple[int, ...] | None:
-    v = graph.value(name)
-    if v.shape is None:
-        return None
-    out = []
-    for d in v.shape:
-        if isinstance(d, int):
-            out.append(d)
-        elif isinstance(d, str) and bound_dim(d, bounds) is not None:
-            out.append(bound_dim(d, bounds))
-        else:
-            return None
-    return tuple(out)
-
-
-def value_bytes(graph: Graph, name: str, bounds: dict[str, int], default: int = 0) -> int:
-    shape = resolve_shape(graph, name, bounds)
-    v = graph.value(name)
-    if shape is None or v.dtype is None or v.kind != "tensor":
-        return default
-    return int(np.prod(shape, dtype=np.int64)) * v.dtype.itemsize
-
-
 #: products, fused ones (kernels/fused.py, conv.py, attention.py) as their unfused op
 _PRODUCTS = {"MatMul": "MatMul", "FusedMatMul": "MatMul", "Gemm": "Gemm",
              "MatMulInteger": "MatMul", "QLinearMatMul": "MatMul", "Conv": "Conv",
@@ -269,17 +251,6 @@ def _attr_int(node: Node, name: str) -> int:
 def node_cost(graph: Graph, node: Node, bounds: dict[str, int], model: CostModel) -> float:
     nbytes = sum(value_bytes(graph, n, bounds) for n in node.inputs + node.outputs if n)
     return model.node_seconds(node_flops(graph, node, bounds), nbytes)
-
-
-def weight_bytes(graph: Graph, nodes: Sequence[Node]) -> int:
-    seen: set[str] = set()
-    total = 0
-    for n in nodes:
-        for i in n.inputs:
-            if i in graph.initializers and i not in seen:
-                seen.add(i)
-                total += int(graph.initializers[i].nbytes)
-    return total
 
 
 def split_devices(graph: Graph, order: Sequence[Node], assign: dict[Node, Provider],
@@ -386,9 +357,6 @@ def _memory_cuts(graph: Graph, nodes: Sequence[Node], devices: Sequence[Provider
 
 
 def _stage_need(graph: Graph, stage: Sequence[Node], bounds: dict[str, int]) -> int:
-    from hetero_exec.ir.graph import node_reads
-    from hetero_exec.placement.memory import nodes_need
-
     members = set(stage)
     produced = {o for n in stage for o in n.outputs if o}
     inputs = list(dict.fromkeys(r for n in stage for r in node_reads(n) if r not in produced))
@@ -413,17 +381,6 @@ def _threaded_part(graph: Graph, nodes: Sequence[Node], bounds: dict[str, int],
         return sum(model.product_seconds(node_flops(graph, n, bounds)) for n in nodes)
     one = sum(node_cost(graph, n, bounds, single) for n in nodes)
     return min(cost, max(0.0, (one - cost) / (w - 1)))
-
-
-def cost_bounds(graph: Graph, bounds: dict[str, int]) -> dict[str, int]:
-    """``bounds`` with every other symbol at 1, for estimates only (admission never
-    guesses): a batch or sequence dim without a bound is costed as one."""
-    out = dict(bounds)
-    for v in graph.values.values():
-        for d in v.shape or ():
-            if isinstance(d, str) and d not in out:
-                out[d] = 1
-    return out
 
 
 def annotate_costs(plan: Any, bounds: dict[str, int], cost_model: CostModel | None = None) -> None:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from hetero_exec.errors import PlacementError
+from hetero_exec.placement.sizes import cost_bounds, value_bytes
 
 log = logging.getLogger(__name__)
 
@@ -219,8 +220,6 @@ class _Layout:
                 if name in weights:
                     continue  # loaded where they are read; never fed
                 self.readers.setdefault(name, []).append(i)
-        from hetero_exec.placement.partition import cost_bounds, value_bytes
-
         estimate = cost_bounds(graph, bounds)
         self.nbytes = {name: value_bytes(graph, name, estimate) for name in self.readers}
         self.outputs = [o for o in graph.outputs if o in self.producer]
