@@ -371,7 +371,7 @@ def check_node_suite(args, deadline: Deadline) -> dict:
 # --- 6. CUDA graphs (experimental) ---------------------------------------------------------
 
 def check_cuda_graph(args, deadline: Deadline) -> dict:
-    from hetero_exec.providers.gpu_graphs import compare_replay
+    from bench.cuda_graph_replay import compare_replay
 
     if deadline.left() < 30:
         return {"skipped": "out of time"}

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from bench.cuda_graph_replay import compare_replay
 from hetero_exec.exec.chain import move_value
 from hetero_exec.providers import parse_provider
-from hetero_exec.providers.gpu_graphs import compare_replay, graph_support
+from hetero_exec.providers.gpu_graphs import graph_support
 
 
 def _device_usable() -> bool:
