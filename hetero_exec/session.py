@@ -26,10 +26,11 @@ from hetero_exec.errors import (
     ProviderError,
     UnknownOutputError,
 )
-from hetero_exec.ir import Graph, load
-from hetero_exec.ir.load import ModelSource, read_model
+from hetero_exec.ir import Graph
+from hetero_exec.ir.load import ModelSource
 from hetero_exec.kernels._threads import intra_op_threads
 from hetero_exec.logs import apply_severity
+from hetero_exec.model_plan import load_and_plan
 from hetero_exec.modelmeta import ModelMetadata
 from hetero_exec.node_arg import NodeArg, declared_types, node_arg
 from hetero_exec.options import SessionOptions, env_flag  # noqa: F401  (env_flag: public before)
@@ -66,20 +67,28 @@ class InferenceSession:
         self._closed = False
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._model, self.graph = load(_with_overrides(path_or_bytes, self.options), self.options.base_dir)
+        specs = ProviderSpecs.parse(providers, provider_options)
+        planned = load_and_plan(path_or_bytes, specs.specs, self.options)
+        self._model, self.graph = planned.model, planned.graph
         self._meta = ModelMetadata.of(self._model)
         self._types = declared_types(self._model)
         self._out_index = {n: i for i, n in enumerate(self.graph.outputs)}
-        self._install(*self._new_plan(providers, provider_options))
+        self._install(specs, planned.build, self._start(planned.build))
         self._profiling_start_ns = time.time_ns() if self.options.enable_profiling else 0
 
     # -- building (a transaction: nothing is installed until it is complete) ----------
 
     def _new_plan(self, providers: Any, provider_options: Any) -> tuple[ProviderSpecs, Any, Any]:
+        """Another plan of the loaded model (`set_providers`), with its executor."""
         from hetero_exec.placement.decide import build_session_plan
 
         specs = ProviderSpecs.parse(providers, provider_options)
         build = build_session_plan(self.graph, specs.specs, self.options)
+        return specs, build, self._start(build)
+
+    def _start(self, build: Any) -> Any:
+        """The executor of ``build``, and the optimized model written when asked for; a
+        failure releases the executor before it raises."""
         executor = self._make_executor(build)
         try:
             if self.options.optimized_model_filepath:
@@ -90,7 +99,7 @@ class InferenceSession:
         except BaseException as e:
             _release(executor, e)
             raise
-        return specs, build, executor
+        return executor
 
     def _make_executor(self, build: Any) -> Any:
         if self.options.executor == "ray":
@@ -334,14 +343,6 @@ def _session_options(sess_options: Any, kwargs: Mapping[str, Any]) -> SessionOpt
         # on Ray the runs happen in the stage actors: their threads are the session's
         opts.executor_options = {**opts.executor_options, "stage_threads": opts.intra_op_num_threads}
     return opts
-
-
-def _with_overrides(source: ModelSource, options: SessionOptions) -> ModelSource:
-    from hetero_exec.model_overrides import apply_overrides, has_overrides
-
-    if not has_overrides(options):
-        return source
-    return apply_overrides(read_model(source, options.base_dir), options)
 
 
 def _release(executor: Any, error: BaseException) -> None:
