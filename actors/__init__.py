@@ -30,8 +30,8 @@ from typing import Any
 
 def stage_bundles(model: Any, providers: Any = None, **session_options: Any) -> list[dict[str, float]]:
     """The Ray bundles a Ray session of ``model`` reserves, one per stage (see
-    `actors.coordinator.stage_bundles`)."""
-    from actors.coordinator import stage_bundles as bundles
+    `actors.cluster_plan.stage_bundles`)."""
+    from actors.cluster_plan import stage_bundles as bundles
 
     return bundles(model, providers, **session_options)
 

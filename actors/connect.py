@@ -35,6 +35,7 @@ from typing import Any, Iterator
 import ray
 
 from actors.options import RayOptions
+from actors.runtime_env import checkout_pythonpath
 from hetero_exec.errors import ActorError
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ def ensure_ray(
         atexit.register(_forget_started, started)
     try:
         log.info("%s Ray", "starting a local" if how == "started" else how.replace("joined", "joining"))
-        with loopback_node() if how == "started" else contextlib.nullcontext():
+        with loopback_node() if how == "started" else contextlib.nullcontext(), token_auth_told():
             ray.init(address=target, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
         where = "a local Ray" if how == "started" else f"the Ray cluster at {how.split()[-1]}"
@@ -79,6 +80,57 @@ def ensure_ray(
         started["node"] = ray.get_runtime_context().get_node_id()
     log.info("Ray %s; resources: %s", how, ray.cluster_resources())
     return how
+
+
+#: Ray's logger of its token authentication set-up (``ray.init`` warns through it that
+#: a Ray it starts, or a ``ray start`` cluster it finds, has token authentication on)
+TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+_auth_told: list[str] = []
+
+
+class _TokenAuthWarning(logging.Filter):
+    """Drops Ray's token-auth warnings; `token_auth_told` says it our way instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is")
+
+
+@contextlib.contextmanager
+def token_auth_told() -> Iterator[None]:
+    """Around a ``ray.init`` of ours. Ray 2.5x turns token authentication on for a
+    local Ray it starts (and for a ``ray start`` cluster it discovers when a token
+    exists), unless ``RAY_AUTH_MODE`` says otherwise, and warns about it on every
+    build. That is a safe default, not a fault, so it is said once per process, in
+    our words, at INFO (not shown by default); Ray's warning is dropped. Ray keeps its
+    behaviour: a token in ``~/.ray/auth_token`` (made on first start), required by
+    every process that joins.
+
+    >>> ray_log = logging.getLogger(TOKEN_AUTH_LOGGER)
+    >>> warning = ray_log.makeRecord(TOKEN_AUTH_LOGGER, logging.WARNING, "setup.py", 85,
+    ...                              "Token authentication is enabled for this Ray cluster.",
+    ...                              (), None)
+    >>> with token_auth_told():
+    ...     bool(ray_log.filter(warning))  # dropped
+    False
+    >>> bool(ray_log.filter(warning))  # outside, Ray's logger is as it was
+    True
+    """
+    quiet = _TokenAuthWarning()
+    ray_log = logging.getLogger(TOKEN_AUTH_LOGGER)
+    ray_log.addFilter(quiet)
+    given = os.environ.get(AUTH_MODE_ENV)
+    try:
+        yield
+    finally:
+        ray_log.removeFilter(quiet)
+    mode = os.environ.get(AUTH_MODE_ENV)
+    if given is None and mode is not None and mode not in _auth_told:
+        _auth_told.append(mode)  # Ray chose it (it sets the variable when it does)
+        log.info("this Ray uses Ray's token authentication (%s=%s, Ray's default for a "
+                 "cluster it starts; the token is in ~/.ray/auth_token): processes that "
+                 "join it need that token. Set %s=disabled before starting to turn it off.",
+                 AUTH_MODE_ENV, mode, AUTH_MODE_ENV)
 
 
 def ray_usable() -> bool:
@@ -369,18 +421,11 @@ def local_start_kwargs(demand: dict[str, float], logical_gpus: bool) -> dict[str
     default), logical GPUs for an emulated plan, and a job runtime env that lets every
     worker import this checkout (so actors start in the workers Ray pre-starts) and gives
     Serve its HAProxy ingress (`serve_ingress_env`)."""
-    from actors.reservation import checkout_root
-
     kwargs: dict[str, Any] = {
         **loopback_init_kwargs(),
-        "runtime_env": loopback_runtime_env({"PYTHONPATH": _pythonpath(checkout_root()),
+        "runtime_env": loopback_runtime_env({"PYTHONPATH": checkout_pythonpath(),
                                              **serve_ingress_env()}),
     }
     if logical_gpus and demand.get("GPU"):
         kwargs["num_gpus"] = max(LOGICAL_GPUS, math.ceil(demand["GPU"]))
     return kwargs
-
-
-def _pythonpath(root: str) -> str:
-    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
-    return os.pathsep.join([root, *rest])

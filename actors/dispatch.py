@@ -16,8 +16,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import ray
 
-from actors.remote_errors import FailedValue
-from actors.request import Request
+from actors.request import Request, graph_outputs
 from actors.reservation import ActorSlot
 from actors.transport.base import SeamKey, Transport
 from hetero_exec.ir.graph import Graph
@@ -129,19 +128,10 @@ class Dispatcher:
         """The requested outputs in order, from the fetched group values (by ref).
 
         Raises the request's `SegmentRunError` when its own run failed."""
-        out: list[Any] = []
-        for name in req.names:
-            if name in req.refs:
-                ref, index = req.refs[name]
-                v = values[ref][index]
-                if isinstance(v, FailedValue):
-                    raise v.error
-                out.append(self.seam.take(SeamKey(req.id, name), v))
-            elif name in req.feeds:  # a graph input that is also an output
-                out.append(self.seam.take(SeamKey(req.id, name), req.feeds[name]))
-            else:  # an initializer that is also an output
-                out.append(self.graph.initializers.get(name))
-        return out
+        produced = {name: values[ref][index] for name, (ref, index) in req.refs.items()
+                    if name in req.names}
+        return graph_outputs(req.names, produced, req.feeds, self.graph.initializers,
+                             lambda name, v: self.seam.take(SeamKey(req.id, name), v))
 
     def forget(self, req: Request) -> None:
         """``req`` is answered: it no longer holds the floor, nor its feeds' buffers."""

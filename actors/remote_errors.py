@@ -13,7 +13,7 @@ from typing import Any
 
 import ray.exceptions
 
-from actors.transport.shared_memory import SeamUnreachable
+from actors.transport.base import SeamUnreachable
 
 
 def _rebuild(cls: type[BaseException], args: tuple, state: dict[str, Any]) -> BaseException:
@@ -97,7 +97,7 @@ FAULTS: tuple[type[BaseException], ...] = (
     ray.exceptions.NodeDiedError,
     ray.exceptions.LocalRayletDiedError,
     ray.exceptions.ObjectFetchTimedOutError,
-    SeamUnreachable,  # a shared-memory seam's writer restarted (its files went with it)
+    SeamUnreachable,  # a carried value went with its writer (a restarted one, say)
     StageNotLoaded,  # restarted, its stage not sent again yet
 )
 

@@ -1,4 +1,5 @@
-"""Bringing stage actors back after a fault, and deciding where a replay starts.
+"""Bringing stage actors back after a fault, deciding where a replay starts, and
+collecting a request's outputs through its replays.
 
 Each actor reports an *incarnation* (a fresh id per start). A request records the
 incarnation of every actor it dispatched to; after a fault, the actors whose
@@ -16,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 import ray
 
+from actors.dispatch import Dispatcher
 from actors.options import RayOptions
 from actors.remote_errors import is_fault, root_cause, user_error
 from actors.request import Request
@@ -26,24 +28,44 @@ log = logging.getLogger(__name__)
 
 
 class Replay:
-    """Fault handling for one RayExecutor's stage actors.
+    """Fault handling for one RayExecutor's stage actors (needs them started, so its
+    example does not run here).
 
-    >>> start = replay.after_failure(request, error)  # doctest: +SKIP
+    >>> dispatcher.dispatch([request], 0)  # doctest: +SKIP
+    >>> replay.collect(request)  # its outputs, replayed as often as faults need  # doctest: +SKIP
+    [array([...], dtype=float32)]
     """
 
     def __init__(
         self,
         slots: Sequence[ActorSlot],
         reservation: Reservation,
+        dispatcher: Dispatcher,
         opts: RayOptions,
         is_closed: Callable[[], bool],
     ):
         self.slots = slots  # one per stage, in stage order
         self.reservation = reservation
+        self.dispatcher = dispatcher
         self.opts = opts
         self.is_closed = is_closed
         self.replays = 0  # requests replayed after faults, over the session's life
         self._lock = threading.Lock()
+
+    def collect(self, req: Request) -> list[Any]:
+        """The outputs of a dispatched request; after a fault, the actors are brought
+        back and the request replayed (`after_failure`) until it answers or gives up."""
+        while True:
+            try:
+                return self.dispatcher.collect(req)
+            except Exception as e:
+                self.dispatcher.dispatch([req], self.after_failure(req, e))
+
+    def recover(self, req: Request, failure: BaseException) -> list[Any]:
+        """The outputs of a request whose dispatch failed with ``failure`` (a fault is
+        replayed; the request's own error raises)."""
+        self.dispatcher.dispatch([req], self.after_failure(req, failure))
+        return self.collect(req)
 
     def after_failure(self, req: Request, error: BaseException) -> int:
         """Raise the error a caller should see, or recover and return the stage to

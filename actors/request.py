@@ -1,12 +1,15 @@
-"""One request's state in the coordinator, and how a group of requests is laid out
-in one actor task."""
+"""One request's state in the coordinator, how a group of requests is laid out in one
+actor task, and how its outputs are put together (`graph_outputs`, for both ways of
+running the pipeline)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
+
+from actors.remote_errors import FailedValue
 
 #: A value a request carries into a segment: (index into the task's flat arguments,
 #: index into that argument's list, or None when the argument is the value itself).
@@ -79,3 +82,33 @@ class InflightLimit:
         with self._cond:
             self._free += n
             self._cond.notify_all()
+
+
+def graph_outputs(
+    names: Sequence[str],
+    produced: Mapping[str, Any],
+    feeds: Mapping[str, Any],
+    initializers: Mapping[str, Any],
+    take: Callable[[str, Any], Any] | None = None,
+) -> list[Any]:
+    """The requested outputs in order: a value a stage produced, else a graph input that
+    is also an output, else an initializer that is. ``take(name, carried)`` brings a
+    carried value back (the seam transport's ``take``). A produced `FailedValue` raises
+    the request's own error.
+
+    >>> graph_outputs(["y", "x", "w"], {"y": 2}, {"x": 1}, {"w": 0})
+    [2, 1, 0]
+    """
+    out: list[Any] = []
+    for name in names:
+        if name in produced:
+            value = produced[name]
+            if isinstance(value, FailedValue):
+                raise value.error
+        elif name in feeds:
+            value = feeds[name]
+        else:
+            out.append(initializers.get(name))
+            continue
+        out.append(take(name, value) if take is not None else value)
+    return out

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import pickle
 import threading
 import time
@@ -25,8 +24,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from actors.connect import ray_usable
 from actors.options import RayOptions
 from actors.remote_errors import user_error
+from actors.runtime_env import default_runtime_env
 from actors.stage import remote_class
 from actors.stage_model import StageSpec
+from actors.transport.base import SeamConfig
 from hetero_exec.errors import ActorError, BuildError
 
 log = logging.getLogger(__name__)
@@ -143,34 +144,10 @@ def stage_shares(slots: Sequence[ActorSlot]) -> None:
         slot.share = on_node[slot.node]
 
 
-def checkout_root() -> str:
-    """The folder holding the ``hetero_exec`` and ``actors`` packages."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def default_runtime_env() -> dict[str, Any] | None:
-    """What the actors need to import hetero_exec and actors from this checkout.
-
-    Nothing when the job already provides it (a ``working_dir``, or PYTHONPATH naming
-    the checkout): actors then reuse the job's pre-started workers. Otherwise
-    PYTHONPATH with the checkout.
-    """
-    root = checkout_root()
-    try:
-        job_env = dict(ray.get_runtime_context().runtime_env or {})
-    except Exception:  # not connected yet, or an older Ray
-        job_env = {}
-    job_path = (job_env.get("env_vars") or {}).get("PYTHONPATH", "")
-    if job_env.get("working_dir") or root in job_path.split(os.pathsep):
-        return None
-    paths = [root] + [
-        p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root
-    ]
-    return {"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}}
-
-
 class Reservation:
     """A placement group and the started actors of its slots.
+
+    Needs a cluster, so its example does not run here:
 
     >>> res = Reservation(slots, bundles, RayOptions())  # doctest: +SKIP
     >>> res.start(); [s.handle for s in res.slots]  # doctest: +SKIP
@@ -182,14 +159,14 @@ class Reservation:
         slots: list[ActorSlot],
         bundles: list[dict[str, float]],
         opts: RayOptions,
+        seam_config: SeamConfig | None = None,
         profile: bool = False,
-        shm_prefix: str = "hetero_exec",
     ):
         self.slots = slots
         self.bundles = bundles
         self.opts = opts
+        self.seam_config = seam_config or SeamConfig(opts.seam_transport)  # each actor's end: its own files
         self.profile = profile
-        self.shm_prefix = shm_prefix  # shared-memory seam files: <prefix>-s<slot>-...
         self.pg: Any = None
         self.owns_pg = opts.placement_group is None
         self.first_bundle = 0 if self.owns_pg else 1  # bundle 0 is the caller's own
@@ -355,9 +332,8 @@ class Reservation:
             )
             .remote(
                 slot.init_args,
-                self.opts.seam_transport,
+                self.seam_config.for_owner(f"s{slot.index}"),
                 self.profile,
-                {"prefix": f"{self.shm_prefix}-s{slot.index}", "budget": self.opts.shm_seam_bytes},
                 slot.threads or -slot.share,  # negative: a share of the host's cores
             )
         )

@@ -27,8 +27,7 @@ from actors.remote_errors import FailedValue, SegmentRunError, StageNotLoaded
 from actors.request import Layout, pick
 from actors.stage_model import SegmentPart, StageSpec, load_stage_graph
 from actors.transport import make_transport
-from actors.transport.base import SeamKey
-from actors.transport.shared_memory import ShmArray
+from actors.transport.base import SeamConfig, SeamKey
 from hetero_exec.errors import HeteroExecError, KernelError
 from hetero_exec.exec.chain import SegmentChain, calls_blas, folded_seams
 from hetero_exec.exec.plan import Compiler
@@ -93,9 +92,8 @@ class StageActor:
     def __init__(
         self,
         spec: StageSpec | None,
-        seam_transport: str = "object_store",
+        seam: SeamConfig | None = None,
         profile: bool = False,
-        seam_config: dict[str, Any] | None = None,
         threads: int | None = None,  # BLAS threads; negative: a share of the host's cores
     ):
         # the stage comes inline when small; else None, and `load` brings it (from the
@@ -105,7 +103,8 @@ class StageActor:
         self.spec: StageSpec | None = None
         self.incarnation = uuid.uuid4().hex
         self.threads = stage_threads(threads)
-        self.seam = self._make_seam(seam_transport, seam_config or {})
+        # this incarnation's end of the seams (a restart's files are named apart)
+        self.seam = make_transport((seam or SeamConfig()).for_owner(self.incarnation[:8]))
         self.profile = profile
         self.spans: list[dict[str, Any]] = []
         self.tasks = 0
@@ -139,13 +138,6 @@ class StageActor:
             self.init_error = SegmentRunError(spec.label, e)
         self.compile_s = time.perf_counter() - started
         log.info("%s compiled in %.3fs", spec.label, self.compile_s)
-
-    def _make_seam(self, name: str, config: dict[str, Any]) -> Any:
-        if name != "shared_memory":
-            return make_transport(name)
-        prefix = f"{config['prefix']}-{self.incarnation[:8]}"  # names, briefly, while created
-        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-        return make_transport(name, prefix=prefix, node=node, budget=int(config["budget"]))
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -291,16 +283,16 @@ class StageActor:
     def _read(self, request: int, name: str, item: Any) -> Any:
         t0 = time.time_ns()
         value = self.seam.read(SeamKey(request, name), item)
-        if self.profile and isinstance(item, ShmArray):
-            self._span(f"seam {name} read (shared memory)", t0, time.time_ns(), "seam",
+        if self.profile and self.seam.carries(item):
+            self._span(f"seam {name} read ({self.seam.label})", t0, time.time_ns(), "seam",
                        {"request": request, "bytes": _nbytes(value)})
         return value
 
     def _write(self, request: int, name: str, value: Any) -> Any:
         t0 = time.time_ns()
         carried = self.seam.write(SeamKey(request, name), value)
-        if self.profile and isinstance(carried, ShmArray):
-            self._span(f"seam {name} written (shared memory)", t0, time.time_ns(), "seam",
+        if self.profile and self.seam.carries(carried):
+            self._span(f"seam {name} written ({self.seam.label})", t0, time.time_ns(), "seam",
                        {"request": request, "bytes": _nbytes(value)})
         return carried
 
@@ -346,12 +338,12 @@ def _nbytes(value: Any) -> int:
     return int(getattr(value, "nbytes", 0) or 0)
 
 
-_REMOTE: Any = None
+_REMOTE_CLASS: Any = None
 
 
 def remote_class() -> Any:
     """`StageActor` as a Ray actor class (made once, on first use)."""
-    global _REMOTE
-    if _REMOTE is None:
-        _REMOTE = ray.remote(StageActor)
-    return _REMOTE
+    global _REMOTE_CLASS
+    if _REMOTE_CLASS is None:
+        _REMOTE_CLASS = ray.remote(StageActor)
+    return _REMOTE_CLASS

@@ -51,8 +51,8 @@ def gpu_provider() -> str:
 
 def warm_imports() -> None:
     """Import the modules hetero_exec and the Ray layer load lazily."""
+    import actors.compiled  # noqa: F401
     import actors.coordinator  # noqa: F401
-    import actors.transport.compiled  # noqa: F401
     from hetero_exec.kernels.registry import registered
     from hetero_exec.providers import parse_provider
 

@@ -20,6 +20,7 @@ class ObjectStoreTransport(Transport):
     """
 
     name = "object_store"
+    label = "object store"
 
 
 __all__ = ["ObjectStoreTransport", "SeamKey"]

@@ -34,7 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from actors.transport.base import SeamKey, Transport
+from actors.transport.base import SeamConfig, SeamKey, SeamUnreachable, Transport
+
+__all__ = ["SharedMemoryTransport", "ShmArray", "ShmPool", "SeamUnreachable", "SHM_DIR"]
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +56,6 @@ class ShmArray:
     dtype: str
     shape: tuple[int, ...]
     node: str  # the writer's Ray node: the buffer exists only there
-
-
-class SeamUnreachable(LookupError):
-    """A shared-memory seam was read on another node than its writer's, or its file is
-    gone (the writer restarted): a fault, so the coordinator replays the request."""
 
 
 def _size_class(nbytes: int) -> int:
@@ -230,15 +227,25 @@ class SharedMemoryTransport(Transport):
     True
     >>> w.write(SeamKey(3, "s"), np.ones(4)).shape  # small values travel as themselves
     (4,)
-    >>> w.close(); r.close()
+    >>> w.close(); r.close(); w.close()  # idempotent
     """
 
     name = "shared_memory"
+    label = "shared memory"
 
     def __init__(self, prefix: str, node: str = "", budget: int = 1 << 30):
         self.node = node
         self.pool = ShmPool(prefix, budget)
         self.maps = _Mappings()
+
+    @classmethod
+    def from_config(cls, config: SeamConfig) -> "SharedMemoryTransport":
+        """The end of this process: its files named by ``config.prefix``, its buffers
+        within ``config.budget``, on this Ray node (readers elsewhere get a fault)."""
+        import ray
+
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        return cls(config.prefix, node=node, budget=int(config.budget))
 
     def write(self, key: SeamKey, value: Any) -> Any:
         if not _shareable(value):
@@ -263,6 +270,9 @@ class SharedMemoryTransport(Transport):
     def take(self, key: SeamKey, carried: Any) -> Any:
         value = self.read(key, carried)
         return np.array(value) if isinstance(carried, ShmArray) else value
+
+    def carries(self, carried: Any) -> bool:
+        return isinstance(carried, ShmArray)
 
     def release_below(self, floor: int) -> None:
         self.pool.release_below(floor)

@@ -319,6 +319,7 @@ class WireTransport(Transport):
     """
 
     name = "wire"
+    label = "wire"
 
     def write(self, key: SeamKey, value: Any) -> Any:
         if value is None or isinstance(value, (list, dict)):
@@ -328,3 +329,6 @@ class WireTransport(Transport):
     def read(self, key: SeamKey, carried: Any) -> Any:
         # a seam value may be any size: the frame limit guards network input, not seams
         return decode_tensor(carried, max_bytes=1 << 62) if isinstance(carried, bytes) else carried
+
+    def carries(self, carried: Any) -> bool:
+        return isinstance(carried, bytes)

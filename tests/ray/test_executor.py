@@ -263,7 +263,7 @@ def test_one_node_seams_go_through_shared_memory_and_leave_nothing(
             # sums of 256 float32 products: the placed plan adds in another order
             np.testing.assert_allclose(got[0], local.run(None, f)[0], rtol=1e-4, atol=1e-4)
             assert got[0].flags.writeable  # the caller's own copy, not a shared buffer
-        pool = ex.seam.pool  # the driver's: it wrote the feeds
+        pool = ex.driver_seam.pool  # the driver's: it wrote the feeds
         assert pool.total > 0 and pool.held() == 0  # every request answered: all released
         total = pool.total
         got = sess.run(None, feeds[0])  # buffers are reused, not piled up
@@ -277,7 +277,7 @@ def test_one_node_seams_go_through_shared_memory_and_leave_nothing(
         assert all(e["args"]["bytes"] == 128 * 256 * 4 for e in written + read)
     finally:
         sess.close()
-    assert not [f for f in os.listdir(SHM_DIR) if f.startswith(ex.shm_prefix)]  # nameless
+    assert not [f for f in os.listdir(SHM_DIR) if f.startswith(ex.seam_config.prefix)]  # nameless
 
 
 def test_teardown_leaves_no_actors(ray_session):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from actors.remote_errors import is_fault
-from actors.transport import make_transport
+from actors.transport import SeamConfig, make_transport
 from actors.transport.base import SeamKey
 from actors.transport.shared_memory import (
     SHM_DIR,
@@ -39,7 +39,9 @@ def big(seed: int, shape=(128, 1024), dtype=np.float32) -> np.ndarray:
 
 
 def test_round_trip_is_zero_copy_for_readers_and_a_copy_for_the_caller(prefix):
-    w = make_transport("shared_memory", prefix=f"{prefix}-w", node="n1")
+    w = make_transport(SeamConfig("shared_memory", prefix=prefix).for_owner("w"))
+    assert isinstance(w, SharedMemoryTransport) and w.pool.prefix == f"{prefix}-w"
+    w.node = "n1"  # a writer on node n1 (whatever node this test process is on)
     r = SharedMemoryTransport(f"{prefix}-r", node="n1")
     x = big(0)
     carried = w.write(SeamKey(1, "h"), x)
