@@ -1,0 +1,95 @@
+"""``hetero-exec serve``: `serve_forever` starts (or joins) a Ray, deploys the model's
+application, serves until SIGINT or SIGTERM, then shuts down what it started. The
+command line itself is read by `hetero_exec.cli`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from typing import Any, Mapping
+
+import ray
+from ray import serve
+
+from actors.connect import (
+    forget_haproxy_files,
+    given_address,
+    loopback_init_kwargs,
+    loopback_node,
+    loopback_runtime_env,
+    serve_ingress_env,
+    token_auth_told,
+)
+from actors.serve.application import BUILD_KEYWORDS, build_app
+from actors.serve.replicas import plan_devices
+
+log = logging.getLogger(__name__)
+
+
+def logical_gpus(model: Any, build_kwargs: Mapping[str, Any]) -> int | None:
+    """The GPUs a local Ray declares when every device the plan uses is emulated
+    (sim-gpu): one per device per replica, what an in-process replica or its stage
+    actors reserve. None (Ray's own count) otherwise. Plans without starting a Ray."""
+    providers = build_kwargs.get("providers")
+    names = [p if isinstance(p, str) else p[0] for p in providers or ()]
+    devices = [n for n in names if not n.startswith("cpu")]
+    if not devices or not all(n.startswith("sim-gpu") for n in devices):
+        return None
+    known = set(BUILD_KEYWORDS)
+    opts = {k: v for k, v in build_kwargs.items() if k not in known and k != "providers"}
+    used, _ = plan_devices(model, providers, opts)
+    return max(len(used), 1) * int(build_kwargs.get("num_replicas") or 1)
+
+
+def serve_forever(model: Any, *, host: str = "127.0.0.1", port: int = 8000,
+                  address: str | None = None, **build_kwargs: Any) -> int:
+    """Serve ``model`` until SIGINT or SIGTERM, then shut down cleanly (the CLI's
+    ``hetero-exec serve``). Joins the Ray at ``address`` (or ``RAY_ADDRESS``), else
+    starts a local one; on a cluster it joined it deletes only its own app."""
+    address = given_address(address)  # "local" is a Ray of our own, as no address is
+    started = not ray.is_initialized() and address is None
+    node = None
+    if not ray.is_initialized():
+        extra: dict[str, Any] = {}
+        if address is None:  # sim-gpu devices are logical GPUs on a Ray of our own,
+            # which serves through HAProxy (a cluster serves as its operator set it up)
+            # and listens on loopback only (the frontend on ``host``)
+            extra["num_gpus"] = logical_gpus(model, build_kwargs)
+            extra["runtime_env"] = loopback_runtime_env(serve_ingress_env())
+            extra.update(loopback_init_kwargs())
+        else:
+            extra["include_dashboard"] = False
+        # "local": a Ray of our own, never one that someone's `ray start` left running
+        with loopback_node() if address is None else contextlib.nullcontext(), token_auth_told():
+            ray.init(address=address or "local", logging_level=logging.WARNING, **extra)
+        node = ray.get_runtime_context().get_node_id() if started else None
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    name = None
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        application = build_app(model, **build_kwargs)
+        name = application._bound_deployment.name
+        serve.run(application, name=name, route_prefix="/")
+        log.warning("serving %s at http://%s:%d/v2/models/%s (Ctrl-C to stop)",
+                    name, host, port, name)
+        print(f"serving {name} at http://{host}:{port}/v2/models/{name}", flush=True)
+        stop.wait()
+        print("shutting down", flush=True)
+    finally:
+        try:
+            if started:
+                serve.shutdown()
+            elif name is not None:
+                serve.delete(name)
+        finally:
+            if started:
+                ray.shutdown()
+                forget_haproxy_files(node)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    return 0
