@@ -24,6 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 EXIT_LIMIT_S = 30.0
 #: Ray's C++ log lines at error level: ``[2026-12-02 11:27:15,332 E 5118 5118] file.cc:1: ...``
 ERROR_LINE = re.compile(r"^\[[0-9-]+ [0-9:,]+ E \d+ \d+\]| ERROR |core_worker\.cc.*object store")
+#: Ray's warning, on every build, that token authentication is on (or off) for its cluster
+TOKEN_AUTH_WARNING = re.compile(r"[Tt]oken authentication is (enabled|disabled)|token-auth")
 
 
 def _alive(pid: int) -> bool:
@@ -57,7 +59,9 @@ def run_driver(mode: str) -> tuple[int, float, dict, str]:
 
     if discovered_cluster() is not None:
         pytest.skip("a `ray start` cluster runs here: the driver would join it")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    # as a user's shell has it: no address, and no auth mode (this test process's own
+    # Ray sets RAY_AUTH_MODE when it starts, and with it set Ray says nothing of auth)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     env["PYTHONPATH"] = ROOT
     proc = subprocess.Popen([sys.executable, "-m", "tests.ray.failing_driver_main", mode],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -112,4 +116,6 @@ def test_a_failing_driver_exits_with_its_status_and_leaves_no_ray(mode, status):
     # under SIGTERM Ray's own handler logs the signal at error level
     if mode != "sigterm":
         assert [line for line in err.splitlines() if ERROR_LINE.search(line)] == [], err[-3000:]
+    # nor Ray's token-auth warning: hetero-exec says it once at INFO, in its own words
+    assert [line for line in err.splitlines() if TOKEN_AUTH_WARNING.search(line)] == [], err[-3000:]
     assert_no_ray_left(report)
