@@ -5,7 +5,7 @@ Every check runs before anything is dispatched, and names what is wrong.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -69,9 +69,3 @@ class FeedChecker:
                 if bound != got:
                     raise SymbolConflictError(want, bound, got, f"input {name!r}")
         return v
-
-
-def shape_str(shape: Sequence[Any] | None) -> str:
-    if shape is None:
-        return "?"
-    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"

@@ -1,47 +1,12 @@
-"""Helpers shared by kernel families: registering element-wise ops in one line,
-axis normalisation, reading host values, dtype conversion."""
+"""Helpers shared by kernel families: reading host values, axis normalisation, dtype
+conversion. (Element-wise ops register through `kernels.elementwise`'s own `_unary` and `_binary`.)"""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import onnx.helper
-
-from hetero_exec.kernels.registry import kernel
-
-
-def unary(op_type: str, fn: Callable[[Any, Any], Any], since: int | Iterable[int] = 1, **kw) -> None:
-    """Register an element-wise op ``y = fn(xp, x)`` that keeps x's dtype."""
-
-    def k(xp, x):
-        return (fn(xp, x),)
-
-    k.__name__ = k.__qualname__ = op_type
-    kernel(op_type, since, **kw)(k)
-
-
-def binary(op_type: str, fn: Callable[[Any, Any, Any], Any], since: int | Iterable[int] = 1, **kw) -> None:
-    """Register a broadcasting binary op ``z = fn(xp, a, b)``."""
-
-    def k(xp, a, b):
-        return (fn(xp, a, b),)
-
-    k.__name__ = k.__qualname__ = op_type
-    kernel(op_type, since, **kw)(k)
-
-
-def variadic(op_type: str, fn: Callable[[Any, Any, Any], Any], since: int | Iterable[int] = 1, **kw) -> None:
-    """Register an op folding ``fn`` over any number of broadcast inputs (Sum, Max...)."""
-
-    def k(xp, *xs):
-        out = xs[0]
-        for x in xs[1:]:
-            out = fn(xp, out, x)
-        return (xp.asarray(out),)
-
-    k.__name__ = k.__qualname__ = op_type
-    kernel(op_type, since, **kw)(k)
 
 
 def host_ints(v: Any) -> list[int]:
