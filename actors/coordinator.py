@@ -321,7 +321,7 @@ class RayExecutor:
     def _forget(self, req: Request) -> None:
         """``req`` is answered: release what it held, record its span."""
         self.dispatcher.forget(req)
-        if self.profiling:
+        if self.profiling and req.started_ns:  # (one closed before it started has no span)
             self._driver_spans.record(
                 f"request {req.id}", req.started_ns, "request", {"replays": req.replays}
             )

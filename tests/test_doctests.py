@@ -27,7 +27,7 @@ MODULES = [
     "actors.request",
     "actors.request_pool",
     "actors.reservation",
-    "actors.serve.application",
+    "actors.serve.cli",
     "actors.serve.replicas",
     "actors.serve.routes",
     "actors.stage_model",

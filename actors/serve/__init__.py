@@ -12,8 +12,9 @@ A file per concern:
   batched into its runs) and its counters;
 * ``routes``: the protocol's HTTP routes, and every error as a status and a JSON body;
 * ``replicas``: what a replica reserves, planned from its model;
-* ``application``: `build_app`, and `app`, the builder ``serve run`` calls;
-* ``cli``: `serve_forever`, what ``hetero-exec serve`` runs.
+* ``application``: `build_app`, the model's deployment and what its replicas reserve;
+* ``cli``: the command lines: `app` (what ``serve run`` calls, with its arguments)
+  and `serve_forever` (what ``hetero-exec serve`` runs).
 
 A bad request gets a 4xx and ``{"error": ...}`` naming what is wrong; a fault in the
 replica a 5xx. The replica keeps serving after either.
@@ -21,8 +22,8 @@ replica a 5xx. The replica keeps serving after either.
 
 from __future__ import annotations
 
-from actors.serve.application import BUILD_KEYWORDS, LARGE_MODEL_BYTES, app, build_app
-from actors.serve.cli import serve_forever
+from actors.serve.application import BUILD_KEYWORDS, LARGE_MODEL_BYTES, build_app
+from actors.serve.cli import app, serve_forever
 from actors.serve.deployment import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_REQUEST_BYTES,

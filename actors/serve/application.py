@@ -1,5 +1,5 @@
-"""The Serve application: `build_app` (from Python) and `app` (the builder that ``serve
-run actors.serve:app key=value ...`` calls with its arguments as text).
+"""The Serve application: `build_app`, a deployment of the model with what its
+replicas reserve (``serve run``'s builder over it is `actors.serve.cli.app`).
 """
 
 from __future__ import annotations
@@ -88,44 +88,3 @@ def build_app(
     if res.placement_group_bundles:
         options["placement_group_bundles"] = res.placement_group_bundles
     return serve.deployment(HeteroModel).options(**options).bind(spec)
-
-
-#: ``serve run actors.serve:app key=value ...``: how each argument is read
-_TRUE = ("1", "true", "on", "yes")
-_ARG_TYPES = {"access_log": lambda t: str(t).strip().lower() in _TRUE, "num_replicas": int,
-              "num_cpus": float, "stages": lambda t: int(t) if str(t).isdigit() else t,
-              "max_batch_size": int, "batch_wait_timeout_s": float, "max_request_bytes": int,
-              "max_ongoing_requests": int, "max_concurrent_runs": int}
-
-
-def app_arguments(args: Mapping[str, str]) -> dict[str, Any]:
-    """``serve run`` arguments (text) as `build_app`'s keywords: ``providers`` a comma
-    list, ``hetero``/``require_gpu`` true or false, ``dim.N=64`` a symbolic dim's bound,
-    `build_app`'s own keywords their types, the rest as given.
-
-    >>> app_arguments({"model": "m.onnx", "providers": "sim-gpu, cpu", "hetero": "true",
-    ...                "dim.batch": "8", "max_batch_size": "16"})
-    {'model': 'm.onnx', 'providers': ['sim-gpu', 'cpu'], 'hetero': True, 'dim_bounds': {'batch': 8}, 'max_batch_size': 16}
-    """
-    kwargs: dict[str, Any] = {}
-    for key, text in args.items():
-        if key == "providers":
-            kwargs[key] = [p.strip() for p in text.split(",") if p.strip()]
-        elif key in ("hetero", "require_gpu"):
-            kwargs[key] = str(text).strip().lower() in _TRUE
-        elif key.startswith("dim."):
-            kwargs.setdefault("dim_bounds", {})[key[4:]] = int(text)
-        elif key in _ARG_TYPES:
-            kwargs[key] = _ARG_TYPES[key](text)
-        else:
-            kwargs[key] = text
-    return kwargs
-
-
-def app(args: Mapping[str, str]) -> Any:
-    """The application builder of ``serve run actors.serve:app model=PATH providers=a,b``
-    (`app_arguments` reads the rest; ``name`` names the model)."""
-    if "model" not in args:
-        raise ValueError("serve run actors.serve:app needs model=PATH")
-    kwargs = app_arguments(args)
-    return build_app(kwargs.pop("model"), kwargs.pop("providers", None), **kwargs)
