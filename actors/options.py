@@ -51,7 +51,7 @@ class RayOptions:
     seam_transport: str = "auto"  # auto | shared_memory | object_store | wire
     shm_seam_bytes: int = 1 << 30  # shared_memory: the most buffer bytes one process keeps
     ray_compiled: bool = (
-        False  # a Ray Compiled Graph for a static chain (see transport/compiled.py)
+        False  # a Ray Compiled Graph for a static chain (see actors/compiled.py)
     )
     max_restarts: int = 4  # Ray restarts of a dead segment actor before it is re-created
     max_replays: int = 3  # replays of one request after faults before ActorError
