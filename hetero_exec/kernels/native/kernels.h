@@ -97,5 +97,6 @@ HE_API int he_pool_hot(void);
 HE_API void he_half_to_float(const uint16_t *src, float *dst, long n);
 HE_API void he_float_to_half(const float *src, uint16_t *dst, long n);
 HE_API int he_cpu_features(void);
+HE_API int he_program_run(const void *ops, int first, int count, void *const *bufs, int *err);
 
 #endif
