@@ -29,17 +29,18 @@ def lower_plan(plan: RunPlan, vals: Sequence[Any], known_value: set[int],
     """``plan`` (bound to one input-shape signature; ``vals``: every slot's value from a
     run at that signature) with its lowerable steps run as programs, or None when no
     run of steps is worth one."""
-    b = ProgramBuilder(known_value, vals)
-    lowered: list[tuple[int, int] | None] = []  # each step's records, or None
-    nodes: list[Any] = []
-    for idx, st in enumerate(plan.steps):
-        b.step = idx
-        lowered.append(_lower_step(b, st, vals, known_value, known_shape))
-        if lowered[-1] is not None:
-            nodes.extend([st.node] * (lowered[-1][1] - lowered[-1][0]))
-    runs = _runs(lowered)
-    if not any(sum(1 for i in range(s, e) if lowered[i]) >= 2 for s, e in runs):
+    wanted = set(range(len(plan.steps)))
+    for _ in range(3):  # a step left out can leave its neighbours short of a run
+        b, lowered, nodes = _lower(plan, vals, known_value, known_shape, wanted)
+        keep = _worth(lowered)
+        if keep == {i for i, x in enumerate(lowered) if x is not None}:
+            break
+        wanted = keep
+    else:
         return None
+    if not keep:
+        return None
+    runs = _runs(lowered)
     exports = _exports(plan, b, lowered, runs)
     arena = _layout(b)
     program = Program(record.pack(b.records), b.buffers, arena, nodes)
@@ -47,6 +48,30 @@ def lower_plan(plan: RunPlan, vals: Sequence[Any], known_value: set[int],
     log.debug("program of %d records for %d of %d steps (%d regions), arena %d bytes",
               len(b.records), sum(1 for x in lowered if x), len(plan.steps), len(runs), arena)
     return replace(plan, steps=_relive(plan, steps, runs), fast_steps=[])
+
+
+def _lower(plan: RunPlan, vals, known_value, known_shape, wanted: set[int]):
+    """One pass: the builder, each step's records (or None), the record's nodes."""
+    b = ProgramBuilder(known_value, vals)
+    lowered: list[tuple[int, int] | None] = []
+    nodes: list[Any] = []
+    for idx, st in enumerate(plan.steps):
+        b.step = idx
+        lowered.append(_lower_step(b, st, vals, known_value, known_shape)
+                       if idx in wanted else None)
+        if lowered[-1] is not None:
+            nodes.extend([st.node] * (lowered[-1][1] - lowered[-1][0]))
+    return b, lowered, nodes
+
+
+def _worth(lowered: list) -> set[int]:
+    """The lowered steps worth a program: all of them when no step is left in Python;
+    else those in runs of two steps or more (a lone step's region costs its call and
+    its copies out, what its Python kernel would have cost)."""
+    done = {i for i, x in enumerate(lowered) if x is not None}
+    if len(done) == len(lowered):
+        return done
+    return {i for s, e in _runs(lowered) if e - s >= 2 for i in range(s, e)}
 
 
 def _lower_step(b: ProgramBuilder, st: Step, vals, known_value, known_shape) -> tuple[int, int] | None:

@@ -125,3 +125,47 @@ def group_query_attention(b, st, ins, outs):
            f=[scale, float(kw.get("softcap", 0.0))],
            parts=b.parts(batch * heads, 4.0 * batch * heads * seq * total * head))
     return [out, past_k, past_v]
+
+
+def _grouped(b, a: Place, other: Place, groups_of: int, out_example) -> Place:
+    """a (B, Hq, L, X) @ other (B, Hkv, X, Y), query head h reading kv head h // g: the
+    g query heads of a kv head as one taller matrix (no operand repeated)."""
+    from hetero_exec.exec.program.lower_linalg import product
+
+    B, hq, L, X = a.shape
+    if groups_of <= 1 or hq == groups_of:
+        return product(b, a, other, out_example)
+    kv = groups_of
+    tall = b.contiguous(a).reshape((B, kv, (hq // kv) * L, X))
+    y = product(b, tall, other, np.empty((B, kv, (hq // kv) * L, other.shape[-1]), F32))
+    return y.reshape((B, hq, L, other.shape[-1]))
+
+
+@lowers("FusedAttention", domain=FUSED_DOMAIN)
+def fused_attention(b, st, ins, outs):
+    """Softmax(scale * Q @ K^T [where condition else fill] [+ mask]) @ V, its scores in
+    one scratch value, each step in place on it."""
+    ins = list(ins) + [None] * (6 - len(ins))
+    Q, K, V, mask, cond, fill = (b.readable(x) if x is not None else None for x in ins[:6])
+    kw = st.kwargs
+    if any(x is not None and x.dtype != F32 for x in (Q, K, V, mask, fill)) or len(Q.shape) != 4:
+        raise NotLowered("attention of another type or rank")
+    KT = K if kw.get("k_transposed", 1) else K.transpose((0, 1, 3, 2))
+    kv_groups = int(kw.get("kv_groups", 1))
+    B, hq, L, _ = Q.shape
+    S = KT.shape[-1]
+    s = _grouped(b, Q, KT, KT.shape[1] if kv_groups > 1 else 0, np.empty((B, hq, L, S), F32))
+    c = b.codes
+    scale = float(kw.get("scale", 1.0))
+    if scale != 1.0:
+        b.elementwise("OP_BINARY", c["B_MUL"], s, [s, b.const(np.full((1,), scale, F32))])
+    if cond is not None:
+        b.elementwise("OP_WHERE", 0, s, [cond, s, fill])
+    if mask is not None:
+        groups = int(kw.get("mask_groups", 0))
+        view = s.reshape((-1, groups) + s.shape[1:]) if groups else s
+        b.elementwise("OP_BINARY", c["B_ADD"], view, [view, mask])
+    rows = s.size // S
+    b.emit("OP_SOFTMAX", tensors=[s, s], p=[rows, S], parts=b.parts(rows, 16.0 * s.size))
+    out = _grouped(b, s, V, V.shape[1] if kv_groups > 1 else 0, outs[0])
+    return [out]

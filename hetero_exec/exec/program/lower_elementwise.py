@@ -38,13 +38,38 @@ def _takes(place, types) -> None:
         raise NotLowered(f"element type {None if place is None else place.dtype}")
 
 
+#: above this many values the unary functions libm computes one value at a time lose
+#: to numpy's vectorised loops: those steps stay numpy's, and act.c takes the ones it has
+LARGE = 1 << 14
+#: unary codes act.c computes a vector at a time (the fused epilogues' functions)
+SIMD_ACT = {"U_TANH": "ACT_TANH", "U_SIGMOID": "ACT_SIGMOID", "U_GELU": "ACT_GELU",
+            "U_GELU_TANH": "ACT_GELU_TANH"}
+_SCALAR = {"U_EXP", "U_LOG", "U_COS", "U_SIN", "U_ERF", "U_SOFTPLUS"}
+
+
+def apply_unary(b, code: str, out, x) -> None:
+    """out = code(x): act.c's vector loops on a large contiguous float32 value, the
+    record's own loop otherwise."""
+    if out.size > LARGE and out.dtype == F32:
+        if code in _SCALAR:
+            raise NotLowered(f"{code} over {out.size} values")
+        act = SIMD_ACT.get(code)
+        if act is not None and out.contiguous:
+            b.elementwise("OP_COPY", 0, out, [x])
+            cols = out.shape[-1] if out.shape else 1
+            b.emit("OP_BIAS_ACT", tensors=[out, None], p=[out.size // cols, cols, b.codes[act]],
+                   parts=b.parts(out.size // cols, 8.0 * out.size))
+            return
+    b.elementwise("OP_UNARY", b.codes[code], out, [x])
+
+
 @lowers(*UNARY)
 def unary(b, st, ins, outs):
     code, types = UNARY[st.node.op_type]
     x = ins[0]
     _takes(x, types)
     out = b.like(outs[0], [x])
-    b.elementwise("OP_UNARY", b.codes[code], out, [x])
+    apply_unary(b, code, out, x)
     return [out]
 
 
@@ -66,8 +91,8 @@ def gelu(b, st, ins, outs):
     code = {"none": "U_GELU", "tanh": "U_GELU_TANH"}.get(approximate)
     if code is None:
         raise NotLowered(f"Gelu approximate={approximate!r}")
-    out = b.like(outs[0])
-    b.elementwise("OP_UNARY", b.codes[code], out, [ins[0]])
+    out = b.like(outs[0], [ins[0]])
+    apply_unary(b, code, out, ins[0])
     return [out]
 
 
@@ -147,4 +172,4 @@ def _apply(b, op: str, out, args) -> None:
     if len(args) == 2:
         b.elementwise("OP_BINARY", b.codes[BINARY[op][0]], out, args)
     else:
-        b.elementwise("OP_UNARY", b.codes[UNARY[op][0]], out, args)
+        apply_unary(b, UNARY[op][0], out, args[0])

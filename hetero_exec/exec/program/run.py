@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from hetero_exec.errors import KernelError
 from hetero_exec.exec.program.builder import ALIGN, Buffer
 from hetero_exec.exec.program.place import Place
 from hetero_exec.kernels.native import library
@@ -18,14 +19,6 @@ from hetero_exec.kernels.native import library
 _ERRORS = {"E_OP": "an unknown record", "E_TYPE": "an element type it does not take",
            "E_INDEX": "an index out of range", "E_CAPACITY": "positions past the cache's capacity",
            "E_MEMORY": "no memory for its scratch"}
-
-
-class ProgramError(RuntimeError):
-    """A record failed; ``index`` is the record's."""
-
-    def __init__(self, index: int, what: str):
-        super().__init__(what)
-        self.index = index
 
 
 class Instance:
@@ -94,7 +87,10 @@ class Program:
     def run(self, inst: Instance, first: int, count: int) -> None:
         bad = self._run(self.records_addr, first, count, inst.table_addr, inst.err_addr)
         if bad:
-            raise ProgramError(bad - 1, self._codes.get(int(inst.err[0]), "a failure"))
+            node = self.nodes[bad - 1]
+            raise KernelError(node.identity, node.op_class,
+                              f"{self._codes.get(int(inst.err[0]), 'a failure')} (in a bound "
+                              f"program's record {bad - 1})")
 
 
 @dataclass(frozen=True)
