@@ -80,7 +80,7 @@ class Generator:
         self._placeholders: dict[int, dict[str, Any]] = {}
         self._real = np.zeros(self.batch, dtype=np.int64)  # real (unmasked) tokens cached
         self._eos = np.asarray(model.eos_token_ids or [], dtype=np.int64)
-        self._decode: Any = None  # the fixed-shape decode step, bound on first use
+        self._decode: dict[int, Any] = {}  # the fixed-shape decode steps, by width
         self._step_ids = np.zeros((self.batch, 1), dtype=np.int64)
         self._step_pos = np.zeros((self.batch, 1), dtype=np.int64)
         self._step_past = np.zeros((), dtype=np.int64)
@@ -88,6 +88,7 @@ class Generator:
         #: attention op with a shared buffer reads the lengths from the mask's sums)
         shared = any(e.mode == "shared" for e in layout.entries)
         self._fixed = bool(layout.attention_mask and (layout.position_ids or shared))
+        self._shared = shared  # the attention op's own buffer: it reads the lengths
 
     # -- tokens in -------------------------------------------------------------------
 
@@ -164,23 +165,27 @@ class Generator:
         return feeds
 
     def _decode_step(self, p: int) -> Any:
-        """One new token at position p, at a fixed shape: the past fed at capacity - 1
-        and the mask at capacity (the positions not filled yet masked out), read from
-        arrays this generator writes in place, so the step's plan is bound once and
-        replayed."""
-        if self._decode is None:
+        """One new token at position p, at a fixed shape: the mask at a width w (the
+        positions not filled yet masked out) and the past at w - 1, read from arrays
+        this generator writes in place, so the step's plan is bound once per width and
+        replayed. A shared buffer is read at capacity; a concatenated cache at the
+        bucket holding p + 1 (`decode_width`), so a step's work follows the context,
+        not max_length."""
+        width = self.capacity if self._shared else decode_width(p + 1, self.capacity)
+        step = self._decode.get(width)
+        if step is None:
             layout = self.model.layout
             feeds: dict[str, Any] = {layout.input_ids: self._step_ids, PAST_LENGTH: self._step_past}
             if layout.attention_mask:
-                feeds[layout.attention_mask] = self._mask
+                feeds[layout.attention_mask] = self._mask[:, :width]
             if layout.position_ids:
                 feeds[layout.position_ids] = self._step_pos
-            feeds.update(self._cache_feeds(self.capacity - 1))
-            self._decode = self._runner.fixed(feeds)
+            feeds.update(self._cache_feeds(width - 1))
+            step = self._decode[width] = self._runner.fixed(feeds)
         self._step_ids[:, 0] = self._ids[:, p]
         self._step_pos[:, 0] = self._real  # each row's real tokens before this one
         self._step_past[()] = p
-        return self._decode()
+        return step()
 
     def _cache_feeds(self, n: int) -> dict[str, Any]:
         """The buffers and the past placeholders at length ``n`` (made once per length:
@@ -283,6 +288,7 @@ class Generator:
             self._closed = True
             self._caches = {}
             self._placeholders = {}
+            self._decode = {}
             self.model.release(self._reservation)
 
     def __enter__(self) -> "Generator":
@@ -296,6 +302,18 @@ class Generator:
             self.close()
         except Exception:
             pass
+
+
+#: the narrowest decode width, and how many widths each doubling of the context has
+MIN_WIDTH, WIDTHS_PER_DOUBLING = 64, 4
+
+
+def decode_width(n: int, capacity: int) -> int:
+    """The width a decode step of ``n`` positions runs at: n rounded up to a multiple of
+    MIN_WIDTH, or of a quarter of n's power of two above that (at most a quarter more
+    work than n, and few widths, each bound once), at most ``capacity``."""
+    step = max(MIN_WIDTH, 1 << max(n.bit_length() - 1 - (WIDTHS_PER_DOUBLING.bit_length() - 1), 0))
+    return min(capacity, -(-n // step) * step)
 
 
 def _leading(rows: np.ndarray, pad: int) -> np.ndarray:

@@ -26,7 +26,9 @@ class StepRunner:
         handed to any provider as they are (zero-stride placeholders read for shapes);
         ``output``: the one output a step returns, where it was made."""
         # each plan bound to the input shapes that repeat (a fixed-shape decode step)
-        self.segments = [(s.provider, s.plan, ShapeBoundPlans(s.plan)) for s in executor.segments]
+        # (a decode step binds once per width: generator.decode_width's few dozen at most)
+        self.segments = [(s.provider, s.plan, ShapeBoundPlans(s.plan, max_bound=64))
+                         for s in executor.segments]
         self.output = output
         self.threads = threads
         self._resident = dict(resident)

@@ -96,26 +96,21 @@ static void attend_task(void *arg, int i0, int i1)
             int64_t lo = window > 0 ? at - window + 1 : 0, hi = at < total - 1 ? at : total - 1;
             if (lo < 0)
                 lo = 0;
-            float m = -INFINITY;
+            const int n = (int)(hi - lo + 1);
             for (int64_t j = lo; j <= hi; j++) {
                 float sc = dot(q, K + j * H, H) * alpha;
                 if (softcap > 0.0f)
                     sc = tanhf(sc / softcap) * softcap;
                 scores[j - lo] = sc;
-                m = sc > m || sc != sc ? sc : m;
             }
-            float sum = 0.0f;
-            for (int64_t j = lo; j <= hi; j++) {
-                float e = expf(scores[j - lo] - m);
-                scores[j - lo] = e;
-                sum += e;
-            }
-            for (int64_t d = 0; d < H; d++)
-                acc[d] = 0.0f;
-            for (int64_t j = lo; j <= hi; j++) {
-                const float w = scores[j - lo] / sum, *v = V + j * H;
-                for (int64_t d = 0; d < H; d++)
-                    acc[d] += w * v[d];
+            softmax_row(scores, n);
+            for (int64_t d = 0; d < H; d += VW) { /* the weighted values, a vector of dims at a time */
+                lanes_t l = first_lanes((int)(H - d));
+                vf sum = vzero();
+                const float *v = V + lo * H + d;
+                for (int j = 0; j < n; j++, v += H)
+                    sum = vfma(vset1(scores[j]), vload_lanes(l, v), sum);
+                vstore_lanes(acc + d, l, sum);
             }
             float *y = a->out + ((b * S + i) * N + h) * H;
             memcpy(y, acc, (size_t)H * sizeof(float));

@@ -68,6 +68,9 @@ typedef struct {
 void tile_rows(int mr, int K, const float *a, long ars, long aks, const float *b, long bks,
                const tile_out *o, long ldc, const store_t *s, int compress);
 
+/* softmax.c: softmax of one row of n floats, in place (NaN rows as numpy makes them) */
+void softmax_row(float *x, int n);
+
 /* fn(args, i0, i1) over [0, n) in `parts` parts, the first on the calling thread and the
  * others on the workers (workers.c); returns when all are done */
 typedef void (*task_fn)(void *args, int i0, int i1);
