@@ -224,8 +224,37 @@ class ProgramBuilder:
         dims, merged = coalesce(shape, strides)
         if not dims:
             dims, merged = (1,), [(1,) for _ in strides]
+        if op == "OP_COPY" and len(dims) >= 2 and merged[1][-1] != 1 and 1 in merged[1][:-1]:
+            self._transpose_copy(out, ins[0], dims, merged)
+            return
         self.emit(op, code=code, dims=dims, tensors=[out, *ins], strides=merged,
                   parts=self.parts(math.prod(dims[:-1]), out.size))
+
+    TILE = 16
+
+    def _transpose_copy(self, out: Place, x: Place, dims, strides) -> None:
+        """A copy whose source is contiguous along another dim than the output (a
+        transpose made dense): in tiles of TILE along the source's unit-stride dim k, the
+        innermost loop reading TILE consecutive values, the next writing consecutive
+        ones, so both stay in cache lines already loaded."""
+        k = list(strides[1][:-1]).index(1)
+        n, tile = dims[k], self.TILE
+        main = n - n % tile
+        so, si = strides
+        for lo, hi in ((0, main), (main, n)):
+            if hi <= lo:
+                continue
+            t = tile if hi - lo >= tile else hi - lo
+            outer = (hi - lo) // t
+            d = list(dims[:k]) + [outer] + list(dims[k + 1:]) + [t]
+            st_o = list(so[:k]) + [so[k] * t] + list(so[k + 1:]) + [so[k]]
+            st_i = list(si[:k]) + [si[k] * t] + list(si[k + 1:]) + [si[k]]
+            o = Place(out.buf, out.off + lo * so[k] * out.itemsize, (), (), out.dtype)
+            i = Place(x.buf, x.off + lo * si[k] * x.itemsize, (), (), x.dtype)
+            if len(d) > self.codes["HE_ND"]:
+                raise NotLowered("a transposing copy over too many dims")
+            self.emit("OP_COPY", dims=d, tensors=[o, i], strides=[st_o, st_i],
+                      parts=self.parts(math.prod(d[:-1]), out.size))
 
     @staticmethod
     def parts(rows: int, flops: float) -> int:

@@ -126,3 +126,21 @@ def range_(b, st, ins, outs):
             raise NotLowered("Range of mixed types")
     b.emit("OP_RANGE", dims=[out.size], tensors=[out, start, delta])
     return [out]
+
+
+@lowers("GatherND")
+def gather_nd(b, st, ins, outs):
+    """Indices the same on every run (an export's mask arithmetic): their rows into the
+    data, found once, then a Gather of those rows at each run."""
+    from hetero_exec.kernels.gather import _nd_rows
+
+    data = b.readable(ins[0])
+    indices = b.static(st.inputs[1])
+    shape_only = np.empty(data.shape, np.uint8)  # (_nd_rows reads the data's shape only)
+    rows, table = _nd_rows(np, shape_only, indices, int(st.kwargs.get("batch_dims", 0)))
+    data = b.contiguous(data).reshape(tuple(table.shape))
+    out = b.like(outs[0])
+    inner = int(np.prod(table.shape[1:], dtype=np.int64)) * data.itemsize
+    idx = b.const(np.ascontiguousarray(rows, dtype=np.int64))
+    b.emit("OP_GATHER", tensors=[out, data, idx], p=[1, table.shape[0], rows.size, inner])
+    return [out]

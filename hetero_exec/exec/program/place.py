@@ -71,13 +71,18 @@ class Place:
     # -- views ---------------------------------------------------------------------
 
     def reshape(self, shape: tuple[int, ...]) -> Place | None:
-        """A view of the new shape, or None when this place is not contiguous."""
+        """A view of the new shape, or None when no strides give it (numpy's rule: each
+        group of dims merged or split must step through memory as one dim)."""
+        shape = tuple(int(d) for d in shape)
         if math.prod(shape) != self.size:
             raise NotLowered(f"reshape of {self.shape} to {shape}")
-        if not self.contiguous:
+        if self.contiguous:
+            return Place(self.buf, self.off, shape, contiguous_strides(shape), self.dtype,
+                         self.shape_only)
+        strides = _nocopy_strides(self.shape, self.strides, shape)
+        if strides is None:
             return None
-        return Place(self.buf, self.off, tuple(shape), contiguous_strides(tuple(shape)),
-                     self.dtype, self.shape_only)
+        return Place(self.buf, self.off, shape, strides, self.dtype, self.shape_only)
 
     def transpose(self, perm: tuple[int, ...]) -> Place:
         return Place(self.buf, self.off, tuple(self.shape[p] for p in perm),
@@ -113,6 +118,40 @@ class Place:
     def with_dtype(self, dtype: np.dtype) -> Place:
         return Place(self.buf, self.off, self.shape, self.strides, np.dtype(dtype),
                      self.shape_only)
+
+
+def _nocopy_strides(old: tuple[int, ...], old_st: tuple[int, ...],
+                    new: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Strides viewing (old, old_st) as ``new`` without a copy, or None (numpy's
+    _attempt_nocopy_reshape, size-1 dims dropped first)."""
+    dims = [(d, s) for d, s in zip(old, old_st) if d != 1]
+    od = [d for d, _ in dims]
+    os_ = [s for _, s in dims]
+    nd = [d for d in new if d != 1]
+    out: list[int] = []
+    oi = ni = 0
+    while oi < len(od) and ni < len(nd):
+        op, np_ = od[oi], nd[ni]
+        oj, nj = oi + 1, ni + 1
+        while op != np_:
+            if np_ < op:
+                np_ *= nd[nj]
+                nj += 1
+            else:
+                op *= od[oj]
+                oj += 1
+        for k in range(oi, oj - 1):  # the old dims of a group must be one stride run
+            if os_[k] != os_[k + 1] * od[k + 1]:
+                return None
+        st = os_[oj - 1]
+        group = []
+        for k in range(nj - 1, ni - 1, -1):
+            group.append(st)
+            st *= nd[k]
+        out.extend(reversed(group))
+        oi, ni = oj, nj
+    it = iter(out)
+    return tuple(0 if d == 1 else next(it) for d in new)
 
 
 def coalesce(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:

@@ -84,6 +84,46 @@ static void nd_run(const he_op *o, void *const *bufs, int nt, row_fn fn)
         nd_rows(&a, 0, (int)rows);
 }
 
+/* a copy whose last two dims are a transposed block (the source contiguous along the
+ * inner one, the destination along the other): a tight double loop per block, not a
+ * call per short row */
+#define BLOCK_COPY(T)                                                                    \
+    for (int64_t i = 0; i < n1; i++)                                                     \
+        for (int64_t j = 0; j < n0; j++)                                                 \
+            ((T *)dst)[i * d1 + j * d0] = ((const T *)src)[i * s1 + j * s0];
+
+static void block_copy(const he_op *o, void *const *bufs)
+{
+    const int nd = o->ndim, es = dtype_size(o->t[0].dtype);
+    const int64_t n1 = o->dims[nd - 2], n0 = o->dims[nd - 1];
+    const int64_t d1 = o->t[0].st[nd - 2], d0 = o->t[0].st[nd - 1];
+    const int64_t s1 = o->t[1].st[nd - 2], s0 = o->t[1].st[nd - 1];
+    int64_t blocks = 1, idx[HE_ND] = {0};
+    for (int d = 0; d < nd - 2; d++)
+        blocks *= o->dims[d];
+    char *base_d = ptr_of(bufs, &o->t[0]);
+    const char *base_s = ptr_of(bufs, &o->t[1]);
+    for (int64_t b = 0; b < blocks; b++) {
+        char *dst = base_d;
+        const char *src = base_s;
+        for (int d = 0; d < nd - 2; d++) {
+            dst += idx[d] * o->t[0].st[d] * es;
+            src += idx[d] * o->t[1].st[d] * es;
+        }
+        switch (es) {
+        case 1: BLOCK_COPY(uint8_t) break;
+        case 2: BLOCK_COPY(uint16_t) break;
+        case 4: BLOCK_COPY(uint32_t) break;
+        default: BLOCK_COPY(uint64_t) break;
+        }
+        for (int d = nd - 3; d >= 0; d--) {
+            if (++idx[d] < o->dims[d])
+                break;
+            idx[d] = 0;
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ copy, where */
 
 #define STRIDED_COPY(T)                                                                  \
@@ -570,7 +610,13 @@ static int argmax_run(const he_op *o, void *const *bufs)
 static int run_one(const he_op *o, void *const *bufs)
 {
     switch (o->op) {
-    case OP_COPY: nd_run(o, bufs, 2, copy_row); return E_NONE;
+    case OP_COPY:
+        if (o->ndim >= 2 && o->t[1].st[o->ndim - 1] == 1 && o->t[0].st[o->ndim - 2] == 1
+            && o->t[0].st[o->ndim - 1] != 1)
+            block_copy(o, bufs);
+        else
+            nd_run(o, bufs, 2, copy_row);
+        return E_NONE;
     case OP_CAST: nd_run(o, bufs, 2, cast_row); return E_NONE;
     case OP_UNARY: nd_run(o, bufs, 2, unary_row); return E_NONE;
     case OP_BINARY: nd_run(o, bufs, 3, binary_row); return E_NONE;

@@ -261,3 +261,14 @@ def test_large_unary_values_take_vector_loops_or_stay_numpy(op):
     for _ in range(3):
         assert_outputs(sess.run(None, x), want, rtol=1e-5, atol=1e-6)
     assert [o for o in python_steps(sess) if o != "Mul"] == python
+
+
+@pytest.mark.parametrize("batch_dims", [0, 1])
+def test_gather_nd_with_constant_indices(batch_dims):
+    idx = np.array([[[1, 0], [0, 2]], [[1, 1], [0, 0]]], np.int64) if not batch_dims \
+        else np.array([[[1], [0]], [[2], [2]]], np.int64)
+    nodes = [helper.make_node("GatherND", ["x", "i"], ["g"], batch_dims=batch_dims),
+             helper.make_node("Neg", ["g"], ["y"])]
+    out = [2, 2, 4] if not batch_dims else [2, 2, 4]
+    m = model(nodes, [vi("x", F, [2, 3, 4])], [vi("y", F, out)], [init("i", idx)])
+    check(m, {"x": rand(2, 3, 4)})
