@@ -27,7 +27,7 @@ from setuptools.command.build_ext import build_ext
 HERE = Path(__file__).parent
 NATIVE = Path("hetero_exec") / "kernels" / "native"
 SOURCES = ["gemm.c", "conv.c", "depthwise.c", "depthwise_cl.c", "softmax.c", "norm.c",
-           "act.c", "blas.c", "workers.c", "half.c", "abi.c"]
+           "act.c", "blas.c", "workers.c", "half.c", "program.c", "gqa.c", "abi.c"]
 COMMON = ["-O3", "-std=gnu11", "-fno-strict-aliasing", "-fno-math-errno", "-pthread",
           "-fvisibility=hidden", "-Wall", "-Wno-unknown-pragmas"]
 
@@ -96,7 +96,7 @@ def extensions() -> list[Extension]:
         return []
     return [Extension(f"hetero_exec.kernels.native._kernels_{name}",
                       sources=[str(NATIVE / s) for s in SOURCES],
-                      depends=[str(NATIVE / h) for h in ("kernels.h", "simd.h")],
+                      depends=[str(NATIVE / h) for h in ("kernels.h", "simd.h", "program.h")],
                       include_dirs=[str(NATIVE)],
                       extra_compile_args=COMMON + flags, extra_link_args=["-pthread"])
             for name, flags in variants().items()]

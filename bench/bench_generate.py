@@ -102,7 +102,7 @@ def ortgenai_model(folder: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", nargs="+", default=["llama_optimum", "llama_dynamo",
+    ap.add_argument("--models", nargs="+", default=["llama_genai", "llama_optimum", "llama_dynamo",
                                                       "gpt2_optimum", "gpt2_dynamo"])
     ap.add_argument("--batch", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--prompt", nargs="+", type=int, default=[32, 512])
@@ -114,18 +114,20 @@ def main() -> None:
     print(f"{'model':14} {'B':>2} {'P':>4} {'ours':>14} {'ort loop':>14} {'ort-genai':>14}"
           f" {'/ort':>6} {'/genai':>7}   (prefill ms / decode ms per token, medians)")
     for name in args.models:
-        path = os.path.join(MODELS, f"{name}.onnx")
+        folder = name.endswith("_genai")  # the builder's folder: ours against onnxruntime-genai
+        path = os.path.join(MODELS, name if folder else f"{name}.onnx")
         ours = hg.Model(path)
         mixed = hg.Model(path, providers=[("sim-gpu", {"exclude_ops": ["Softmax"]}), "cpu"],
                          hetero=True) if args.mixed else None
-        sess, layout = ort_session(path), discover(onnx.load(path))
+        sess, layout = (None, None) if folder else (ort_session(path), discover(onnx.load(path)))
         for batch in args.batch:
             for plen in args.prompt:
                 rows = prompt_rows(batch, plen)
                 res: dict[str, list] = {"ours": [], "ort": [], "genai": [], "mixed": []}
                 for _ in range(args.rounds):  # interleaved
                     res["ours"].append(time_generator(hg, ours, rows, args.new))
-                    res["ort"].append(time_ort_loop(sess, layout, rows, args.new))
+                    if sess is not None:
+                        res["ort"].append(time_ort_loop(sess, layout, rows, args.new))
                     if name.startswith("llama") and genai is not None:
                         res["genai"].append(time_generator(genai[0], genai[1],
                                                            rows.astype(np.int32), args.new))
@@ -137,12 +139,13 @@ def main() -> None:
                 def cell(k: str) -> str:
                     return f"{med[k][0]:6.2f}/{med[k][1]:6.3f}" if k in med else f"{'-':>13}"
 
-                r_ort = med["ours"][1] / med["ort"][1]
+                r_ort = f"{med['ours'][1] / med['ort'][1]:5.2f}x" if "ort" in med else "    -"
                 r_genai = f"{med['ours'][1] / med['genai'][1]:6.2f}x" if "genai" in med else "      -"
                 line = (f"{name:14} {batch:2d} {plen:4d} {cell('ours'):>14} {cell('ort'):>14} "
-                        f"{cell('genai'):>14} {r_ort:5.2f}x {r_genai}")
+                        f"{cell('genai'):>14} {r_ort} {r_genai}")
                 if "mixed" in med:
-                    line += f"   mixed {cell('mixed')} ({med['mixed'][1] / med['ort'][1]:.2f}x)"
+                    ratio = f" ({med['mixed'][1] / med['ort'][1]:.2f}x)" if "ort" in med else ""
+                    line += f"   mixed {cell('mixed')}{ratio}"
                 print(line, flush=True)
 
 

@@ -9,7 +9,8 @@ counterpart of a captured device graph (a decode step at fixed capacity replays)
 
 Which slots are shape-only is found by a data-flow pass over the steps:
 
-* a graph input has a known shape (the signature) and an unknown value;
+* a graph input has a known shape (the signature) and an unknown value, unless it was
+  not fed (an initializer that is also an input, left at its value: a constant);
 * ``Shape``/``Size`` of a value whose shape is known is known;
 * any other step's outputs are known when all its inputs are; their shapes are known
   when the inputs' shapes are and the inputs that set the output shape (the kernel's
@@ -21,15 +22,21 @@ Which slots are shape-only is found by a data-flow pass over the steps:
 from __future__ import annotations
 
 import logging
+import os
 import threading
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from hetero_exec.exec.executor import run_steps
+import numpy as np
+
+from hetero_exec.exec.executor import execute, run_steps
 from hetero_exec.exec.plan import NONDETERMINISTIC, NONE_SLOT, TRASH_SLOT, RunPlan
 from hetero_exec.kernels.registry import lookup
 
 log = logging.getLogger(__name__)
+
+#: "0" (or false/off): bound plans keep their steps in Python, no program (A/B runs)
+PROGRAM_ENV = "HETERO_EXEC_PROGRAM"
 
 #: ops whose output shape depends on input values beyond their declared host inputs
 DATA_SHAPED = frozenset({"NonZero", "Unique", "Compress", "NonMaxSuppression", "If", "Loop",
@@ -43,11 +50,22 @@ SHAPE_SET_BY = {"KVAppend": (), "KVPrefix": ()}
 _ANY_OPSET = 10**6
 
 
-def shape_only_steps(plan: RunPlan) -> tuple[list[int], set[int]]:
-    """(indices of the steps computable from input shapes alone, the slots they write)."""
-    inputs = {s for _, s in plan.input_slots} | {inner for _, inner in plan.captures}
-    known_value = {NONE_SLOT} | {s for s, v in enumerate(plan.template)
-                                 if v is not None and s not in inputs}
+@dataclass(frozen=True)
+class ShapeAnalysis:
+    """What an input-shape signature fixes in a plan."""
+    static_steps: list[int]  # the steps computable from input shapes alone
+    static_slots: set[int]  # the slots they write
+    known_value: set[int]  # slots whose values are the same on every run
+    known_shape: set[int]  # slots whose shapes are
+
+
+def analyse(plan: RunPlan, unfed: frozenset[int] = frozenset()) -> ShapeAnalysis:
+    """The shape-only steps of ``plan`` when the input slots ``unfed`` keep their
+    template values."""
+    inputs = ({s for _, s in plan.input_slots} - unfed) | {inner for _, inner in plan.captures}
+    constants = {NONE_SLOT} | {s for s, v in enumerate(plan.template)
+                               if v is not None and s not in inputs}
+    known_value = set(constants)
     known_shape = set(known_value) | inputs
     static_steps: list[int] = []
     for idx, st in enumerate(plan.steps):
@@ -76,47 +94,72 @@ def shape_only_steps(plan: RunPlan) -> tuple[list[int], set[int]]:
     outputs = set(plan.output_slots)
     static_steps = [i for i in static_steps if not outputs & set(plan.steps[i].outputs)]
     written = {s for i in static_steps for s in plan.steps[i].outputs} - {TRASH_SLOT}
-    return static_steps, written
+    # (a slot a remaining step writes is computed on every run, whatever its value)
+    return ShapeAnalysis(static_steps, written, constants | written, known_shape)
+
+
+def shape_only_steps(plan: RunPlan) -> tuple[list[int], set[int]]:
+    """(indices of the steps computable from input shapes alone, the slots they write)."""
+    a = analyse(plan)
+    return a.static_steps, a.static_slots
 
 
 class ShapeBoundPlans:
     """A plan's bound variants, one per input-shape signature seen twice (a signature
     seen once is not worth binding: a growing context never repeats)."""
 
-    def __init__(self, plan: RunPlan, max_bound: int = 16):
+    def __init__(self, plan: RunPlan, max_bound: int = 16, program: bool | None = None):
         self.plan = plan
         self.static_steps, self.static_slots = shape_only_steps(plan)
         self.max_bound = max_bound
+        self.program = _programs_on() if program is None else program
+        self._analyses: dict[frozenset[int], ShapeAnalysis] = {}
         self._bound: dict[tuple, RunPlan] = {}
         self._seen: set[tuple] = set()
         self._lock = threading.Lock()
 
     @property
     def worth_it(self) -> bool:
-        return bool(self.static_steps)
+        return bool(self.static_steps) or self.program
+
+    def _signature(self, inputs: Sequence[Any]) -> tuple | None:
+        try:
+            return tuple(None if v is None else (v.shape, v.dtype) for v in inputs)
+        except AttributeError:  # a sequence or map input: its shapes are not a signature
+            return None
 
     def plan_for(self, inputs: Sequence[Any]) -> RunPlan:
-        """The plan to run ``inputs`` with: a bound one when their shapes repeat."""
-        if not self.static_steps:
+        """The plan bound to these inputs' shapes when there is one, else the plan."""
+        if not self.worth_it:
             return self.plan
-        try:
-            sig = tuple(None if v is None else (v.shape, v.dtype) for v in inputs)
-        except AttributeError:  # a sequence or map input: its shapes are not a signature
-            return self.plan
+        sig = self._signature(inputs)
+        return self._bound.get(sig, self.plan) if sig is not None else self.plan
+
+    def run(self, inputs: Sequence[Any]) -> list[Any]:
+        """Run ``inputs`` on the plan bound to their shapes; the second run of a
+        signature binds it (that run's own values are what the binding keeps)."""
+        if not self.worth_it:
+            return execute(self.plan, inputs)
+        sig = self._signature(inputs)
+        if sig is None:
+            return execute(self.plan, inputs)
         bound = self._bound.get(sig)
         if bound is not None:
-            return bound
+            return execute(bound, inputs)
         with self._lock:
-            if sig not in self._seen or len(self._bound) >= self.max_bound:
-                self._seen.add(sig)
-                return self.plan
-        bound = self._bind(inputs)
+            later = sig in self._seen and len(self._bound) < self.max_bound
+            self._seen.add(sig)
+        if not later:
+            return execute(self.plan, inputs)
+        outs, bound = self._bind(inputs)
         with self._lock:
-            return self._bound.setdefault(sig, bound)
+            self._bound.setdefault(sig, bound)
+        return outs
 
-    def _bind(self, inputs: Sequence[Any]) -> RunPlan:
-        """Run the plan once on ``inputs``, nothing released (a Shape may read a value a
-        data step made), and keep what the shape-only steps made."""
+    def _bind(self, inputs: Sequence[Any]) -> tuple[list[Any], RunPlan]:
+        """Run the plan on ``inputs``, nothing released (a Shape may read a value a data
+        step made), and keep what the shape-only steps made: (the run's outputs, the
+        plan bound to these shapes)."""
         plan = self.plan
         vals = plan.template.copy()
         for (_, s), v in zip(plan.input_slots, inputs):
@@ -124,11 +167,34 @@ class ShapeBoundPlans:
                 vals[s] = v
         whole = [replace(st, release=()) for st in plan.steps]
         run_steps(replace(plan, steps=whole, fast_steps=[]), vals)
+        outs = [vals[s] for s in plan.output_slots]
+        unfed = frozenset(s for (_, s), v in zip(plan.input_slots, inputs)
+                          if v is None and plan.template[s] is not None)
+        a = self._analyses.get(unfed)
+        if a is None:
+            a = self._analyses[unfed] = analyse(plan, unfed)
         template = plan.template.copy()
-        for s in self.static_slots:
+        for s in a.static_slots:
             template[s] = vals[s]
-        keep = set(range(len(plan.steps))) - set(self.static_steps)
+        keep = set(range(len(plan.steps))) - set(a.static_steps)
         steps = [st for i, st in enumerate(plan.steps) if i in keep]
         log.debug("bound a plan of %d steps to %d for one input-shape signature",
                   len(plan.steps), len(steps))
-        return replace(plan, steps=steps, template=template, fast_steps=[])
+        bound = replace(plan, steps=steps, template=template, fast_steps=[])
+        if self.program and plan.xp is np:
+            from hetero_exec.exec.program.lower import lower_plan
+
+            lowered = lower_plan(bound, vals, a.known_value, a.known_shape)
+            if lowered is not None:
+                bound = lowered
+        return outs, bound
+
+
+def _programs_on() -> bool:
+    """Bound plans run as programs where the C library is loaded (HETERO_EXEC_PROGRAM=0:
+    never)."""
+    if os.environ.get(PROGRAM_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+        return False
+    from hetero_exec.kernels.native import library
+
+    return library.available()

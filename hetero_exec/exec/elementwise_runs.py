@@ -47,6 +47,7 @@ BINARY: dict[str, str] = {"Add": "add", "Sub": "subtract", "Mul": "multiply", "D
                           "Max": "maximum", "Min": "minimum"}
 #: how a step of a run applies: unary, unary with a constant, binary with the running
 #: value first or second, Sigmoid
+UNARY_STEP, UNARY_ARG_STEP, VALUE_FIRST, VALUE_SECOND, SIGMOID_STEP = range(5)
 _UNARY, _UNARY_ARG, _VALUE_FIRST, _VALUE_SECOND, _SIGMOID = range(5)
 _MIN_RUN = 2
 
@@ -196,6 +197,10 @@ def _run_fn(node0: Node, binary_first: bool, steps: tuple, nodes: tuple, xp: Any
         return (t,)
 
     elementwise_run.__name__ = "+".join(n.op_type for n in nodes)
+    # what the run computes, for a bound program to lower (exec/program): the first op,
+    # then each later op with how the running value enters it
+    elementwise_run.merged = (op0, tuple((n.op_type, kind) for n, (kind, _f, _a)
+                                         in zip(nodes[1:], steps)))
     return elementwise_run
 
 

@@ -98,9 +98,8 @@ class LocalExecutor:
         if on_device or self._single is not None:
             seg = self.segments[0]
             args = [ordered[i] if i is not None else None for i in self._feed_pos]
-            plan = seg.bound.plan_for(args) if seg.bound is not None else seg.plan
-            outs = execute(plan, args)
-            by_name = dict(zip(plan.output_names, outs))
+            outs = seg.bound.run(args) if seg.bound is not None else execute(seg.plan, args)
+            by_name = dict(zip(seg.plan.output_names, outs))
             return [by_name[n] for n in names]
         return self._run_segments(names, dict(zip(self.graph.inputs, ordered)))
 
@@ -119,8 +118,7 @@ class LocalExecutor:
             if self.trace is not None:
                 outs = self._traced(seg, args, t0)
             else:
-                plan = seg.bound.plan_for(args) if seg.bound is not None else seg.plan
-                outs = execute(plan, args)
+                outs = seg.bound.run(args) if seg.bound is not None else execute(seg.plan, args)
             seg.record(time.perf_counter() - t0)
             for name, v in zip(seg.plan.output_names, outs):
                 env[name] = v

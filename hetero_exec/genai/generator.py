@@ -78,10 +78,17 @@ class Generator:
         self._filled = 0  # positions in the cache
         self._logits: Any = None  # the last step's last-position logits, on its provider
         self._placeholders: dict[int, dict[str, Any]] = {}
+        self._real = np.zeros(self.batch, dtype=np.int64)  # real (unmasked) tokens cached
+        self._eos = np.asarray(model.eos_token_ids or [], dtype=np.int64)
+        self._decode: dict[int, Any] = {}  # the fixed-shape decode steps, by width
+        self._step_ids = np.zeros((self.batch, 1), dtype=np.int64)
+        self._step_pos = np.zeros((self.batch, 1), dtype=np.int64)
+        self._step_past = np.zeros((), dtype=np.int64)
         #: decode steps at a fixed shape need the positions and the mask as inputs (an
         #: attention op with a shared buffer reads the lengths from the mask's sums)
         shared = any(e.mode == "shared" for e in layout.entries)
         self._fixed = bool(layout.attention_mask and (layout.position_ids or shared))
+        self._shared = shared  # the attention op's own buffer: it reads the lengths
 
     # -- tokens in -------------------------------------------------------------------
 
@@ -137,24 +144,48 @@ class Generator:
     def _compute(self) -> None:
         """Run the tokens not yet in the cache; keep the last position's logits."""
         p, t = self._filled, self._length
+        if self._fixed and t - p == 1 and p > 0:
+            logits = self._decode_step(p)
+        else:
+            logits = self._runner.run(self._feeds(p, t))
+        self._logits = logits[:, -1, :] if logits.ndim == 3 else logits
+        self._real += self._mask[:, p:t].sum(axis=1)
+        self._filled = t
+
+    def _feeds(self, p: int, t: int) -> dict[str, Any]:
+        """The feeds of positions [p, t) at their exact shapes (a prompt, a rewind)."""
         layout = self.model.layout
-        # one new token: the fixed-shape step (past fed at capacity - 1, the positions
-        # not yet filled masked out), whose shape arithmetic is bound once and replayed
-        fixed = self._fixed and t - p == 1 and p > 0
-        n = self.capacity - 1 if fixed else p
         feeds: dict[str, Any] = {layout.input_ids: self._ids[:, p:t], PAST_LENGTH: np.array(p)}
         if layout.attention_mask:
-            feeds[layout.attention_mask] = self._mask[:, :n + t - p]
-        if layout.position_ids:
-            if t - p == 1 and p > 0:  # each row's real tokens before this one
-                feeds[layout.position_ids] = self._mask[:, :p].sum(axis=1, keepdims=True)
-            else:  # HF's rule: cumsum(mask) - 1, padded positions 1
-                pos = np.cumsum(self._mask[:, :t], axis=1) - 1
-                feeds[layout.position_ids] = np.where(self._mask[:, p:t] == 0, 1, pos[:, p:t])
-        feeds.update(self._cache_feeds(n))
-        logits = self._runner.run(feeds)
-        self._logits = logits[:, -1, :] if logits.ndim == 3 else logits
-        self._filled = t
+            feeds[layout.attention_mask] = self._mask[:, :t]
+        if layout.position_ids:  # HF's rule: cumsum(mask) - 1, padded positions 1
+            pos = np.cumsum(self._mask[:, :t], axis=1) - 1
+            feeds[layout.position_ids] = np.where(self._mask[:, p:t] == 0, 1, pos[:, p:t])
+        feeds.update(self._cache_feeds(p))
+        return feeds
+
+    def _decode_step(self, p: int) -> Any:
+        """One new token at position p, at a fixed shape: the mask at a width w (the
+        positions not filled yet masked out) and the past at w - 1, read from arrays
+        this generator writes in place, so the step's plan is bound once per width and
+        replayed. A shared buffer is read at capacity; a concatenated cache at the
+        bucket holding p + 1 (`decode_width`), so a step's work follows the context,
+        not max_length."""
+        width = self.capacity if self._shared else decode_width(p + 1, self.capacity)
+        step = self._decode.get(width)
+        if step is None:
+            layout = self.model.layout
+            feeds: dict[str, Any] = {layout.input_ids: self._step_ids, PAST_LENGTH: self._step_past}
+            if layout.attention_mask:
+                feeds[layout.attention_mask] = self._mask[:, :width]
+            if layout.position_ids:
+                feeds[layout.position_ids] = self._step_pos
+            feeds.update(self._cache_feeds(width - 1))
+            step = self._decode[width] = self._runner.fixed(feeds)
+        self._step_ids[:, 0] = self._ids[:, p]
+        self._step_pos[:, 0] = self._real  # each row's real tokens before this one
+        self._step_past[()] = p
+        return step()
 
     def _cache_feeds(self, n: int) -> dict[str, Any]:
         """The buffers and the past placeholders at length ``n`` (made once per length:
@@ -187,13 +218,15 @@ class Generator:
         chosen = self._sampler.choose(self._logits, self._banned(),
                                       self._ids[:, :self._length])
         running = self._end < 0
-        chosen = np.where(running, chosen, self._pad)
+        if not running.all():
+            chosen[~running] = self._pad
         at = self._length
         self._ids[:, at] = chosen
         self._mask[:, at] = 1
         self._length += 1
-        ended = running & np.isin(chosen, self.model.eos_token_ids)
-        self._end[ended] = at + 1
+        if self._eos.size:
+            ended = running & (chosen[:, None] == self._eos).any(axis=1)
+            self._end[ended] = at + 1
 
     def _banned(self) -> list[tuple[int, np.ndarray]] | None:
         """eos is not chosen before ``min_length`` (each row's own length)."""
@@ -237,6 +270,7 @@ class Generator:
         self._mask[:, new_length:self._length] = 0
         self._length = new_length
         self._filled = min(self._filled, max(new_length - 1, 0))
+        self._real = self._mask[:, :self._filled].sum(axis=1)
         self._end = np.where(self._end > new_length, -1, self._end)
         self._logits = None
         if new_length == 0:
@@ -254,6 +288,7 @@ class Generator:
             self._closed = True
             self._caches = {}
             self._placeholders = {}
+            self._decode = {}
             self.model.release(self._reservation)
 
     def __enter__(self) -> "Generator":
@@ -267,6 +302,18 @@ class Generator:
             self.close()
         except Exception:
             pass
+
+
+#: the narrowest decode width, and how many widths each doubling of the context has
+MIN_WIDTH, WIDTHS_PER_DOUBLING = 64, 4
+
+
+def decode_width(n: int, capacity: int) -> int:
+    """The width a decode step of ``n`` positions runs at: n rounded up to a multiple of
+    MIN_WIDTH, or of a quarter of n's power of two above that (at most a quarter more
+    work than n, and few widths, each bound once), at most ``capacity``."""
+    step = max(MIN_WIDTH, 1 << max(n.bit_length() - 1 - (WIDTHS_PER_DOUBLING.bit_length() - 1), 0))
+    return min(capacity, -(-n // step) * step)
 
 
 def _leading(rows: np.ndarray, pad: int) -> np.ndarray:

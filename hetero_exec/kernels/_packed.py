@@ -103,6 +103,7 @@ def matmul_hook(kernel: Callable[[], Callable]) -> Callable:
             Y = packed_product(pw, A) if pw.takes(A, B) else None
             return generic(xp, A, B) if Y is None else (Y,)
 
+        MatMul_packed.packed_weight = pw
         return MatMul_packed
 
     return hook
@@ -124,6 +125,7 @@ def gemm_hook(kernel: Callable[[], Callable]) -> Callable:
                 Y = packed_product(pw, A, C)
             return generic(xp, A, B, C, **attrs) if Y is None else (Y,)
 
+        Gemm_packed.packed_weight = pw
         return Gemm_packed
 
     return hook
@@ -152,6 +154,7 @@ def fused_matmul_hook(kernel: Callable[[], Callable], after: Callable) -> Callab
                         after(xp, Y, activation, params)
             return generic(xp, A, B, bias, **attrs) if Y is None else (Y,)
 
+        FusedMatMul_packed.packed_weight = pw  # shared with a bound program's products
         return FusedMatMul_packed
 
     return hook

@@ -392,7 +392,7 @@ def _add_mask(s, mask, groups):
 
 
 def _attention_block(xp, Q, K, V, mask, condition, fill, scale, k_transposed, kv_groups,
-                     mask_groups=0, out=None):
+                     mask_groups=0, out=None, nan_to_zero=0):
     KT = K if k_transposed else xp.swapaxes(K, -1, -2)
     if kv_groups > 1:
         s = _grouped_matmul(xp, Q, KT, KT.shape[1])
@@ -408,6 +408,8 @@ def _attention_block(xp, Q, K, V, mask, condition, fill, scale, k_transposed, kv
     if mask is not None:
         s = _add_mask(s, mask, mask_groups)
     _softmax_last_inplace(xp, s)
+    if nan_to_zero:  # a row with no key to attend: zeros (torch's exported SDPA guard)
+        xp.copyto(s, s.dtype.type(0), where=xp.isnan(s))
     if kv_groups > 1:
         return _grouped_matmul(xp, s, V, V.shape[1])
     return _mm(xp, s, V, out=out)
@@ -415,12 +417,13 @@ def _attention_block(xp, Q, K, V, mask, condition, fill, scale, k_transposed, kv
 
 @kernel("FusedAttention", since=1, domain=FUSED_DOMAIN)
 def FusedAttention(xp, Q, K, V, mask=None, condition=None, fill=None, scale=1.0, k_transposed=1,
-                   kv_groups=1, mask_groups=0):
+                   kv_groups=1, mask_groups=0, nan_to_zero=0):
     """``Softmax(scale * Q @ K^T [where condition else fill] [+ mask]) @ V`` in one pass
     over the scores, in place: the MatMul-[Mul]-[Where]-[Add]-Softmax-MatMul chain.
     ``k_transposed``: K is given as K^T (..., D, S); ``kv_groups`` > 1: K and V hold
     Hq / kv_groups heads, each shared by a group of query heads (repeat_kv not run);
-    ``mask_groups`` > 0: the mask is added to the scores viewed (-1, mask_groups, ...)."""
+    ``mask_groups`` > 0: the mask is added to the scores viewed (-1, mask_groups, ...);
+    ``nan_to_zero``: NaN probabilities (a row that attends no key) become zeros."""
     n = Q.shape[0] if Q.ndim >= 3 else 0
     per_row = Q.dtype.itemsize * math.prod(Q.shape[1:-1]) * (K.shape[-1] if k_transposed else K.shape[-2])
     step = max(1, _SCORE_BLOCK // max(per_row, 1))
@@ -430,14 +433,15 @@ def FusedAttention(xp, Q, K, V, mask=None, condition=None, fill=None, scale=1.0,
     if xp is not np or n <= 1 or n <= step or kv_groups > 1 \
             or any(x is not None and x.ndim >= 3 and x.shape[0] not in (1, n) for x in sliced):
         return (_attention_block(xp, Q, K, V, mask, condition, fill, scale, k_transposed, kv_groups,
-                                 mask_groups),)
+                                 mask_groups, nan_to_zero=nan_to_zero),)
     out = None
     for n0 in range(0, n, step):
         n1 = min(n, n0 + step)
         m = mask if mask_groups else _blocked(mask, n0, n1, n)
         blk = _attention_block(xp, Q[n0:n1], _blocked(K, n0, n1, n), _blocked(V, n0, n1, n),
                                m, _blocked(condition, n0, n1, n), fill,
-                               scale, k_transposed, kv_groups, mask_groups)
+                               scale, k_transposed, kv_groups, mask_groups,
+                               nan_to_zero=nan_to_zero)
         if out is None:
             out = xp.empty((n,) + blk.shape[1:], dtype=blk.dtype)
         out[n0:n1] = blk

@@ -63,6 +63,28 @@ def test_greedy_matches_onnxruntime_mixed_sim_gpu(arch, exporter, batch):
     assert _generate(model, rows) == ort_greedy(model_path(arch, exporter), rows, NEW)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_decode_widths_follow_the_context_not_max_length(arch):
+    # max_length far above the 12 + 70 tokens: the steps run at widths 64 then 128
+    # (generator.decode_width), each bound once, as programs; tokens stay onnxruntime's
+    from hetero_exec.exec.program.run import Region
+
+    model = _model(arch, "optimum", False)
+    rows = prompts(2, seed=3)
+    params = og.GeneratorParams(model)
+    params.set_search_options(batch_size=2, max_length=600)
+    gen = og.Generator(model, params)
+    gen.append_tokens(rows)
+    for _ in range(70):
+        gen.generate_next_token()
+    got = [list(gen.get_sequence(i)[len(r):]) for i, r in enumerate(rows)]
+    want = ort_greedy(model_path(arch, "optimum"), rows, 70)
+    assert [g[:len(w)] for g, w in zip(got, want)] == want
+    assert sorted(gen._decode) == [64, 128]
+    bound = [p for _, _, b in gen._runner.segments for p in b._bound.values()]
+    assert any(all(isinstance(st.fn, Region) for st in p.steps) for p in bound)
+
+
 def test_cache_stays_on_device_and_is_written_in_place():
     model = _model("llama", "optimum", True)
     params = og.GeneratorParams(model)

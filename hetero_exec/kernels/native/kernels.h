@@ -68,6 +68,9 @@ typedef struct {
 void tile_rows(int mr, int K, const float *a, long ars, long aks, const float *b, long bks,
                const tile_out *o, long ldc, const store_t *s, int compress);
 
+/* softmax.c: softmax of one row of n floats, in place (NaN rows as numpy makes them) */
+void softmax_row(float *x, int n);
+
 /* fn(args, i0, i1) over [0, n) in `parts` parts, the first on the calling thread and the
  * others on the workers (workers.c); returns when all are done */
 typedef void (*task_fn)(void *args, int i0, int i1);
@@ -97,5 +100,6 @@ HE_API int he_pool_hot(void);
 HE_API void he_half_to_float(const uint16_t *src, float *dst, long n);
 HE_API void he_float_to_half(const float *src, uint16_t *dst, long n);
 HE_API int he_cpu_features(void);
+HE_API int he_program_run(const void *ops, int first, int count, void *const *bufs, int *err);
 
 #endif

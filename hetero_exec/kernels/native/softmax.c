@@ -29,7 +29,7 @@ ALWAYS_INLINE vf exp_nonpositive(vf z)
     return vselect(live, vscale2(p, n), vzero());
 }
 
-static void softmax_row(float *x, int n)
+void softmax_row(float *x, int n)
 {
     vf vmx = vset1(-INFINITY);
     vb nan = vb_none();

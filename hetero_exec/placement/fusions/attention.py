@@ -1,7 +1,8 @@
 """Scaled dot-product attention written out -> FusedAttention::
 
     s = MatMul(Q [* a], K^T [* b]) [* c | / c] [Where(cond, s, fill)] [+ mask]
-    y = MatMul(Softmax(s, last axis), V)
+    p = Softmax(s, last axis) [Where(IsNaN(p), 0, p)]
+    y = MatMul(p, V)
 
 The mask may be added in a view of the scores that splits their leading axis in
 (-1, G) (Swin's shifted windows: Reshape, Add, Reshape).
@@ -9,7 +10,8 @@ The mask may be added in a view of the scores that splits their leading axis in
 K^T is a Transpose of the last two axes of K (absorbed: the kernel reads K) or any
 value already laid out (..., D, S), such as a Transpose(0, 2, 3, 1) of the key's heads.
 The scalars a, b, c (the dynamo exporter splits sqrt(scale) over Q and K^T) fold into
-one scale. Grouped KV heads: when K and V come from repeat_kv's Unsqueeze -> Expand ->
+one scale. torch's exported scaled_dot_product_attention guards the probabilities of a
+row with no key to attend (NaN) as zeros: kept as the kernel's ``nan_to_zero``. Grouped KV heads: when K and V come from repeat_kv's Unsqueeze -> Expand ->
 Reshape, the kernel reads the unrepeated heads (and each query group shares them).
 """
 
@@ -160,12 +162,31 @@ def _dims(rw: Rewriter, name: str):
     return None if v is None or v.shape is None else tuple(v.shape)
 
 
+def _nan_guard(rw: Rewriter, sm: Node) -> tuple[str, list[Node]] | None:
+    """Where(IsNaN(p), 0, p) over the softmax's p, its only readers: (its output, nodes)."""
+    readers = rw.readers(sm.outputs[0])
+    if readers is None or len(readers) != 2:
+        return None
+    isnan = next((r for r in readers if rw.onnx_op(r, "IsNaN")), None)
+    where = next((r for r in readers if rw.onnx_op(r, "Where")), None)
+    if isnan is None or where is None or not rw.feeds_only(isnan, where):
+        return None
+    cond, zero, p = where.inputs
+    if cond != isnan.outputs[0] or p != sm.outputs[0] or rw.scalar(zero) != 0.0:
+        return None
+    return where.outputs[0], [isnan, where]
+
+
 def _attention(rw: Rewriter, sm: Node) -> None:
     # float32 only: the scale is a (32-bit) attribute, too coarse for float64 scores
     if not _softmax_last(rw, sm) or rw.dtype(sm.inputs[0]) != np.float32:
         return
-    out_mm = rw.sole_reader(sm.outputs[0])
-    if not rw.onnx_op(out_mm, "MatMul") or out_mm.inputs[0] != sm.outputs[0]:
+    probs, guard = sm.outputs[0], []
+    guarded = _nan_guard(rw, sm)
+    if guarded is not None:
+        probs, guard = guarded
+    out_mm = rw.sole_reader(probs)
+    if not rw.onnx_op(out_mm, "MatMul") or out_mm.inputs[0] != probs:
         return
     found = _scores(rw, sm.inputs[0], sm)
     if found is None:
@@ -181,12 +202,15 @@ def _attention(rw: Rewriter, sm: Node) -> None:
     if rk is not None and rv is not None and rk[1] == rv[1] and not k_transposed:
         k, groups, kv_nodes = rk[0], rk[1], rk[2] + rv[2]
         v = rv[0]
-    chain = (q_nodes + k_nodes + t_nodes + kv_nodes + [qk] + found["nodes"] + [sm, out_mm])
+    chain = (q_nodes + k_nodes + t_nodes + kv_nodes + [qk] + found["nodes"] + [sm] + guard
+             + [out_mm])
     attrs = {"scale": helper.make_attribute("scale", float(a * b * found["scale"])),
              "k_transposed": helper.make_attribute("k_transposed", k_transposed),
              "kv_groups": helper.make_attribute("kv_groups", groups)}
     if found["groups"]:
         attrs["mask_groups"] = helper.make_attribute("mask_groups", found["groups"])
+    if guard:
+        attrs["nan_to_zero"] = helper.make_attribute("nan_to_zero", 1)
     if not all(rw.dtype(n) == rw.dtype(q) for n in (k, v) + ((found["mask"],) if found["mask"] else ())):
         return
     rw.fuse(chain, "FusedAttention", FUSED_DOMAIN,
