@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from hetero_exec.exec.plan import RunPlan, Step
-from hetero_exec.exec.program import record
+from hetero_exec.exec.program import lowerings, record  # noqa: F401 (registers the lowerings)
 from hetero_exec.exec.program.builder import ALIGN, ProgramBuilder
 from hetero_exec.exec.program.lower_elementwise import merged_run
 from hetero_exec.exec.program.place import NotLowered

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Callable
 
 LOWERINGS: dict[tuple[str, str], Callable] = {}
-_loaded = False
 
 
 def lowers(*ops: str, domain: str = "") -> Callable[[Callable], Callable]:
@@ -29,15 +28,6 @@ def lowers(*ops: str, domain: str = "") -> Callable[[Callable], Callable]:
 
 
 def lowering_for(domain: str, op: str) -> Callable | None:
-    global _loaded
-    if not _loaded:  # the lowerings register themselves on import
-        from hetero_exec.exec.program import (  # noqa: F401
-            lower_attention,
-            lower_elementwise,
-            lower_linalg,
-            lower_movement,
-            lower_norm,
-            lower_reduce,
-        )
-        _loaded = True
+    """The lowering of ``domain::op`` (the lowerings register themselves when
+    exec/program/lowerings.py imports them)."""
     return LOWERINGS.get(("" if domain == "ai.onnx" else domain, op))
