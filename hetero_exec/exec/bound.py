@@ -112,7 +112,8 @@ class ShapeBoundPlans:
         self.plan = plan
         self.static_steps, self.static_slots = shape_only_steps(plan)
         self.max_bound = max_bound
-        self.program = _programs_on() if program is None else program
+        # (programs run host plans only: a device plan binds for its shape steps alone)
+        self.program = (_programs_on() if program is None else program) and plan.xp is np
         self._analyses: dict[frozenset[int], ShapeAnalysis] = {}
         self._bound: dict[tuple, RunPlan] = {}
         self._seen: set[tuple] = set()

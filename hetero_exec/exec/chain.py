@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from hetero_exec.exec.executor import execute
+from hetero_exec.exec.bound import ShapeBoundPlans
 from hetero_exec.exec.plan import RunPlan
 from hetero_exec.kernels._threads import intra_op_threads, run_threads
 from hetero_exec.kernels.registry import has_op
@@ -84,6 +84,8 @@ class SegmentChain:
     def __init__(self, parts: Sequence[tuple[Provider, RunPlan]], threads: int | None = None,
                  blas: bool = True):
         self.parts = list(parts)
+        # each plan bound to the input shapes that repeat (exec/bound.py), as in process
+        self.bound = [ShapeBoundPlans(plan) for _, plan in self.parts]
         self.threads = threads  # what a run splits its work over (None: the cores)
         self.blas = blas  # whether its plans call the BLAS (`calls_blas`)
 
@@ -110,7 +112,7 @@ class SegmentChain:
                     v = move_value(v, where.get(name), prov)
                 args.append(v)
             t0 = time.time_ns()
-            outs = execute(plan, args)
+            outs = self.bound[k].run(args)
             if on_run is not None:
                 on_run(k, t0, time.time_ns())
             for name, v in zip(plan.output_names, outs):
