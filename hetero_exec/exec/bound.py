@@ -31,6 +31,7 @@ import numpy as np
 
 from hetero_exec.exec.executor import execute, run_steps
 from hetero_exec.exec.plan import NONDETERMINISTIC, NONE_SLOT, TRASH_SLOT, RunPlan
+from hetero_exec.ir.graph import node_reads
 from hetero_exec.kernels.registry import lookup
 
 log = logging.getLogger(__name__)
@@ -178,7 +179,7 @@ class ShapeBoundPlans:
         for s in a.static_slots:
             template[s] = vals[s]
         keep = set(range(len(plan.steps))) - set(a.static_steps)
-        steps = [st for i, st in enumerate(plan.steps) if i in keep]
+        steps = _live([st for i, st in enumerate(plan.steps) if i in keep], plan)
         log.debug("bound a plan of %d steps to %d for one input-shape signature",
                   len(plan.steps), len(steps))
         bound = replace(plan, steps=steps, template=template, fast_steps=[])
@@ -189,6 +190,28 @@ class ShapeBoundPlans:
             if lowered is not None:
                 bound = lowered
         return outs, bound
+
+
+#: ops with no effect but their outputs: a step of one whose outputs nothing reads any
+#: more (its readers were shape steps, bound away) need not run
+PURE = frozenset({"Reshape", "Expand", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Slice",
+                  "Gather", "Concat", "Cast", "Identity", "Shape", "Size", "Range", "Where",
+                  "Add", "Sub", "Mul", "Div", "Equal", "Less", "Greater", "And", "Or", "Not"})
+
+
+def _live(steps: list, plan: RunPlan) -> list:
+    """``steps`` less the pure ones whose outputs no later step reads and the plan does
+    not return (a repeat_kv whose one reader left was a Shape)."""
+    read = set(plan.output_slots)
+    out = []
+    for st in reversed(steps):
+        if (st.node.op_type in PURE and st.node.domain in ("", "ai.onnx") and not st.wants_scope
+                and not read & set(st.outputs) and not hasattr(st.fn, "merged")):
+            continue
+        read.update(st.inputs)
+        read.update(plan.slot_of[r] for r in node_reads(st.node) if r in plan.slot_of)
+        out.append(st)
+    return out[::-1]
 
 
 def _programs_on() -> bool:

@@ -441,15 +441,35 @@ static int reduce_run(const he_op *o, void *const *bufs)
 static void small_matmul(int64_t M, int64_t N, int64_t K, const float *a, int64_t am, int64_t ak,
                          const float *b, int64_t bk, int64_t bn, float *c, int64_t ldc)
 {
-    if (bn == 1) { /* rows of B: c[m, :] += a[m, k] * b[k, :] */
+    if (bn == 1) { /* rows of B: c[m, n0:n0+4VW] += a[m, k] * b[k, n0:...], in registers */
         for (int64_t m = 0; m < M; m++) {
             float *cr = c + m * ldc;
-            memset(cr, 0, (size_t)N * sizeof(float));
-            for (int64_t k = 0; k < K; k++) {
-                const float x = a[m * am + k * ak];
-                const float *br = b + k * bk;
-                for (int64_t n = 0; n < N; n++)
-                    cr[n] += x * br[n];
+            const float *ar = a + m * am;
+            for (int64_t n0 = 0; n0 < N; n0 += 4 * VW) {
+                const int64_t w = N - n0 < 4 * VW ? N - n0 : 4 * VW;
+                lanes_t l[4];
+                for (int v = 0; v < 4; v++)
+                    l[v] = w > v * VW ? first_lanes((int)(w - v * VW)) : 0;
+                vf s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
+                const float *br = b + n0;
+                for (int64_t k = 0; k < K; k++, br += bk) {
+                    const vf x = vset1(ar[k * ak]);
+                    s0 = vfma(x, vload_lanes(l[0], br), s0);
+                    if (w > VW)
+                        s1 = vfma(x, vload_lanes(l[1], br + VW), s1);
+                    if (w > 2 * VW) {
+                        s2 = vfma(x, vload_lanes(l[2], br + 2 * VW), s2);
+                        s3 = vfma(x, vload_lanes(l[3], br + 3 * VW), s3);
+                    }
+                }
+                vstore_lanes(cr + n0, l[0], s0);
+                if (w > VW)
+                    vstore_lanes(cr + n0 + VW, l[1], s1);
+                if (w > 2 * VW) {
+                    vstore_lanes(cr + n0 + 2 * VW, l[2], s2);
+                    if (l[3])
+                        vstore_lanes(cr + n0 + 3 * VW, l[3], s3);
+                }
             }
         }
         return;

@@ -125,14 +125,44 @@ def _key(rw: Rewriter, kt: str, reader: Node) -> tuple[str, int, list[Node]]:
     t = rw.producer(kt)
     if rw.onnx_op(t, "Transpose") and _swaps_last_two(rw, t) and rw.feeds_only(t, reader):
         return t.inputs[0], 0, [t]
+    folded = _flat_transpose(rw, kt, reader)
+    if folded is not None:
+        return folded
     return kt, 1, []
+
+
+def _flat_transpose(rw: Rewriter, kt: str, reader: Node) -> tuple[str, int, list[Node]] | None:
+    """The dynamo exporter's K^T: Reshape(Transpose(Reshape(K, (-1, S, D)), (0, 2, 1)),
+    (B, H, D, S)), the batch and head axes flattened around the transpose: (K, 0, nodes)."""
+    r2 = rw.producer(kt)
+    if not rw.onnx_op(r2, "Reshape") or not rw.feeds_only(r2, reader):
+        return None
+    t = rw.producer(r2.inputs[0])
+    if not rw.onnx_op(t, "Transpose") or list(attr(t, "perm", [])) != [0, 2, 1] \
+            or not rw.feeds_only(t, r2):
+        return None
+    r1 = rw.producer(t.inputs[0])
+    if not rw.onnx_op(r1, "Reshape") or not rw.feeds_only(r1, t):
+        return None
+    k = r1.inputs[0]
+    ks, kts = _dims(rw, k), _dims(rw, kt)
+    if ks is None or kts is None or len(ks) != 4 or len(kts) != 4:
+        return None
+    if any(a is None or a != b for a, b in zip(ks, (kts[0], kts[1], kts[3], kts[2]))):
+        return None
+    return k, 0, [r1, t, r2]
 
 
 def _repeated_kv(rw: Rewriter, name: str, reader: Node) -> tuple[str, int, list[Node]] | None:
     """repeat_kv(x, g): Reshape(Expand(Unsqueeze(x, 2), (B, Hkv, g, S, D)), (B, Hkv*g, S, D)),
-    read by ``reader`` only: (x, g, nodes)."""
+    read by ``reader`` (and maybe by Shape nodes: transformers reads the keys' length
+    from it): (x, g, the nodes to fuse away: none while a Shape still reads them)."""
     rs = rw.producer(name)
-    if not rw.onnx_op(rs, "Reshape") or not rw.feeds_only(rs, reader):
+    readers = rw.readers(name) if rw.onnx_op(rs, "Reshape") else None
+    if not readers or reader not in readers or sum(1 for i in reader.inputs if i == name) != 1:
+        return None
+    shape_readers = [r for r in readers if r is not reader]
+    if not all(rw.onnx_op(r, "Shape") for r in shape_readers):
         return None
     ex = rw.producer(rs.inputs[0])
     if not rw.onnx_op(ex, "Expand") or not rw.feeds_only(ex, rs):
@@ -142,18 +172,23 @@ def _repeated_kv(rw: Rewriter, name: str, reader: Node) -> tuple[str, int, list[
         return None
     axes = attr(un, "axes", None) if rw.graph.opset("") < 13 else rw.ints(un.inputs[1])
     xs, es, out = (_dims(rw, n) for n in (un.inputs[0], ex.outputs[0], name))
-    if axes not in ([2], [-3]) or xs is None or es is None or out is None:
+    if axes not in ([2], [-3]) or xs is None or out is None or len(xs) != 4 or len(out) != 4:
         return None
-    if len(xs) != 4 or len(es) != 5 or len(out) != 4:
+    kv, d = xs[1], xs[3]
+    if not isinstance(kv, int) or not isinstance(d, int) or not isinstance(out[1], int) \
+            or kv <= 0 or out[1] % kv:
         return None
-    g, kv, d = es[2], xs[1], xs[3]
-    if not all(isinstance(v, int) for v in (g, kv, d)) or g <= 1 or es[1] != kv:
+    g = out[1] // kv
+    # (B, kv, g, S, D) -> (B, kv*g, S, D): B, S and D kept (the same dims, named or not
+    # known to differ), so the Expand repeats axis 2 only; onnx often leaves the
+    # Expand's own dims unnamed (its target is computed), hence the Reshape's are read
+    if g <= 1 or out[0] is None or out[0] != xs[0] or out[2] is None or out[2] != xs[2] \
+            or out[3] != d:
         return None
-    # (B, kv, g, S, D) -> (B, kv*g, S', D): with B and D kept, the element count gives S' = S
-    if out[1] != kv * g or out[3] != d or es[4] != d or out[0] is None or out[0] != es[0] \
-            or es[0] != xs[0]:
+    if es is not None and (len(es) != 5 or any(e is not None and e != want for e, want
+                                               in zip(es, (xs[0], kv, g, xs[2], d)))):
         return None
-    return un.inputs[0], g, [un, ex, rs]
+    return un.inputs[0], g, [] if shape_readers else [un, ex, rs]
 
 
 def _dims(rw: Rewriter, name: str):
