@@ -159,22 +159,21 @@ class ShapeBoundPlans:
         return outs
 
     def _bind(self, inputs: Sequence[Any]) -> tuple[list[Any], RunPlan]:
-        """Run the plan on ``inputs``, nothing released (a Shape may read a value a data
-        step made), and keep what the shape-only steps made: (the run's outputs, the
-        plan bound to these shapes)."""
+        """Run the plan on ``inputs``, keeping what the shape-only steps made and what
+        they read (a Shape may read a value a data step made), the shapes of the rest:
+        (the run's outputs, the plan bound to these shapes)."""
         plan = self.plan
-        vals = plan.template.copy()
-        for (_, s), v in zip(plan.input_slots, inputs):
-            if v is not None:
-                vals[s] = v
-        whole = [replace(st, release=()) for st in plan.steps]
-        run_steps(replace(plan, steps=whole, fast_steps=[]), vals)
-        outs = [vals[s] for s in plan.output_slots]
         unfed = frozenset(s for (_, s), v in zip(plan.input_slots, inputs)
                           if v is None and plan.template[s] is not None)
         a = self._analyses.get(unfed)
         if a is None:
             a = self._analyses[unfed] = analyse(plan, unfed)
+        vals = plan.template.copy()
+        for (_, s), v in zip(plan.input_slots, inputs):
+            if v is not None:
+                vals[s] = v
+        examples = _run_noting_shapes(plan, vals, a)
+        outs = [vals[s] for s in plan.output_slots]
         template = plan.template.copy()
         for s in a.static_slots:
             template[s] = vals[s]
@@ -186,10 +185,50 @@ class ShapeBoundPlans:
         if self.program and plan.xp is np:
             from hetero_exec.exec.program.lower import lower_plan
 
-            lowered = lower_plan(bound, vals, a.known_value, a.known_shape)
+            lowered = lower_plan(bound, examples, a.known_value, a.known_shape)
             if lowered is not None:
                 bound = lowered
         return outs, bound
+
+
+class ValueShape:
+    """What a bound program needs of a value a run released: its shape and dtype."""
+
+    __slots__ = ("shape", "dtype", "strides", "size", "ndim", "nbytes")
+
+    def __init__(self, v: np.ndarray):
+        self.shape, self.dtype, self.size, self.ndim = v.shape, v.dtype, v.size, v.ndim
+        self.nbytes = v.nbytes
+        strides, acc = [], v.itemsize
+        for d in reversed(v.shape):
+            strides.append(acc)
+            acc *= d
+        self.strides = tuple(reversed(strides))
+
+
+def _run_noting_shapes(plan: RunPlan, vals: list[Any], a: ShapeAnalysis) -> list[Any]:
+    """Run ``plan`` over ``vals`` releasing as it does, except what the shape-only steps
+    read and make; each released array's shape noted: every slot's value or shape."""
+    keep = set(a.static_slots) | set(plan.output_slots)
+    for i in a.static_steps:
+        keep.update(plan.steps[i].inputs)
+        keep.update(plan.slot_of[r] for r in node_reads(plan.steps[i].node) if r in plan.slot_of)
+    noted: dict[int, Any] = {}
+
+    def noting(st):
+        fn, outputs = st.fn, st.outputs
+
+        def run(xp, *args, **kwargs):
+            res = fn(xp, *args, **kwargs)
+            for s, v in zip(outputs, res):
+                if isinstance(v, (np.ndarray, np.generic)):
+                    noted[s] = ValueShape(np.asarray(v))
+            return res
+
+        return replace(st, fn=run, release=tuple(r for r in st.release if r not in keep))
+
+    run_steps(replace(plan, steps=[noting(st) for st in plan.steps], fast_steps=[]), vals)
+    return [v if v is not None else noted.get(s) for s, v in enumerate(vals)]
 
 
 #: ops with no effect but their outputs: a step of one whose outputs nothing reads any

@@ -129,7 +129,8 @@ class ProgramBuilder:
 
     def feed(self, slot: int, example: Any) -> Place:
         """The place of a value made outside the program (fed C-contiguous at run time)."""
-        if not isinstance(example, np.ndarray) or example.dtype.hasobject:
+        if not hasattr(example, "shape") or not isinstance(example.dtype, np.dtype) \
+                or example.dtype.hasobject:  # (an array, or the shape of one a run released)
             raise NotLowered(f"a feed of type {type(example).__name__}")
         dtype_code(example.dtype)
         idx = len(self.buffers)

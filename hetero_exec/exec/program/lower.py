@@ -78,6 +78,8 @@ def _lower_step(b: ProgramBuilder, st: Step, vals, known_value, known_shape) -> 
     fn = merged_run if hasattr(st.fn, "merged") else lowering_for(st.node.domain, st.node.op_type)
     if fn is None or st.wants_scope or st.on_host or not all(o in known_shape for o in st.outputs):
         return None
+    if any(vals[o] is None for o in st.outputs if o > 1):  # (not an array: a sequence, a map)
+        return None
     mark = b.mark()
     try:
         ins = [b.input(s, s in known_value) for s in st.inputs]

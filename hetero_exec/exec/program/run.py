@@ -144,6 +144,8 @@ class Region:
             if v.shape != shape or v.dtype != dtype:
                 raise ValueError(f"a bound program's feed is {v.dtype}{list(v.shape)}, bound "
                                  f"to {np.dtype(dtype)}{list(shape)}")
+            if type(v) is not np.ndarray:  # a numpy scalar a Python step made
+                v = np.asarray(v)
             if not v.flags.c_contiguous:
                 v = np.ascontiguousarray(v)
             kept[buf] = v
