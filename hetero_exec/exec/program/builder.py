@@ -135,7 +135,8 @@ class ProgramBuilder:
         dtype_code(example.dtype)
         idx = len(self.buffers)
         self.buffers.append(Buffer("feed", example.nbytes, slot=slot))
-        shape_only = example.size > 1 and 0 in example.strides
+        # (a broadcast placeholder: a zero stride along a dim of more than one value)
+        shape_only = any(st == 0 and d > 1 for d, st in zip(example.shape, example.strides))
         return Place(idx, 0, tuple(example.shape), contiguous_strides(tuple(example.shape)),
                      example.dtype, shape_only)
 

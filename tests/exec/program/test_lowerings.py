@@ -272,3 +272,10 @@ def test_gather_nd_with_constant_indices(batch_dims):
     out = [2, 2, 4] if not batch_dims else [2, 2, 4]
     m = model(nodes, [vi("x", F, [2, 3, 4])], [vi("y", F, out)], [init("i", idx)])
     check(m, {"x": rand(2, 3, 4)})
+
+
+def test_a_feed_with_a_zero_stride_along_a_dim_of_one_is_read():
+    # np.linspace(...)[None] has stride 0 along its dim of 1: a real feed, not a placeholder
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])]
+    m = model(nodes, [vi("x", F, [1, 16])], [vi("y", F, [1, 16])])
+    check(m, {"x": np.linspace(-1, 1, 16, dtype=np.float32)[None]})
