@@ -16,7 +16,6 @@ PACKAGES = ("hetero_exec", "actors")
 #: cycles still there (each a sorted tuple of modules); remove one once it is gone
 KNOWN = {
     ("hetero_exec.kernels", "hetero_exec.kernels.registry"),
-    ("hetero_exec.exec.executor", "hetero_exec.exec.plan"),
     ("hetero_exec.kernels._conv_bound", "hetero_exec.kernels.conv"),
 }
 

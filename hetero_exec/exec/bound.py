@@ -25,12 +25,12 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from hetero_exec.exec.executor import execute, run_steps
-from hetero_exec.exec.plan import NONDETERMINISTIC, NONE_SLOT, TRASH_SLOT, RunPlan
+from hetero_exec.exec.executor import BodyRuns, execute, run_steps
+from hetero_exec.exec.steps import NONDETERMINISTIC, NONE_SLOT, TRASH_SLOT, RunPlan
 from hetero_exec.ir.graph import node_reads
 from hetero_exec.kernels.registry import lookup
 
@@ -124,10 +124,15 @@ class ShapeBoundPlans:
     def worth_it(self) -> bool:
         return bool(self.static_steps) or self.program
 
-    def _signature(self, inputs: Sequence[Any]) -> tuple | None:
+    def _signature(self, inputs: Sequence[Any], scope: Sequence[Any] | None = None) -> tuple | None:
+        """The inputs' shapes and dtypes (and the captured values' for a body)."""
         try:
-            return tuple(None if v is None else (v.shape, v.dtype) for v in inputs)
-        except AttributeError:  # a sequence or map input: its shapes are not a signature
+            sig = tuple(None if v is None else (v.shape, v.dtype) for v in inputs)
+            if scope is not None and self.plan.captures:
+                sig += tuple(None if scope[o] is None else (scope[o].shape, scope[o].dtype)
+                             for o, _ in self.plan.captures)
+            return sig
+        except AttributeError:  # a sequence or map: its shapes are not a signature
             return None
 
     def plan_for(self, inputs: Sequence[Any]) -> RunPlan:
@@ -137,28 +142,34 @@ class ShapeBoundPlans:
         sig = self._signature(inputs)
         return self._bound.get(sig, self.plan) if sig is not None else self.plan
 
-    def run(self, inputs: Sequence[Any]) -> list[Any]:
-        """Run ``inputs`` on the plan bound to their shapes; the second run of a
-        signature binds it (that run's own values are what the binding keeps)."""
+    def run(self, inputs: Sequence[Any], scope: Sequence[Any] | None = None,
+            plain: Callable[[Sequence[Any]], list[Any]] | None = None) -> list[Any]:
+        """Run ``inputs`` (a body: with its enclosing ``scope``) on the plan bound to their
+        shapes; the second run of a signature binds it (that run's own values are what the
+        binding keeps). ``plain`` runs the unbound plan (a body's reused slot list)."""
+        if plain is None:
+            def plain(args):
+                return execute(self.plan, args, scope)
         if not self.worth_it:
-            return execute(self.plan, inputs)
-        sig = self._signature(inputs)
+            return plain(inputs)
+        sig = self._signature(inputs, scope)
         if sig is None:
-            return execute(self.plan, inputs)
+            return plain(inputs)
         bound = self._bound.get(sig)
         if bound is not None:
-            return execute(bound, inputs)
+            return execute(bound, inputs, scope)
         with self._lock:
             later = sig in self._seen and len(self._bound) < self.max_bound
             self._seen.add(sig)
         if not later:
-            return execute(self.plan, inputs)
-        outs, bound = self._bind(inputs)
+            return plain(inputs)
+        outs, bound = self._bind(inputs, scope)
         with self._lock:
             self._bound.setdefault(sig, bound)
         return outs
 
-    def _bind(self, inputs: Sequence[Any]) -> tuple[list[Any], RunPlan]:
+    def _bind(self, inputs: Sequence[Any], scope: Sequence[Any] | None = None
+              ) -> tuple[list[Any], RunPlan]:
         """Run the plan on ``inputs``, keeping what the shape-only steps made and what
         they read (a Shape may read a value a data step made), the shapes of the rest:
         (the run's outputs, the plan bound to these shapes)."""
@@ -169,6 +180,9 @@ class ShapeBoundPlans:
         if a is None:
             a = self._analyses[unfed] = analyse(plan, unfed)
         vals = plan.template.copy()
+        if scope is not None:
+            for outer, inner in plan.captures:
+                vals[inner] = scope[outer]
         for (_, s), v in zip(plan.input_slots, inputs):
             if v is not None:
                 vals[s] = v
@@ -189,6 +203,20 @@ class ShapeBoundPlans:
             if lowered is not None:
                 bound = lowered
         return outs, bound
+
+
+class BoundBody:
+    """A Loop's or Scan's body runs for one call: `ShapeBoundPlans.run` per iteration,
+    the body's reused slot list (`executor.BodyRuns`) while its shapes are not bound."""
+
+    __slots__ = ("plans", "scope", "plain")
+
+    def __init__(self, plans: ShapeBoundPlans, scope: Sequence[Any] | None):
+        self.plans, self.scope = plans, scope
+        self.plain = BodyRuns(plans.plan, scope)
+
+    def __call__(self, inputs: Sequence[Any]) -> list[Any]:
+        return self.plans.run(inputs, self.scope, self.plain)
 
 
 class ValueShape:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from hetero_exec.errors import HeteroExecError, KernelError
-from hetero_exec.exec.plan import MANY_INPUTS, NO_INPUTS, ONE_INPUT, RunPlan, Step
+from hetero_exec.exec.steps import MANY_INPUTS, NO_INPUTS, ONE_INPUT, RunPlan, Step
 
 
 def execute(plan: RunPlan, inputs: Sequence[Any], scope: list[Any] | None = None) -> list[Any]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import operator
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -18,79 +16,27 @@ import onnx
 
 from hetero_exec.errors import UnsupportedOperatorError
 from hetero_exec.exec import half
+from hetero_exec.exec.bound import BoundBody, ShapeBoundPlans
 from hetero_exec.exec.elementwise_runs import merge_runs
+from hetero_exec.exec.executor import BodyRuns
 from hetero_exec.exec.functions import expand_function
 from hetero_exec.exec.host_steps import METADATA_OPS, host_step_nodes
+from hetero_exec.exec.steps import (  # noqa: F401 (the names callers import from here)
+    MANY_INPUTS,
+    NO_INPUTS,
+    NONDETERMINISTIC,
+    NONE_SLOT,
+    ONE_INPUT,
+    TRASH_SLOT,
+    WITH_SCOPE,
+    RunPlan,
+    Step,
+    fast_step,
+)
 from hetero_exec.ir.graph import Graph, Node, attr_value, node_reads
 from hetero_exec.kernels.registry import KnownInput, lookup, refusal
 
 log = logging.getLogger(__name__)
-
-NONE_SLOT = 0  # always None: omitted optional inputs read it
-TRASH_SLOT = 1  # written by omitted optional outputs, never read
-
-#: ops never folded at compile time (their outputs change from run to run)
-NONDETERMINISTIC = frozenset(
-    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
-     "Multinomial", "Dropout"}
-)
-
-
-@dataclass(frozen=True)
-class Step:
-    fn: Callable
-    inputs: tuple[int, ...]
-    outputs: tuple[int, ...]
-    kwargs: dict[str, Any]
-    release: tuple[int, ...]
-    node: Node
-    wants_scope: bool = False
-    xp: Any = None  # the step's array module when it differs from the plan's (host steps)
-    on_host: bool = False  # a host step inside a device plan (exec.host_steps)
-
-
-@dataclass
-class RunPlan:
-    steps: list[Step]
-    template: list[Any]  # the slot list a run starts from: constants in place
-    input_slots: list[tuple[str, int]]
-    output_slots: list[int]
-    output_names: list[str]
-    #: (slot in the enclosing plan, slot here) for values read from outer scopes
-    captures: list[tuple[int, int]] = field(default_factory=list)
-    slot_of: dict[str, int] = field(default_factory=dict)
-    xp: Any = np
-    provider: str = "cpu"
-    #: the steps as plain tuples for the run loop (see `fast_step`)
-    fast_steps: list[tuple] = field(default_factory=list)
-    #: outputs that are the same on every run (folded from constants, or constants
-    #: themselves), by name: the plan's own values, on its provider
-    constant_outputs: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.fast_steps = [fast_step(st) for st in self.steps]
-
-
-#: run-loop modes: how a step's inputs are read
-NO_INPUTS, ONE_INPUT, MANY_INPUTS, WITH_SCOPE = 0, 1, 2, 3
-
-
-def fast_step(st: Step) -> tuple:
-    """(fn, inputs, output, kwargs, release, mode, outputs, xp): ``inputs`` is a slot (one
-    input), an itemgetter (several) or a slot tuple (scope); ``output`` is the slot of a
-    single output, or -1 when ``outputs`` lists several."""
-    ins = st.inputs
-    if st.wants_scope:
-        mode, a = WITH_SCOPE, ins
-    elif not ins:
-        mode, a = NO_INPUTS, None
-    elif len(ins) == 1:
-        mode, a = ONE_INPUT, ins[0]
-    else:
-        mode, a = MANY_INPUTS, operator.itemgetter(*ins)
-    b = st.outputs[0] if len(st.outputs) == 1 else -1
-    return (st.fn, a, b, st.kwargs, st.release, mode, st.outputs, st.xp)
-
 
 def declared_dtype(dtypes: Sequence[Any], i: int) -> Any:
     """A body's declared dtype of output i (float32 when the body does not say)."""
@@ -112,13 +58,10 @@ class Subgraph:
 
     def __init__(self, plan: RunPlan, output_dtypes: list | None = None,
                  output_shapes: list | None = None):
-        from hetero_exec.exec.executor import BodyRuns, execute  # the run loop imports this module
-
         self.plan = plan
         self.output_dtypes = output_dtypes or []
         self.output_shapes = output_shapes or []
-        self._execute = execute
-        self._runs = BodyRuns
+        self._plans: ShapeBoundPlans | None = None  # bound to repeating shapes, made lazily
         # a step's reads include its bodies' captures (an If in a Loop body may read i)
         read = {plan.slot_of[r] for st in plan.steps for r in node_reads(st.node)
                 if r in plan.slot_of} | set(plan.output_slots)
@@ -144,11 +87,20 @@ class Subgraph:
         iteration number for a body that ignores it."""
         return i >= len(self._reads) or self._reads[i]
 
+    def _bound(self) -> ShapeBoundPlans:
+        plans = self._plans
+        if plans is None:
+            plans = self._plans = ShapeBoundPlans(self.plan)
+        return plans
+
     def run(self, scope: list[Any] | None, inputs: Sequence[Any]) -> list[Any]:
-        return self._execute(self.plan, inputs, scope)
+        """One run of the body (an If's branch): bound once its shapes repeat."""
+        return self._bound().run(inputs, scope)
 
     def start(self, scope: list[Any] | None):
-        return self._runs(self.plan, scope)
+        """A callable for the many runs of one Loop or Scan call."""
+        plans = self._bound()
+        return BoundBody(plans, scope) if plans.worth_it else BodyRuns(self.plan, scope)
 
     __call__ = run
 

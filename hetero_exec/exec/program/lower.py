@@ -12,13 +12,13 @@ import logging
 from dataclasses import replace
 from typing import Any, Sequence
 
-from hetero_exec.exec.plan import RunPlan, Step
 from hetero_exec.exec.program import lowerings, record  # noqa: F401 (registers the lowerings)
 from hetero_exec.exec.program.builder import ALIGN, ProgramBuilder
 from hetero_exec.exec.program.lower_elementwise import merged_run
 from hetero_exec.exec.program.place import NotLowered
 from hetero_exec.exec.program.registry import lowering_for
 from hetero_exec.exec.program.run import Export, Program, Region
+from hetero_exec.exec.steps import RunPlan, Step
 from hetero_exec.ir.graph import node_reads
 
 log = logging.getLogger(__name__)
