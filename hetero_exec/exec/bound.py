@@ -206,17 +206,27 @@ class ShapeBoundPlans:
 
 
 class BoundBody:
-    """A Loop's or Scan's body runs for one call: `ShapeBoundPlans.run` per iteration,
-    the body's reused slot list (`executor.BodyRuns`) while its shapes are not bound."""
+    """A Loop's or Scan's body runs for one call: each iteration on the plan bound to its
+    shapes, through a reused slot list (`executor.BodyRuns`) per plan."""
 
-    __slots__ = ("plans", "scope", "plain")
+    __slots__ = ("plans", "scope", "plain", "_runs")
 
     def __init__(self, plans: ShapeBoundPlans, scope: Sequence[Any] | None):
         self.plans, self.scope = plans, scope
         self.plain = BodyRuns(plans.plan, scope)
+        self._runs: dict[tuple, BodyRuns] = {}
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
-        return self.plans.run(inputs, self.scope, self.plain)
+        plans = self.plans
+        sig = plans._signature(inputs, self.scope)
+        runs = self._runs.get(sig) if sig is not None else None
+        if runs is not None:
+            return runs(inputs)
+        bound = plans._bound.get(sig) if sig is not None else None
+        if bound is not None:
+            runs = self._runs[sig] = BodyRuns(bound, self.scope)
+            return runs(inputs)
+        return plans.run(inputs, self.scope, self.plain)
 
 
 class ValueShape:
