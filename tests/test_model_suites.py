@@ -1,5 +1,6 @@
-"""The backend suite's other folders (simple, pytorch-converted, pytorch-operator, real),
-with their own known-failure list that may only shrink."""
+"""The backend suite's other folders (simple, pytorch-converted, pytorch-operator, real)
+and the torch exports (exports/), with their own known-failure list that may only
+shrink."""
 
 from __future__ import annotations
 
