@@ -16,7 +16,7 @@ import onnx
 from hetero_exec.genai.config import Config
 from hetero_exec.genai.errors import CacheAdmissionError, GenaiError
 from hetero_exec.genai.layout import CacheLayout, discover
-from hetero_exec.genai.rewrite import rewrite
+from hetero_exec.genai.rewrite import CAPACITY, rewrite
 from hetero_exec.placement.sizes import weight_bytes
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,10 @@ class Model:
         proto = onnx.load(self.config.model_file)
         label = os.path.basename(self.config.model_file)
         self.layout: CacheLayout = discover(proto, label, self.config.names())
+        if session_options.get("dim_bounds") is not None:
+            # the cache buffers are the generators', admitted by `reserve` at their capacity;
+            # the session's own admission (a provider's mem_limit) counts none of them
+            session_options["dim_bounds"] = {CAPACITY: 0, **session_options["dim_bounds"]}
         self.session = InferenceSession(rewrite(proto, self.layout).SerializeToString(),
                                         providers=providers, **session_options)
         self.eos_token_ids, self.pad_token_id, self.bos_token_id = self._token_ids()

@@ -17,6 +17,8 @@ from hetero_exec.genai.layout import CacheLayout
 from hetero_exec.kernels.fused import FUSED_DOMAIN
 
 PAST_LENGTH = "hetero_exec.past_length"
+#: the cache buffers' symbolic length (the generator's capacity)
+CAPACITY = "hetero_exec_capacity"
 SHAPE_ONLY = frozenset({"Shape", "Size"})
 
 
@@ -53,7 +55,7 @@ def rewrite(model: onnx.ModelProto, layout: CacheLayout) -> onnx.ModelProto:
         if e is None:
             continue
         dims = [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
-        dims[e.axis] = "hetero_exec_capacity"
+        dims[e.axis] = CAPACITY
         g.input.append(helper.make_tensor_value_info(cache_input(e.past),
                                                      vi.type.tensor_type.elem_type, dims))
     g.input.append(helper.make_tensor_value_info(PAST_LENGTH, TensorProto.INT64, []))

@@ -2,7 +2,9 @@
 
 A segment needs its weights, the peak of its live activations (from the liveness of
 its order) and kernel workspaces. Symbolic dims count only through a declared bound
-(`dim_bounds`); an unbounded one is an error, never a guess.
+(`dim_bounds`); an unbounded one is an error, never a guess. Dims onnx leaves unnamed
+(a ``Range``'s length, a ``Reshape`` of a computed shape) are worked out in the input
+symbols by `placement/shape_bounds.py` first (`sizes.tensor_bytes`).
 """
 
 from __future__ import annotations

@@ -7,13 +7,15 @@ it, and not each other.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+import weakref
+from typing import Any, Sequence
 
 import numpy as np
 
 from hetero_exec.errors import UnboundedSymbolError, UnresolvedShapeError
 from hetero_exec.ir.graph import Graph, Node, node_reads
-from hetero_exec.placement.dims import bound_dim, symbols_of
+from hetero_exec.placement.dims import bound_dim
+from hetero_exec.placement.shape_bounds import ShapeBounds
 
 
 def resolve_shape(graph: Graph, name: str, bounds: dict[str, int]) -> tuple[int, ...] | None:
@@ -61,28 +63,44 @@ def cost_bounds(graph: Graph, bounds: dict[str, int]) -> dict[str, int]:
     return out
 
 
+#: the last graph's shape bounds: (graph, its node count, the bounds) -> ShapeBounds (the
+#: stage planner sizes many node ranges of one graph)
+_last: list[tuple[Any, int, tuple, ShapeBounds]] = []
+
+
+def shape_bounds(graph: Graph, bounds: dict[str, int]) -> ShapeBounds:
+    """The graph's shapes in its input symbols, under ``bounds`` (computed once)."""
+    key = tuple(sorted(bounds.items()))
+    if _last:
+        ref, count, k, sb = _last[0]
+        if ref() is graph and count == len(graph.nodes) and k == key:
+            return sb
+    sb = ShapeBounds(graph, bounds)
+    _last[:] = [(weakref.ref(graph), len(graph.nodes), key, sb)]
+    return sb
+
+
 def tensor_bytes(graph: Graph, name: str, bounds: dict[str, int]) -> int:
-    """Bytes of a value; UnboundedSymbolError for a symbol without a bound."""
+    """Bytes of a value at its ceiling; UnboundedSymbolError for a symbol without a
+    bound, UnresolvedShapeError for a dim nothing sizes."""
     v = graph.value(name)
-    if v.kind != "tensor" or v.dtype is None or v.shape is None:
-        return 0  # nothing declared: sequences and unknown values are not admitted
-    for d in v.shape:
-        if isinstance(d, str) and bound_dim(d, bounds) is None:
-            missing = [s for s in symbols_of(d) if s not in bounds]
-            raise UnboundedSymbolError(missing[0] if missing else d, name)
-        if d is None:
-            producer = graph.producer.get(name)
-            raise UnresolvedShapeError(name, producer.op_class if producer else "<graph input>")
-    shape = resolve_shape(graph, name, bounds)
-    return int(np.prod(shape, dtype=np.int64)) * v.dtype.itemsize if shape is not None else 0
+    if v.kind != "tensor" or v.dtype is None:
+        return 0  # sequences and unknown values are not admitted
+    shape = shape_bounds(graph, bounds).ceiling(name)
+    if shape is None:
+        return 0  # nothing known of its rank
+    return math.prod(shape) * v.dtype.itemsize
 
 
 def workspace_bytes(graph: Graph, node: Node, bounds: dict[str, int]) -> int:
     """Scratch a kernel allocates beyond its outputs (im2col columns for convolutions)."""
     if node.op_type not in ("Conv", "ConvInteger", "QLinearConv") or len(node.inputs) < 2:
         return 0
-    w = resolve_shape(graph, node.inputs[1], bounds)
-    out = resolve_shape(graph, node.outputs[0], bounds)
+    sb = shape_bounds(graph, bounds)
+    try:
+        w, out = sb.ceiling(node.inputs[1]), sb.ceiling(node.outputs[0])
+    except (UnboundedSymbolError, UnresolvedShapeError):
+        return 0  # the output's own bytes raise it where it counts
     v = graph.value(node.outputs[0])
     if w is None or out is None or v.dtype is None:
         return 0

@@ -216,6 +216,53 @@ def test_live_generators_count_against_the_budget():
     og.Generator(model, params).close()
 
 
+def _bounded(path: str, device_budget: int) -> og.Model:
+    """A model whose providers both have a budget: the session's own admission sizes the
+    decoder (Range, computed Reshapes) from dim_bounds at build."""
+    return og.Model(path, providers=[
+        ("sim-gpu", {"exclude_ops": ["Softmax"], "mem_limit": device_budget}),
+        ("cpu", {"mem_limit": 1 << 30})], hetero=True,
+        dim_bounds={"batch": 4, "batch_size": 4, "sequence_length": 64,
+                    "past_sequence_length": 64, "total_length": 128})
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_provider_budget_admits_the_session_and_then_each_cache(arch, exporter):
+    """Issue 23: a provider mem_limit refused every decoder at build (UnresolvedShapeError
+    on a Range and on Reshapes). The session's admission counts no cache: the buffers are
+    the generators', each admitted once at its capacity."""
+    from hetero_exec.genai.rewrite import cache_input
+    from hetero_exec.placement.sizes import shape_bounds
+
+    model = _bounded(model_path(arch, exporter), 1 << 30)
+    graph = model.session.placement.graph
+    sb = shape_bounds(graph, model.session.options.dim_bounds)
+    for e in model.layout.entries:
+        if e.mode == "concat":
+            assert sb.ceiling(cache_input(e.past))[e.axis] == 0
+    rows = prompts(1, seed=2)
+    assert _generate(model, rows, 5) == ort_greedy(model_path(arch, exporter), rows, 5)
+
+
+def test_a_budget_given_at_build_admits_one_cache_and_refuses_the_next():
+    path = model_path("llama", "optimum")
+    probe = _bounded(path, 1 << 30)
+    dev = next(iter(probe.cache_providers.values())).name
+    budget = probe._session_bytes(dev) + int(1.5 * probe.cache_bytes(1, 64)[dev])
+    model = _bounded(path, budget)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=64)
+    first = og.Generator(model, params)
+    with pytest.raises(og.CacheAdmissionError, match=dev):
+        og.Generator(model, params)
+    rows = prompts(1)
+    first.append_tokens(rows[0])
+    for _ in range(3):
+        first.generate_next_token()
+    assert list(first.get_sequence(0)[len(rows[0]):]) == ort_greedy(path, rows, 3)[0]
+
+
 @pytest.fixture(scope="module")
 def gen():
     model = _model("gpt2", "optimum", False)
