@@ -9,7 +9,10 @@
    segments run the array-module kernels over host memory (what a GPU would run its
    own way), so with them on the ratio would weigh numba against numpy on the
    "device" nodes rather than the heterogeneous machinery (``--native`` keeps them on:
-   1.32x on 2026-12-01, against 1.02-1.1x off).
+   1.32x on 2026-12-01, against 1.02-1.1x off). Since 2026-12-02 strict sim-gpu's float32
+   products accumulate in float64 (providers/sim_array.py: equal rows give equal results
+   whatever the host's BLAS), about 2.3x a float32 GEMM's time, so the strict ratio of
+   the GEMM-heavy models carries that too; ``--sim host`` does not.
    ``--sim host`` gives sim-gpu ``strict=False``: its segments then run the cpu's own
    kernels (compiled ones too) on plain numpy arrays, still with a copy at every seam
    and of every output, so the ratio is the machinery alone (1.038-1.039 in two runs on

@@ -16,22 +16,6 @@ import pytest
 
 from tests.model_suites import CASES, case_params, run_model_case
 
-#: failing on sim-gpu only, in this environment, at the commit before this stop's work
-#: too (ccaf084): its sim-gpu Conv gives per-channel garbage (~1e9) once the C library
-#: is loaded (HETERO_EXEC_NATIVE=0 or HETERO_EXEC_PACKED_GEMM=0 pass; no C or numba
-#: function runs during the sim-gpu run). Not strict: it passed in the last CI. Open.
-SIMGPU_UNDER_INVESTIGATION = {
-    "real/test_squeezenet": "sim-gpu Conv wrong with the native library loaded (open)"}
-
-
-def _params() -> list:
-    out = []
-    for p in case_params():
-        reason = SIMGPU_UNDER_INVESTIGATION.get(p.values[0])
-        marks = list(p.marks) + ([pytest.mark.xfail(reason=reason, strict=False)] if reason else [])
-        out.append(pytest.param(*p.values, id=p.id, marks=marks))
-    return out
-
 
 def excluded_op(case_name: str) -> str:
     """The op type the mixed-placement run keeps off the GPU."""
@@ -44,7 +28,7 @@ def _middle_op(path: str) -> str:
     return nodes[len(nodes) // 2].op_type if len(nodes) >= 2 else ""
 
 
-@pytest.mark.parametrize("case_name", _params())
+@pytest.mark.parametrize("case_name", case_params())
 def test_model_case_mixed_simgpu(case_name: str) -> None:
     case = CASES[case_name]
     excluded = excluded_op(case_name)

@@ -786,17 +786,34 @@ def _stable(fn: Callable) -> Callable:
     return sort
 
 
+_F16, _F32 = np.dtype(np.float16), np.dtype(np.float32)
+
+
 def _gemm(fn: Callable) -> Callable:
-    """CuPy runs a float16 product through cuBLAS with float32 compute (sgemmEx/GemmEx
-    with CUBLAS_COMPUTE_32F): it accumulates in float32 and rounds once, where NumPy's
-    float16 matmul rounds at every step."""
+    """A product computed as cuBLAS computes it, every element the same way wherever it
+    sits in the matrices:
+
+    * float16 runs with float32 compute (CuPy's sgemmEx/GemmEx with CUBLAS_COMPUTE_32F):
+      it accumulates in float32 and rounds once, where NumPy's float16 matmul rounds at
+      every step;
+    * float32 accumulates in float64 and rounds once. OpenBLAS's Haswell and Zen sgemm
+      kernels round rows of a product differently (identical rows of A give two values,
+      alternating in groups of six rows), which a GPU's tiles do not: a light squeezenet
+      whose 1000 logits are equal (about 9.5e9, 1024 apart per float32 step) came out of
+      sim-gpu unequal on those hosts, and its softmax one-hot instead of uniform. Rounding
+      a float64 sum once gives equal rows equal results on every host's BLAS (about 2.3x
+      a float32 product's time: sim-gpu is for testing placement, not for speed)."""
     def product(*args, **kwargs):
-        if not any(getattr(a, "dtype", None) == np.float16 for a in args):
+        dtypes = {getattr(a, "dtype", None) for a in args}
+        if _F16 in dtypes:
+            compute, result = np.float32, _F16
+        elif dtypes == {_F32} or dtypes == {_F32, None}:
+            compute, result = np.float64, _F32
+        else:
             return fn(*args, **kwargs)
         out = kwargs.pop("out", None)
-        wide = [a.astype(np.float32) if getattr(a, "dtype", None) == np.float16 else a
-                for a in args]
-        r = fn(*wide, **kwargs).astype(np.float16)
+        wide = [a.astype(compute) if getattr(a, "dtype", None) == result else a for a in args]
+        r = fn(*wide, **kwargs).astype(result)
         if out is None:
             return r
         np.copyto(out, r, casting="same_kind")

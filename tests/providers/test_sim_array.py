@@ -243,3 +243,60 @@ def test_honest_kernel_runs_on_strict_sim_gpu():
     _register_test_kernels()
     sess = InferenceSession(_model("Honest"), ["sim-gpu"], require_gpu=True)
     np.testing.assert_array_equal(sess.run(None, _feed())[0], _feed()["x"] * 2)
+
+
+# --- products ------------------------------------------------------------------------------
+
+_EQUAL_ROWS = r"""
+import json, logging
+import numpy as np
+from threadpoolctl import threadpool_info
+from hetero_exec.providers import parse_provider
+from hetero_exec.providers import sim_array as sa
+from tests.model_suites import CASES, run_model_case
+
+arch = [i.get("architecture") for i in threadpool_info() if i["internal_api"] == "openblas"]
+rng = np.random.default_rng(0)
+W = np.full((1000, 512), 0.02, np.float32)  # 1000 equal rows, as squeezenet's conv10
+X = (rng.random((512, 169), np.float32) * 1e6).astype(np.float32)
+dev = parse_provider("sim-gpu")
+
+
+def distinct(Y):
+    return max(len(np.unique(Y[:, j])) for j in range(Y.shape[1]))
+
+
+Y = dev.to_host(sa.SIM_CUPY.matmul(dev.to_device(W), dev.to_device(X)))
+logging.disable(logging.WARNING)
+try:
+    run_model_case(CASES["real/test_squeezenet"], providers=[("sim-gpu", {"exclude_ops": ["Relu"]}),
+                                                             "cpu"], hetero=True)
+    squeezenet = "passed"
+except AssertionError as e:
+    squeezenet = str(e)[:200]
+print(json.dumps({"arch": arch, "numpy": distinct(W @ X), "sim": distinct(Y),
+                  "error": float(np.abs(Y - (W.astype(np.float64) @ X).astype(np.float32)).max()),
+                  "squeezenet": squeezenet}))
+"""
+
+
+def test_equal_rows_give_equal_products_whatever_the_hosts_blas():
+    """OpenBLAS's Haswell/Zen sgemm kernels round equal rows of a product differently; a
+    GPU's do not, and sim-gpu's products must not either: light squeezenet's 1000 equal
+    logits (~9.5e9) came out unequal on such hosts, its softmax one-hot, not uniform.
+    Run with those kernels forced (OPENBLAS_CORETYPE), in a subprocess."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "OPENBLAS_CORETYPE": "Haswell", "PYTHONPATH": root}
+    out = subprocess.run([sys.executable, "-c", _EQUAL_ROWS], env=env, capture_output=True,
+                         text=True, timeout=120, check=True, cwd=root)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if got["arch"] != ["Haswell"]:
+        pytest.skip(f"numpy's OpenBLAS does not run its Haswell kernels here: {got['arch']}")
+    assert got["numpy"] > 1, got  # the host's own product: what makes this test able to fail
+    assert got["sim"] == 1 and got["error"] == 0.0, got
+    assert got["squeezenet"] == "passed", got
