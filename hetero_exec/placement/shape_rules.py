@@ -22,9 +22,6 @@ OPEN_END = 2**31 - 1
 def _axis(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 
-def _axis(axis: int, rank: int) -> int:
-    return axis + rank if axis < 0 else axis
-
 
 def _same(sb: ShapeBounds, node: Node) -> list:
     s = sb.input_shape(node, 0)
