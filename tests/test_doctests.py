@@ -39,7 +39,9 @@ MODULES = [
     "hetero_exec.model_plan",
     "hetero_exec.options",
     "hetero_exec.session",
+    "hetero_exec.placement.shape_bounds",
     "hetero_exec.placement.stages",
+    "hetero_exec.placement.symbolic",
 ]
 
 
