@@ -101,7 +101,7 @@ def test_session_still_builds_after_failures(ray_session):
         np.testing.assert_allclose(
             sess.run(None, {"x": x})[0],
             InferenceSession(mlp(layers=1), ["cpu"]).run(None, {"x": x})[0],
-            rtol=1e-6,
+            rtol=1e-5, atol=1e-6,  # sim-gpu's products round once from float64
         )
 
 

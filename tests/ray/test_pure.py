@@ -97,7 +97,8 @@ def test_stage_spec_holds_only_its_weights_once_and_compiles_alike():
         assert len(stats) == len(stage.segments)
         env.update(zip(spec.outputs, chain.run({n: env.get(n) for n in spec.inputs}, spec.outputs)))
     full = Compiler().compile_graph(graph)
-    np.testing.assert_allclose(env["y"], execute(full, [x])[0], rtol=1e-6)
+    # (sim-gpu's products round once from float64, cpu's accumulate in float32)
+    np.testing.assert_allclose(env["y"], execute(full, [x])[0], rtol=1e-5, atol=1e-6)
 
 
 def test_a_stage_shares_a_weight_its_segments_both_read():
@@ -215,5 +216,5 @@ def test_a_stage_compiles_a_seam_folded_from_constants_as_a_constant():
     assert [n for n, _ in dev_plan.input_slots] == ["x"]
     x = np.linspace(-1, 1, 48, dtype=np.float32).reshape(3, 16)
     before = dev.bytes_to_device
-    np.testing.assert_allclose(chain.run({"x": x}, ["y"])[0], x @ w.T, rtol=1e-6)
+    np.testing.assert_allclose(chain.run({"x": x}, ["y"])[0], x @ w.T, rtol=1e-5, atol=1e-6)
     assert dev.bytes_to_device - before == x.nbytes
