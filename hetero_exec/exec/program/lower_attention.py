@@ -168,8 +168,6 @@ def fused_attention(b, st, ins, outs):
     rows = s.size // S
     b.emit("OP_SOFTMAX", tensors=[s, s], p=[rows, S], parts=b.parts(rows, 16.0 * s.size))
     if kw.get("nan_to_zero", 0):
-        nan = b.scratch(s.shape, np.bool_)
-        b.elementwise("OP_UNARY", c["U_ISNAN"], nan, [s])
-        b.elementwise("OP_WHERE", 0, s, [nan, b.const(np.zeros((1,), F32)), s])
+        b.elementwise("OP_UNARY", c["U_NAN_TO_ZERO"], s, [s])
     out = _grouped(b, s, V, V.shape[1] if kv_groups > 1 else 0, outs[0])
     return [out]

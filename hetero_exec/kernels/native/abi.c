@@ -38,7 +38,7 @@ HE_API const he_constant he_constants[] = {
     {"U_COS", U_COS}, {"U_SIN", U_SIN}, {"U_ERF", U_ERF}, {"U_RELU", U_RELU},
     {"U_SILU", U_SILU}, {"U_GELU", U_GELU}, {"U_GELU_TANH", U_GELU_TANH},
     {"U_ISNAN", U_ISNAN}, {"U_NOT", U_NOT}, {"U_FLOOR", U_FLOOR}, {"U_CEIL", U_CEIL},
-    {"U_SOFTPLUS", U_SOFTPLUS}, {"U_ISINF", U_ISINF},
+    {"U_SOFTPLUS", U_SOFTPLUS}, {"U_ISINF", U_ISINF}, {"U_NAN_TO_ZERO", U_NAN_TO_ZERO},
     {"B_ADD", B_ADD}, {"B_SUB", B_SUB}, {"B_MUL", B_MUL}, {"B_DIV", B_DIV},
     {"B_POW", B_POW}, {"B_MAX", B_MAX}, {"B_MIN", B_MIN}, {"B_EQ", B_EQ}, {"B_LT", B_LT},
     {"B_LE", B_LE}, {"B_GT", B_GT}, {"B_GE", B_GE}, {"B_AND", B_AND}, {"B_OR", B_OR},

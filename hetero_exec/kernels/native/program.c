@@ -238,6 +238,7 @@ static void unary_f32(int code, char **p, const int64_t *s, int64_t n)
     case U_SOFTPLUS: UNARY_LOOP(float, float, log1pf(expf(x))) break;
     case U_ISNAN: UNARY_LOOP(float, uint8_t, x != x) break;
     case U_ISINF: UNARY_LOOP(float, uint8_t, isinf(x) != 0) break;
+    case U_NAN_TO_ZERO: UNARY_LOOP(float, float, x != x ? 0.0f : x) break;
     default: break;
     }
 }
@@ -474,10 +475,36 @@ static void small_matmul(int64_t M, int64_t N, int64_t K, const float *a, int64_
         }
         return;
     }
-    if (ak == 1 && bk == 1) { /* dot products of rows */
+    if (ak == 1 && bk == 1) { /* dot products of rows, four columns of C at a time */
         for (int64_t m = 0; m < M; m++) {
             const float *ar = a + m * am;
-            for (int64_t n = 0; n < N; n++) {
+            int64_t n = 0;
+            for (; n + 4 <= N; n += 4) {
+                const float *b0 = b + n * bn, *b1 = b0 + bn, *b2 = b1 + bn, *b3 = b2 + bn;
+                vf s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
+                int64_t k = 0;
+                for (; k + VW <= K; k += VW) {
+                    const vf x = vloadu(ar + k);
+                    s0 = vfma(x, vloadu(b0 + k), s0);
+                    s1 = vfma(x, vloadu(b1 + k), s1);
+                    s2 = vfma(x, vloadu(b2 + k), s2);
+                    s3 = vfma(x, vloadu(b3 + k), s3);
+                }
+                if (k < K) {
+                    lanes_t l = first_lanes((int)(K - k));
+                    const vf x = vload_lanes(l, ar + k);
+                    s0 = vfma(x, vload_lanes(l, b0 + k), s0);
+                    s1 = vfma(x, vload_lanes(l, b1 + k), s1);
+                    s2 = vfma(x, vload_lanes(l, b2 + k), s2);
+                    s3 = vfma(x, vload_lanes(l, b3 + k), s3);
+                }
+                float *cr = c + m * ldc + n;
+                cr[0] = vreduce_add(s0);
+                cr[1] = vreduce_add(s1);
+                cr[2] = vreduce_add(s2);
+                cr[3] = vreduce_add(s3);
+            }
+            for (; n < N; n++) {
                 const float *bc = b + n * bn;
                 vf acc = vzero();
                 int64_t k = 0;

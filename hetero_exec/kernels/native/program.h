@@ -63,7 +63,7 @@ enum {
 
 enum { U_NEG = 1, U_ABS, U_SQRT, U_RECIP, U_EXP, U_LOG, U_SIGMOID, U_TANH, U_COS, U_SIN,
        U_ERF, U_RELU, U_SILU, U_GELU, U_GELU_TANH, U_ISNAN, U_NOT, U_FLOOR, U_CEIL,
-       U_SOFTPLUS, U_ISINF };
+       U_SOFTPLUS, U_ISINF, U_NAN_TO_ZERO };
 
 enum { B_ADD = 1, B_SUB, B_MUL, B_DIV, B_POW, B_MAX, B_MIN, B_EQ, B_LT, B_LE, B_GT, B_GE,
        B_AND, B_OR, B_XOR };
