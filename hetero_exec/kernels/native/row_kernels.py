@@ -120,6 +120,10 @@ def convert_half(a: np.ndarray, dtype: Any) -> np.ndarray | None:
     return None
 
 
+#: query rows from which attention_rows lays K out keys-first (a prompt, not a step)
+KEYS_ACROSS_ROWS = 8
+
+
 def attention_rows(Q: Any, K: Any, V: Any, mask: Any, scale: float, k_transposed: bool,
                    kv_groups: int, nan_to_zero: bool, condition: Any = None,
                    fill: Any = None) -> np.ndarray | None:
@@ -141,6 +145,10 @@ def attention_rows(Q: Any, K: Any, V: Any, mask: Any, scale: float, k_transposed
         return None
     B, Hq, L, D = Q.shape
     KT = K if k_transposed else K.swapaxes(-1, -2)
+    if not k_transposed and L >= KEYS_ACROSS_ROWS:
+        # keys at unit stride: a row's scores go across keys in registers, not a dot
+        # and a horizontal sum per key (the copy is one pass over K for L rows)
+        KT = np.ascontiguousarray(KT)
     hkv = KT.shape[1] if kv_groups > 1 else Hq
     S = KT.shape[-1]
     if hkv <= 0 or Hq % hkv or KT.shape[2] != D or V.shape[2:] != (S, D):
