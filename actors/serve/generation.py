@@ -74,6 +74,22 @@ class TokenStream:
                 self._gen.close()
 
 
+def opened(model: Any, prompt: list[int], max_tokens: int, search: dict[str, Any]) -> TokenStream:
+    """A stream admitted and prefilled (one job on the pool), or closed and raised."""
+    stream = TokenStream(model, prompt, max_tokens, search)
+    try:
+        stream.start()
+    except BaseException:
+        stream.close()
+        raise
+    return stream
+
+
+def _close_if_opened(job: concurrent.futures.Future) -> None:
+    if not job.cancelled() and job.exception() is None:
+        job.result().close()
+
+
 class GenerationCounts:
     """Requests and tokens answered, as the stats route reports them."""
 
@@ -153,15 +169,13 @@ class GenerativeModel:
         if limit and len(prompt) + req.max_tokens > limit:
             raise ProtocolError(f"{len(prompt)} prompt tokens + max_tokens {req.max_tokens} "
                                 f"exceed the model's context length {limit}")
-        loop = asyncio.get_running_loop()
-        stream = await loop.run_in_executor(self.pool, TokenStream, self.model, prompt,
-                                            req.max_tokens, req.search)
-        self.counts.active += 1
+        job = self.pool.submit(opened, self.model, prompt, req.max_tokens, req.search)
         try:
-            await loop.run_in_executor(self.pool, stream.start)
-        except BaseException:
-            self.release(stream)
+            stream = await asyncio.wrap_future(job)
+        except asyncio.CancelledError:  # the client went away while its stream opened
+            job.add_done_callback(_close_if_opened)
             raise
+        self.counts.active += 1
         return stream
 
     async def tokens(self, stream: TokenStream) -> AsyncIterator[int]:
