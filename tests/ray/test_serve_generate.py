@@ -144,6 +144,23 @@ def test_generate_and_stream_match_onnxruntime_and_the_in_process_generator(serv
     assert [e.get("finish_reason") for e in events] == [None] * 11 + ["length"]
 
 
+def test_search_parameters_reach_the_generator(server):
+    """Sampling with a seed: the same tokens as the in-process generator with the same
+    options (and not greedy's)."""
+    prompt = [int(t) for t in prompts(1, seed=6)[0]]
+    search = {"do_sample": True, "top_k": 20, "top_p": 0.9, "temperature": 1.5,
+              "random_seed": 42}
+    model = hg.Model(LLAMA)
+    want = [int(t) for t in hg.generate(model, [prompt], 12, **search)[0][len(prompt):]]
+    assert want != ort_greedy(LLAMA, [prompt], 12)[0]
+    status, body = post(server, "/llama/v2/models/llama/generate",
+                        {"input_ids": prompt, "max_tokens": 12, "parameters": search})
+    assert status == 200 and body["output_ids"] == want
+    events = stream(server, "/llama/v2/models/llama/generate_stream",
+                    {"input_ids": prompt, "max_tokens": 12, **search})
+    assert [e["output_ids"][0] for e in events] == want
+
+
 def test_text_in_and_out_through_the_folders_tokenizer(server):
     og = pytest.importorskip("onnxruntime_genai")
     tok = hg.Tokenizer(hg.Model(FOLDER))
