@@ -3,17 +3,19 @@ answer with every new token) and ``/generate_stream`` (server-sent events, one a
 the last with its ``finish_reason``: "eos" or "length").
 
 Everything that can be refused is refused before the first byte of the answer, as a
-JSON ``{"error": ...}`` with a 4xx (`respond` in `actors.serve.routes`): a malformed
+JSON ``{"error": ...}`` (`respond` in `actors.serve.routes`): a malformed
 request or bad search option 400, a model that is not a decoder 400, a cache that
 cannot fit this model's budget even alone 400, one that does not fit now (others hold
 the room) 503. A fault after a stream began is its last event, ``{"error": ...}``, as
 Triton sends it.
 
->>> body = b'{"input_ids": [5, 7], "max_tokens": 4}'  # doctest: +SKIP
->>> POST /v2/models/tiny/generate_stream  # doctest: +SKIP
-data: {"model_name": "tiny", "model_version": "1", "output_ids": [31]}
-...
-data: {"model_name": "tiny", "model_version": "1", "output_ids": [9], "finish_reason": "length"}
+An exchange::
+
+    POST /v2/models/tiny/generate_stream  {"input_ids": [5, 7], "max_tokens": 2}
+    data: {"model_name": "tiny", "model_version": "1", "output_ids": [31]}
+
+    data: {"model_name": "tiny", "model_version": "1", "output_ids": [9], "finish_reason": "length"}
+
 """
 
 from __future__ import annotations
