@@ -27,6 +27,10 @@ from actors.serve.routes import MODEL_VERSION, Reply, respond
 
 log = logging.getLogger(__name__)
 
+#: prompt + max_tokens at most when the model names no context length (the cache is
+#: allocated at that capacity: without a bound one request could take the host's memory)
+UNCONFIGURED_MAX_LENGTH = 1 << 15
+
 
 class TokenStream:
     """One request's generator: admitted and prefilled by `start`, stepped one token
@@ -165,10 +169,13 @@ class GenerativeModel:
         """A request's generator, admitted and prefilled on the pool (errors raise here,
         before any answer is sent)."""
         prompt = self.prompt_ids(req)
-        limit = self.model.context_length
-        if limit and len(prompt) + req.max_tokens > limit:
+        limit = self.model.context_length or UNCONFIGURED_MAX_LENGTH
+        if len(prompt) + req.max_tokens > limit:
+            whose = ("the model's context length" if self.model.context_length else
+                     "the longest sequence served for a model without genai_config.json's "
+                     "context_length")
             raise ProtocolError(f"{len(prompt)} prompt tokens + max_tokens {req.max_tokens} "
-                                f"exceed the model's context length {limit}")
+                                f"exceed {whose} {limit}")
         job = self.pool.submit(opened, self.model, prompt, req.max_tokens, req.search)
         try:
             stream = await asyncio.wrap_future(job)

@@ -322,6 +322,9 @@ def test_wrong_route_model_or_method_and_the_inference_routes_beside(server):
                         {"input_ids": [3, 4], "max_tokens": 2000})
     assert status == 400 and "context length 1024" in body["error"]
     status, body = post(server, "/llama/v2/models/llama/generate",
+                        {"input_ids": [3, 4], "max_tokens": 1 << 40})  # no context length
+    assert status == 400 and "exceed the longest sequence served" in body["error"]
+    status, body = post(server, "/llama/v2/models/llama/generate",
                         {"input_ids": [3, 4], "max_tokens": 0})
     assert status == 200 and body["output_ids"] == [] and body["finish_reason"] == "length"
     assert post(server, "/llama/v2/health/ready", b"", method="GET") == (200, {"ready": True})
