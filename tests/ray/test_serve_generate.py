@@ -358,3 +358,71 @@ def test_build_app_serves_decoders_for_generation_and_the_rest_for_inference(tmp
     with pytest.raises(ValueError, match="not a path to a decoder"):
         build_app(path, generate=True)
     assert served(build_app(LLAMA, name="x")) == GenerativeModel.__name__
+
+
+# -- the command line ----------------------------------------------------------------------
+
+
+def test_cli_serves_a_decoder_folder_through_haproxy():
+    """``hetero-exec serve FOLDER`` (its own Ray, Serve's HAProxy ingress): the generate
+    routes, text out, a stream through HAProxy read as it comes, a client gone mid-stream
+    through HAProxy frees its cache, and a clean exit on SIGINT."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": root}
+    env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_SERVE_ENABLE_HA_PROXY", None)
+    proc = subprocess.Popen([sys.executable, "-m", "hetero_exec.cli", "serve", FOLDER,
+                             "--name", "cli", "--port", str(port)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    app = "/v2/models/cli"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if post(port, app + "/ready", b"", method="GET")[0] == 200:
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.stdout.read()
+        ids = [5, 6, 7, 40]
+        want = in_process(FOLDER, ids, 6)
+        events = stream(port, app + "/generate_stream", {"input_ids": ids, "max_tokens": 6})
+        assert [e["output_ids"][0] for e in events] == want
+        assert "".join(e["text_output"] for e in events) == hg.Tokenizer(
+            hg.Model(FOLDER)).decode(want)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("POST", app + "/generate_stream",
+                     json.dumps({"input_ids": ids, "max_tokens": 1000}).encode())
+        r = conn.getresponse()
+        assert next(parse_sse(r))["output_ids"] == want[:1]
+        r.close()
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+
+        def freed() -> bool:
+            status, body = post(port, app + "/stats", b"", method="GET")
+            return body["generation"]["active_streams"] == 0 and \
+                body["generation"]["reserved_bytes"] == {}
+
+        assert eventually(freed, 60)
+        status, body = post(port, app + "/generate", {"input_ids": ids, "max_tokens": -1})
+        assert status == 400 and "max_tokens" in body["error"]
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out[-2000:]
+        assert "(/generate, /generate_stream)" in out and "shutting down" in out
+    finally:
+        if proc.poll() is None:  # a failed check: stop it the clean way first
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
