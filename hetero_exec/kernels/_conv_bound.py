@@ -19,9 +19,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetero_exec.kernels import conv, native
+from hetero_exec.kernels import conv
 from hetero_exec.kernels._nn_common import conv_geometry, spatial_attrs
-from hetero_exec.kernels.native import packed_gemm, plane_kernels
+from hetero_exec.kernels.native import library, packed_gemm, plane_kernels
+from hetero_exec.kernels.native.activation import NO_ACTIVATION, activation_args
 
 #: the input shapes a node keeps bound calls for; a model fed more shapes rebinds
 LIMIT = 8
@@ -64,7 +65,7 @@ def bind(X: np.ndarray, W: np.ndarray, B: np.ndarray | None, Z: np.ndarray | Non
     the general route would take for them; None where it would take another."""
     f32 = np.float32
     if (X.ndim != 4 or W.ndim != 4 or X.dtype != f32 or W.dtype != f32
-            or not native.takes(np, X) or not packed_gemm.available()):
+            or not library.takes(np, X)):
         return None
     N, C, H, Wd = X.shape
     M = W.shape[0]
@@ -170,13 +171,13 @@ def _pixel_patches(path, W: np.ndarray, B, kernel, dilations, strides, pads, out
 def _store(activation) -> tuple[tuple[int, float, float], Callable[[np.ndarray], None] | None]:
     """The activation as the kernels' store applies it (none, Relu, Clip), and the pass
     after the kernel for one it lacks (conv._stored's rule)."""
-    store = conv.store_of(activation)
+    store = activation_args(activation, store_only=True)
     if store is not None:
         return store, None
-    act = conv._native_activation(activation)
+    act = activation_args(activation)
     if act is not None:
-        return packed_gemm.store_act(""), lambda Y: conv._native_epilogue(np, Y, None, None, act)
-    return packed_gemm.store_act(""), lambda Y: conv._epilogue(np, Y, None, activation)
+        return NO_ACTIVATION, lambda Y: conv._native_epilogue(Y, None, None, act)
+    return NO_ACTIVATION, lambda Y: conv._epilogue(np, Y, None, activation)
 
 
 def _then(call: BoundCall, after: Callable[[np.ndarray], None]) -> BoundCall:

@@ -13,18 +13,14 @@ of the kernel table) from its attributes and weight shape, see `choose_path`:
   Numpy's element-wise passes (one multiply and one add per kernel tap) run at a few
   GB/s here; the BLAS does the taps in registers, at the price of U/K times the
   arithmetic (bench/bench_conv.py measures the forms);
-* ``depthwise_native`` (the same nodes, float32/float64, when the compiled kernels of
-  kernels/native are available). float32 on AVX-512: kernels/native/depthwise.c, each
-  plane padded into a small buffer, eight runs of 16 output pixels summed at once (a
-  tap is a load and an FMA), bias, residual and Relu/Clip as a run is stored; output
-  planes of at most 64 pixels (256 from 5x5 kernels) along the channels instead,
-  16 channels a vector (depthwise_cl.c). float64,
-  or without AVX-512: per channel, the padded input copied once into the stride's
-  phase planes, then one vectorized multiply-add over the output plane per tap, with
-  the bias and the activation on the way out; planes of at most 64 pixels
-  channels-last instead (kernels/native/depthwise.py); other dtypes take the
-  ``depthwise`` path. The pointwise and im2col paths then add the bias and residual and
-  apply the activation in one compiled pass too (kernels/native/epilogue.py);
+* ``depthwise_native`` (the same nodes, float32, when the C library is available):
+  kernels/native/depthwise.c, each plane padded into a small buffer, runs of output
+  pixels summed a vector at once (a tap is a load and an FMA), bias, residual and
+  Relu/Clip as a run is stored; output planes of at most 64 pixels (256 from 5x5
+  kernels) along the channels instead (depthwise_cl.c). Other dtypes, and planes too
+  large for its int32 offsets, take the ``depthwise`` path. The pointwise and im2col
+  paths then add the bias and residual and apply the activation in one C pass too
+  (native/act.c, `row_kernels.channels`);
 * ``depthwise_taps`` (other array modules, 3-D, channel multipliers): the sum over kernel
   taps of per-channel scaled strided slices, accumulated in place;
 * ``im2col`` (everything else, groups included): the padded input viewed through
@@ -49,7 +45,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from hetero_exec.kernels import _int_gemm, _threads, native
+from hetero_exec.kernels import _int_gemm, _threads
 from hetero_exec.kernels._common import host_ints
 from hetero_exec.kernels._nn_common import (
     SCRATCH_KEEP,
@@ -64,7 +60,8 @@ from hetero_exec.kernels._nn_common import (
 )
 from hetero_exec.kernels._threads import matmul
 from hetero_exec.kernels.fused import FUSED_DOMAIN, epilogue_activation
-from hetero_exec.kernels.native import packed_gemm, plane_kernels
+from hetero_exec.kernels.native import library, packed_gemm, plane_kernels, row_kernels
+from hetero_exec.kernels.native.activation import NO_ACTIVATION, ActivationArgs, activation_args
 from hetero_exec.kernels.registry import KnownInput, kernel
 
 #: output plane size (columns per image) below which images share one wide GEMM
@@ -141,7 +138,7 @@ def _path_for(xp, w_shape: Sequence[int], group: int, pads_zero: bool) -> ConvPa
     """A node's path on ``xp``, the compiled kernels included where they may run."""
     numpy_arrays = is_numpy(xp)
     return ConvPath(choose_path(numpy_arrays, w_shape, group, pads_zero,
-                                numpy_arrays and native.available()))
+                                numpy_arrays and library.available()))
 
 
 # --------------------------------------------------------------------------- pointwise
@@ -268,57 +265,10 @@ def _depthwise_band(xp, X, W, B, strides, dilations, pb, pe, out_sp, path: ConvP
     return out
 
 
-_NO_ACT = (0, 0.0, 0.0)
-#: output planes of at most this many pixels run channels-last (bench/bench_conv.py)
-_CHANNELS_LAST_PLANE = 64
-
-
-def _native_activation(activation) -> tuple[int, float, float] | None:
-    """The compiled epilogue's (code, p0, p1) for ``activation`` ("", "Relu", or
-    fused.epilogue_activation's callable), or None when it has none."""
-    if isinstance(activation, str):
-        return native.epilogue_code(activation)
-    name = getattr(activation, "activation", None)
-    return None if name is None else native.epilogue_code(name, activation.params)
-
-
-def _native_epilogue(xp, Y, B, Z, act) -> None:
-    """act(Y + B[channel] + Z) in place on a fresh (N, M, *S) product, by the compiled
-    epilogue, its rows split over our threads."""
-    ep = native.module("epilogue")
-    N, M = Y.shape[:2]
-    Y3 = Y.reshape(N, M, -1)
-    if Y3.shape[2] == 0:
-        return
-    b = np.zeros(0, Y.dtype) if B is None else np.ascontiguousarray(B, dtype=Y.dtype)
-    z = np.zeros((0, 0, 0), Y.dtype) if Z is None else \
-        np.ascontiguousarray(Z, dtype=Y.dtype).reshape(Y3.shape)
-    native.split(ep.channels, N * M, Y3, b, z, *act, cost=8.0 * Y.size, least=4)
-
-
-def _depthwise_native(xp, X, W, B, strides, dilations, pb, out_sp, act):
-    """Depthwise conv (multiplier 1, 1-D or 2-D) by the compiled kernel, its channels
-    split over our threads; ``act`` is `_native_activation`'s triple."""
-    dw = native.module("depthwise")
-    if X.ndim == 3:  # 1-D: one row of height 1
-        X, W = X[:, :, None], W[:, :, None]
-        strides, dilations, pb, out_sp = [1, *strides], [1, *dilations], [0, *pb], [1, *out_sp]
-        flat = True
-    else:
-        flat = False
-    N, C = X.shape[:2]
-    X = np.ascontiguousarray(X)
-    Wk = np.ascontiguousarray(W.reshape((C,) + W.shape[2:]))
-    Bk = np.zeros(C, X.dtype) if B is None else np.ascontiguousarray(B, dtype=X.dtype)
-    out = np.empty((N, C) + tuple(out_sp), dtype=X.dtype)
-    if math.prod(out_sp) <= _CHANNELS_LAST_PLANE:  # small planes: along the channels
-        fn, Wk = dw.depthwise2d_cl, np.ascontiguousarray(Wk.transpose(1, 2, 0))
-    else:
-        fn = dw.depthwise2d
-    taps = math.prod(W.shape[2:])
-    native.split(fn, C, X, Wk, Bk, out, *strides, *dilations, pb[0], pb[1], *act,
-                 cost=2.0 * out.size * taps, least=8)
-    return out.reshape(out.shape[:2] + (out.shape[3],)) if flat else out
+def _native_epilogue(Y, B, Z, act: ActivationArgs) -> None:
+    """act(Y + B[channel] + Z) in place on a fresh float32 (N, M, *S) product, by the C
+    epilogue (native/act.c), its rows split over the library's workers."""
+    row_kernels.channels(Y, B, Z, *act)
 
 
 def _depthwise_packed(X, W, B, Z, activation, act, strides, dilations, pb, out_sp):
@@ -507,23 +457,14 @@ def strided_pixels(X, strides, out_sp):
     return out.reshape(N, C, -1)
 
 
-def store_of(activation) -> tuple[int, float, float] | None:
-    """``activation`` ("", "Relu" or fused.epilogue_activation's callable) as the packed
-    kernels' store applies it (packed_gemm.store_act), or None when it cannot."""
-    if isinstance(activation, str):
-        return packed_gemm.store_act(activation)
-    name = getattr(activation, "activation", None)
-    return None if name is None else packed_gemm.store_act(name, activation.params)
-
-
 def _stored(run: Callable[[int, float, float], Any], activation, act):
     """``run(code, lo, hi)``, a packed product given the activation its store applies
     (none, Relu, Clip); an activation the store lacks gets its own pass after it."""
-    store = store_of(activation)
-    Y = run(*(store if store is not None else (packed_gemm.ACT_NONE, 0.0, 0.0)))
+    store = activation_args(activation, store_only=True)
+    Y = run(*(store if store is not None else NO_ACTIVATION))
     if store is None:
         if act is not None:
-            _native_epilogue(np, Y, None, None, act)
+            _native_epilogue(Y, None, None, act)
         else:
             _epilogue(np, Y, None, activation)
     return Y
@@ -617,22 +558,14 @@ def _conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp, Z=None, a
     if kind == "depthwise_native" and not is_numpy(xp):
         kind = "depthwise_taps"  # compiled for host memory only
     # (a residual that only broadcasts to the output takes numpy's add)
-    compiled = native.takes(xp, X) and (Z is None or tuple(Z.shape) == out_shape)
-    act = _native_activation(activation) if compiled else None  # None: numpy applies it
+    compiled = library.takes(xp, X, W) and (Z is None or tuple(Z.shape) == out_shape)
+    act = activation_args(activation) if compiled else None  # None: numpy applies it
     if kind == "depthwise_native" and compiled:
         Y = _depthwise_packed(X, W, B, Z, activation, act, strides, dilations, pb, out_sp)
         if Y is not None:
             return Y
-        if act is not None and Z is None:  # bias and activation on the way out
-            return _depthwise_native(xp, X, W, B, strides, dilations, pb, out_sp, act)
-        Y = _depthwise_native(xp, X, W, B, strides, dilations, pb, out_sp, _NO_ACT)
-        if act is not None:  # the residual comes before the activation
-            _native_epilogue(xp, Y, None, Z, act)
-        else:
-            _epilogue(xp, Y, Z, activation)
-        return Y
     if kind == "depthwise_native":
-        kind = "depthwise"  # a dtype it is not compiled for
+        kind = "depthwise"  # a dtype (or a plane) native/depthwise.c does not take
     if kind in ("im2col", "shift"):  # the shift form where the geometry suits it
         kind = "shift" if _shift_fits(xp, X, W, strides, dilations, group, out_sp) else "im2col"
     if kind == "pointwise" and compiled:
@@ -653,7 +586,7 @@ def _conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp, Z=None, a
             Y = _shift(xp, X, W, None, pb, pe, out_sp, path, key_w, key_b)
         else:
             Y = _im2col(xp, X, W, None, strides, dilations, pb, pe, group, out_sp)
-        _native_epilogue(xp, Y, B, Z, _NO_ACT if act is None else act)
+        _native_epilogue(Y, B, Z, NO_ACTIVATION if act is None else act)
         if act is None:
             _epilogue(xp, Y, None, activation)
         return Y

@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetero_exec.kernels import native
+from hetero_exec.kernels.native import library, row_kernels
+from hetero_exec.kernels.native.activation import activation_args
 from hetero_exec.kernels.registry import kernel
 
 
@@ -437,22 +438,13 @@ def _gelu_tanh_f32_into(xp, x, out, t, z):
         xp.divide(x, out, out=out)
 
 
-def _native_unary(x, activation: str):
-    """``activation`` of a float32/float64 numpy array by the compiled epilogue (one pass),
-    split over our threads."""
-    flat = np.ascontiguousarray(x).reshape(-1)
-    out = np.empty_like(flat)
-    native.split(native.module("epilogue").unary, flat.size, flat, out,
-                 *native.epilogue_code(activation), cost=20.0 * flat.size, least=4096)
-    return out.reshape(x.shape)
-
-
 @kernel("Gelu", 20)
 def Gelu(xp, x, approximate="none"):
     if x.ndim == 0:  # numpy makes scalars of 0-d results; the in-place steps need arrays
         return (Gelu(xp, x.reshape(1), approximate)[0].reshape(()),)
-    if x.size and native.takes(xp, x):
-        return (_native_unary(x, "GeluTanh" if approximate == "tanh" else "Gelu"),)
+    if x.size and library.takes(xp, x):  # native/act.c: one pass, 16 lanes a step
+        act = activation_args("GeluTanh" if approximate == "tanh" else "Gelu")
+        return (row_kernels.unary(x, *act),)
     if x.dtype == np.float64:
         fn = _gelu_tanh if approximate == "tanh" else _gelu_erf
         return (_blockwise(xp, lambda v: fn(xp, v), x, x.dtype),)

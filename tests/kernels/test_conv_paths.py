@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from hetero_exec.kernels import native, registry
 from hetero_exec.kernels.conv import ConvPath, _band_tile, _conv_full, choose_path
+from hetero_exec.kernels.native import library
 from tests.conftest import to_numpy
 from tests.kernels._ref import activation_reference, check, reference
 
@@ -66,8 +67,8 @@ def test_depthwise_band(xp, xs, k, attrs, bias):
     forced(xp, "depthwise", f32(*xs), w, f32(c, seed=2) if bias else None, group=c, **attrs)
 
 
-needs_native = pytest.mark.skipif(not native.available(),
-                                  reason=f"compiled kernels off: {native.unavailable_reason()}")
+needs_native = pytest.mark.skipif(not library.available(),
+                                  reason=f"C kernels off: {library.unavailable_reason()}")
 
 
 @needs_native
@@ -79,18 +80,6 @@ def test_depthwise_native(xs, k, attrs, bias, dtype):
     x, w = f32(*xs).astype(dtype), f32(c, 1, *k, seed=1).astype(dtype)
     forced(np, "depthwise_native", x, w, f32(c, seed=2).astype(dtype) if bias else None,
            group=c, **attrs)
-
-
-@needs_native
-@pytest.mark.parametrize("plane", [0, 10**9])  # every plane planar / every one channels-last
-@pytest.mark.parametrize("xs, k, attrs", DEPTHWISE)
-def test_depthwise_native_layouts(monkeypatch, xs, k, attrs, plane):
-    from hetero_exec.kernels import conv
-
-    monkeypatch.setattr(conv, "_CHANNELS_LAST_PLANE", plane)
-    c = xs[1]
-    forced(np, "depthwise_native", f32(*xs), f32(c, 1, *k, seed=1), f32(c, seed=2), group=c,
-           **attrs)
 
 
 @needs_native
@@ -111,14 +100,14 @@ def test_native_off_by_environment(monkeypatch):
     from hetero_exec.kernels.conv import _path_for
 
     monkeypatch.setenv(native.ENV, "0")
-    native.reset()
+    library.reset()
     try:
-        assert not native.available() and native.ENV in native.unavailable_reason()
+        assert not library.available() and native.ENV in library.unavailable_reason()
         assert _path_for(np, (8, 1, 3, 3), 8, False).kind == "depthwise"
     finally:
         monkeypatch.delenv(native.ENV)
-        native.reset()
-    want = "depthwise_native" if native.available() else "depthwise"
+        library.reset()
+    want = "depthwise_native" if library.available() else "depthwise"
     assert _path_for(np, (8, 1, 3, 3), 8, False).kind == want
 
 
@@ -273,12 +262,12 @@ def test_shift_weights_cache_follows_the_weights(shift_calls):
 
 @pytest.fixture
 def numpy_paths(monkeypatch):
-    """The compiled kernels off (as without numba): the numpy paths run on numpy."""
+    """The C kernels off (as in a tree that was not built): the numpy paths run."""
     monkeypatch.setenv(native.ENV, "0")
-    native.reset()
+    library.reset()
     yield
     monkeypatch.delenv(native.ENV)
-    native.reset()
+    library.reset()
 
 
 @pytest.mark.parametrize("kind, xs, ws, attrs", [
@@ -292,7 +281,7 @@ def test_numpy_columns_and_epilogues(numpy_paths, kind, xs, ws, attrs):
     """Without the compiled kernels: numpy's im2col and its bias / residual / activation."""
     from hetero_exec.kernels.fused import epilogue_activation
 
-    assert not native.available()
+    assert not library.available()
     x, w, b = f32(*xs), f32(*ws, seed=1), f32(ws[0], seed=2)
     forced(np, kind, x, w, b, **attrs)
     conv = reference("Conv", [x, w, b], **attrs)[0]
@@ -403,7 +392,7 @@ def test_session_chooses_paths_at_compile_time():
 
     model, _ = _conv_model()
     sess = _session(model)
-    dw = "depthwise_native" if native.available() else "depthwise"
+    dw = "depthwise_native" if library.available() else "depthwise"
     assert [p.kind for p in _paths(sess)] == [dw, "pointwise", "im2col", "im2col"]
     ref = ReferenceEvaluator(model)
     for n in (1, 3):
