@@ -290,8 +290,8 @@ def make_band_adds(x, w, b, s):
 def _session_conv(x, w, b, s, hold: bool, kind: str = "depthwise"):
     """Conv as a session runs it (path ``kind`` forced, its band cached), inside a run's
     hold on the BLAS (``hold``) or with the BLAS at its default threads."""
+    from hetero_exec.kernels._conv_path import ConvPath, conv_full
     from hetero_exec.kernels._threads import single_blas_thread
-    from hetero_exec.kernels.conv import ConvPath, _conv_full
 
     k = w.shape[-1]
     attrs = dict(group=x.shape[1], kernel_shape=[k, k], pads=[k // 2] * 4, strides=[s, s])
@@ -299,9 +299,9 @@ def _session_conv(x, w, b, s, hold: bool, kind: str = "depthwise"):
 
     def ours(x_, w_, b_, s_):
         if not hold:
-            return _conv_full(np, x_, w, b, path=path, **attrs)
+            return conv_full(np, x_, w, b, path=path, **attrs)
         with single_blas_thread():
-            return _conv_full(np, x_, w, b, path=path, **attrs)
+            return conv_full(np, x_, w, b, path=path, **attrs)
 
     return ours
 
@@ -333,7 +333,7 @@ def make_onnxruntime(x, w, b, s):
     graph = helper.make_graph([node], "dw", [helper.make_tensor_value_info(
         "x", TensorProto.FLOAT, list(x.shape))], [helper.make_tensor_value_info(
             "y", TensorProto.FLOAT, None)], [numpy_helper.from_array(w, "w"),
-                                            numpy_helper.from_array(b, "b")])
+                                             numpy_helper.from_array(b, "b")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     so = ort.SessionOptions()

@@ -14,7 +14,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from hetero_exec.kernels import native, registry
-from hetero_exec.kernels.conv import ConvPath, _band_tile, _conv_full, choose_path
+from hetero_exec.kernels._conv_numpy import band_tile
+from hetero_exec.kernels._conv_path import ConvPath, choose_path, conv_full
 from hetero_exec.kernels.native import library
 from tests.conftest import to_numpy
 from tests.kernels._ref import activation_reference, check, reference
@@ -29,8 +30,8 @@ def f32(*shape, seed=0):
 def forced(xp, kind, x, w, b=None, **attrs):
     """Our Conv through the path ``kind``, against the reference evaluator."""
     want = reference("Conv", [x, w] + ([b] if b is not None else []), **attrs)[0]
-    got = _conv_full(xp, xp.asarray(x), xp.asarray(w), None if b is None else xp.asarray(b),
-                     path=ConvPath(kind), **attrs)
+    got = conv_full(xp, xp.asarray(x), xp.asarray(w), None if b is None else xp.asarray(b),
+                    path=ConvPath(kind), **attrs)
     got = to_numpy(got)
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
@@ -90,25 +91,25 @@ def test_depthwise_native_reads_strided_inputs():
            pads=[1, 1, 1, 1], strides=[2, 2])
     x16, w16 = f32(2, 4, 9, 9).astype(np.float16), f32(4, 1, 3, 3, seed=1).astype(np.float16)
     want = reference("Conv", [x16, w16], group=4, pads=[1, 1, 1, 1])[0]
-    got = _conv_full(np, x16, w16, None, group=4, pads=[1, 1, 1, 1],
-                     path=ConvPath("depthwise_native"))
+    got = conv_full(np, x16, w16, None, group=4, pads=[1, 1, 1, 1],
+                    path=ConvPath("depthwise_native"))
     assert got.dtype == np.float16
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
 
 
 def test_native_off_by_environment(monkeypatch):
-    from hetero_exec.kernels.conv import _path_for
+    from hetero_exec.kernels._conv_path import path_for
 
     monkeypatch.setenv(native.ENV, "0")
     library.reset()
     try:
         assert not library.available() and native.ENV in library.unavailable_reason()
-        assert _path_for(np, (8, 1, 3, 3), 8, False).kind == "depthwise"
+        assert path_for(np, (8, 1, 3, 3), 8, False).kind == "depthwise"
     finally:
         monkeypatch.delenv(native.ENV)
         library.reset()
     want = "depthwise_native" if library.available() else "depthwise"
-    assert _path_for(np, (8, 1, 3, 3), 8, False).kind == want
+    assert path_for(np, (8, 1, 3, 3), 8, False).kind == want
 
 
 @pytest.mark.parametrize("xs, k, attrs", [
@@ -124,7 +125,7 @@ def test_depthwise_taps(xp, xs, k, attrs, mult):
 
 
 def test_band_tiles():
-    assert [_band_tile(w) for w in (4, 16, 32, 56, 28, 40, 37, 17)] == \
+    assert [band_tile(w) for w in (4, 16, 32, 56, 28, 40, 37, 17)] == \
         [4, 16, 16, 14, 14, 10, 16, 16]
 
 
@@ -136,12 +137,12 @@ def test_band_cache_follows_the_weights(xp):
     for seed in (1, 2, 1):
         w = f32(4, 1, 3, 3, seed=seed)
         want = reference("Conv", [to_numpy(x), w], group=4, pads=[1, 1, 1, 1])[0]
-        got = _conv_full(xp, x, xp.asarray(w), None, group=4, pads=[1, 1, 1, 1], path=path)
+        got = conv_full(xp, x, xp.asarray(w), None, group=4, pads=[1, 1, 1, 1], path=path)
         np.testing.assert_allclose(to_numpy(got), want, rtol=RTOL, atol=ATOL)
     W = xp.asarray(f32(4, 1, 3, 3, seed=3))
-    _conv_full(xp, x, W, None, group=4, pads=[1, 1, 1, 1], path=path)
+    conv_full(xp, x, W, None, group=4, pads=[1, 1, 1, 1], path=path)
     band = path._band[3]
-    _conv_full(xp, x, W, None, group=4, pads=[1, 1, 1, 1], path=path)
+    conv_full(xp, x, W, None, group=4, pads=[1, 1, 1, 1], path=path)
     assert path._band[3] is band  # same weights, same geometry: built once
 
 
@@ -211,18 +212,19 @@ SHIFT_FALLBACK = [  # asked for shift, computed by im2col
 @pytest.fixture
 def shift_calls(monkeypatch):
     """How many times the shift path ran (the real function, counted)."""
-    from hetero_exec.kernels import conv
+    from hetero_exec.kernels import _conv_numpy as conv_numpy
+    from hetero_exec.kernels.native import packed_gemm
 
-    calls, real = [], conv._shift
+    calls, real = [], conv_numpy.shift
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(conv, "_shift", counted)
+    monkeypatch.setattr(conv_numpy, "shift", counted)
     # the path a CPU without AVX-512 takes: with it, packed_gemm's conv computes these
     # float32 convs (tests/kernels/test_packed_gemm.py)
-    monkeypatch.setattr(conv.packed_gemm, "conv_fits", lambda *args: False)
+    monkeypatch.setattr(packed_gemm, "conv_fits", lambda *args: False)
     return calls
 
 
@@ -244,7 +246,7 @@ def test_shift_epilogue(shift_calls, xs, ws, attrs, name, params):
     conv = reference("Conv", [x, w, b], **attrs)[0].astype(np.float64)
     z = f32(*conv.shape, seed=3)
     act = name if name == "Relu" else epilogue_activation(name, params)
-    got = _conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath("im2col"), **attrs)
+    got = conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath("im2col"), **attrs)
     np.testing.assert_allclose(got, activation_reference(name, params, conv + z), rtol=RTOL, atol=ATOL)
     assert len(shift_calls) == 1
 
@@ -254,7 +256,7 @@ def test_shift_weights_cache_follows_the_weights(shift_calls):
     x = f32(1, 3, 30, 30)
     for seed in (1, 2, 2):
         w = f32(4, 3, 3, 3, seed=seed)
-        got = _conv_full(np, x, w, None, pads=[1, 1, 1, 1], path=path)
+        got = conv_full(np, x, w, None, pads=[1, 1, 1, 1], path=path)
         np.testing.assert_allclose(got, reference("Conv", [x, w], pads=[1, 1, 1, 1])[0],
                                    rtol=RTOL, atol=ATOL)
     assert len(shift_calls) == 3
@@ -286,8 +288,8 @@ def test_numpy_columns_and_epilogues(numpy_paths, kind, xs, ws, attrs):
     forced(np, kind, x, w, b, **attrs)
     conv = reference("Conv", [x, w, b], **attrs)[0]
     z = f32(*conv.shape, seed=3)
-    got = _conv_full(np, x, w, b, Z=z, activation=epilogue_activation("Clip", (0.0, 6.0)),
-                     path=ConvPath(kind), **attrs)
+    got = conv_full(np, x, w, b, Z=z, activation=epilogue_activation("Clip", (0.0, 6.0)),
+                    path=ConvPath(kind), **attrs)
     np.testing.assert_allclose(got, np.clip(conv + z, 0, 6), rtol=RTOL, atol=ATOL)
 
 
@@ -463,8 +465,8 @@ def test_fused_conv_residual_and_activation(xp, kind, ws, attrs):
         xp_.clip(y, 0, 6, out=y)
 
     for activation, want in (("Relu", np.maximum(conv, 0)), (relu6, np.clip(conv, 0, 6))):
-        got = _conv_full(xp, xp.asarray(x), xp.asarray(w), xp.asarray(b), Z=xp.asarray(z),
-                         activation=activation, path=ConvPath(kind), **attrs)
+        got = conv_full(xp, xp.asarray(x), xp.asarray(w), xp.asarray(b), Z=xp.asarray(z),
+                        activation=activation, path=ConvPath(kind), **attrs)
         np.testing.assert_allclose(to_numpy(got), want, rtol=RTOL, atol=ATOL)
     got = FusedConv(xp, xp.asarray(x), xp.asarray(w), xp.asarray(b), xp.asarray(z), "Relu",
                     **attrs)[0]
@@ -490,8 +492,8 @@ def test_depthwise_native_epilogue(name, params, residual):
     attrs = {"group": 6, "pads": [1, 1, 1, 1], "strides": [2, 2]}
     conv = reference("Conv", [x, w, b], **attrs)[0] + (0 if z is None else z)
     act = name if name == "Relu" else epilogue_activation(name, params)
-    got = _conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath("depthwise_native"),
-                     **attrs)
+    got = conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath("depthwise_native"),
+                    **attrs)
     with np.errstate(over="ignore", invalid="ignore"):
         want = activation_reference(name, params, conv)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)

@@ -78,7 +78,7 @@ def test_fused_matmul_epilogue(name, params, bias):
 @pytest.mark.parametrize("name, params", ACTS)
 def test_conv_epilogue(kind, ws, attrs, name, params):
     """FusedConv's bias + residual + activation after the products, compiled or not."""
-    from hetero_exec.kernels.conv import ConvPath, _conv_full
+    from hetero_exec.kernels._conv_path import ConvPath, conv_full
     from tests.kernels._ref import reference
 
     rng = np.random.default_rng(2)
@@ -89,7 +89,7 @@ def test_conv_epilogue(kind, ws, attrs, name, params):
     conv = reference("Conv", [x, w, b], **attrs)[0].astype(np.float64)
     want = activation_reference(name, params, conv + z)
     act = name if name in ("", "Relu") else epilogue_activation(name, params)
-    got = _conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath(kind), **attrs)
+    got = conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath(kind), **attrs)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -144,7 +144,7 @@ def test_rms_norm(dtype):
 def test_conv_epilogue_broadcast_residual():
     """A residual that only broadcasts to the output (not what the fusion makes, but a
     FusedConv node may say so) takes numpy's add."""
-    from hetero_exec.kernels.conv import ConvPath, _conv_full
+    from hetero_exec.kernels._conv_path import ConvPath, conv_full
     from tests.kernels._ref import reference
 
     rng = np.random.default_rng(6)
@@ -152,7 +152,7 @@ def test_conv_epilogue_broadcast_residual():
     w = rng.standard_normal((6, 4, 1, 1)).astype(np.float32)
     b = rng.standard_normal(6).astype(np.float32)
     z = rng.standard_normal((1, 6, 1, 5)).astype(np.float32)
-    got = _conv_full(np, x, w, b, Z=z, activation="Relu", path=ConvPath("pointwise"))
+    got = conv_full(np, x, w, b, Z=z, activation="Relu", path=ConvPath("pointwise"))
     want = np.maximum(reference("Conv", [x, w, b])[0] + z, 0)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
