@@ -15,7 +15,7 @@ import numpy as np
 
 from hetero_exec.kernels._packed import fused_matmul_hook
 from hetero_exec.kernels._threads import matmul
-from hetero_exec.kernels.elementwise import Gelu
+from hetero_exec.kernels.erf_gelu import Gelu
 from hetero_exec.kernels.linalg import _float_operands
 from hetero_exec.kernels.native import library, row_kernels
 from hetero_exec.kernels.native.activation import ActivationArgs, activation_args

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hetero_exec.kernels import native
-from hetero_exec.kernels.elementwise import Gelu
+from hetero_exec.kernels.erf_gelu import Gelu
 from hetero_exec.kernels.fused import FusedMatMul, epilogue_activation
 from hetero_exec.kernels.native import library, row_kernels
 from hetero_exec.kernels.native.activation import activation_args
