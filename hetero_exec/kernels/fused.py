@@ -4,7 +4,7 @@ in place on the first one's fresh output.
 
 FusedConv lives with Conv in conv.py (its epilogue calls `activate` below);
 FusedLayerNorm and FusedRMSNorm in norm.py; FusedAttention and FusedRotary in
-attention.py.
+fused_attention.py.
 """
 
 from __future__ import annotations

@@ -587,7 +587,7 @@ def test_depthwise_nan_inf_and_other_dtypes(monkeypatch, along):
 def test_softmax_rows_against_float64(monkeypatch, n):
     """The Softmax kernel (and FusedAttention's scores) on the compiled rows: within
     float32's rounding of the float64 softmax, every row summing to 1."""
-    from hetero_exec.kernels.attention import _softmax_last_inplace
+    from hetero_exec.kernels.fused_attention import _softmax_last_inplace
     from hetero_exec.kernels.reduce import Softmax
 
     ran: list[int] = []
