@@ -3,8 +3,8 @@ once (stage actors on a fresh node start together).
 
 Each process imports hetero_exec, builds an InferenceSession on a model (bench/models.py)
 and runs it once; it reports the seconds from its start to the first result. "cold":
-numba's cache folder is a fresh empty one, and the package's own caches (every
-__pycache__ under hetero_exec/: bytecode and numba's) are deleted; "warm": the same
+the package's own caches (every __pycache__ under hetero_exec/: its bytecode) are
+deleted; "warm": the same
 processes again, with what the cold ones left. (The dependencies' bytecode stays: an
 install compiles it.) The C kernels are the build's (setup.py):
 nothing of theirs is compiled at run time in either case.
@@ -64,7 +64,7 @@ def main() -> None:
     args = ap.parse_args()
     for model in args.models.split(","):
         with tempfile.TemporaryDirectory() as tmp:
-            env = dict(os.environ, NUMBA_CACHE_DIR=f"{tmp}/numba")
+            env = dict(os.environ, TMPDIR=tmp)
             for cache in (ROOT / "hetero_exec").rglob("__pycache__"):
                 shutil.rmtree(cache, ignore_errors=True)
             t = time.perf_counter()

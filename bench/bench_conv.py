@@ -31,12 +31,9 @@ Forms:
   a (K*U + 1, T) band (the bias in the last row), as a session runs it (path and band
   chosen at compile time, BLAS held at one thread);
 * ``colband_blas2``: the same with the BLAS at its default threads;
-* ``native``: the path a session takes with the compiled kernels: in float32 on AVX-512
-  kernels/native/depthwise.c (each plane padded into a small buffer, eight runs of 16
-  output pixels summed at once, split over gemm.c's C workers), else the numba kernel;
-* ``numba``: the numba kernel (kernels/native/depthwise.py) alone: the padded input
-  copied once per channel into the stride's phase planes, one vectorized multiply-add
-  over the output plane per tap, its channels split over the run's threads;
+* ``native``: the path a session takes with the C kernels: in float32
+  kernels/native/depthwise.c (each plane padded into a small buffer, runs of output
+  pixels summed a vector at once, split over the library's C workers);
 * ``onnxruntime``: a one-node onnxruntime session (spinning off), for scale.
 
     python bench/bench_conv.py                    # all shapes, all forms
@@ -293,8 +290,8 @@ def make_band_adds(x, w, b, s):
 def _session_conv(x, w, b, s, hold: bool, kind: str = "depthwise"):
     """Conv as a session runs it (path ``kind`` forced, its band cached), inside a run's
     hold on the BLAS (``hold``) or with the BLAS at its default threads."""
+    from hetero_exec.kernels._conv_path import ConvPath, conv_full
     from hetero_exec.kernels._threads import single_blas_thread
-    from hetero_exec.kernels.conv import ConvPath, _conv_full
 
     k = w.shape[-1]
     attrs = dict(group=x.shape[1], kernel_shape=[k, k], pads=[k // 2] * 4, strides=[s, s])
@@ -302,9 +299,9 @@ def _session_conv(x, w, b, s, hold: bool, kind: str = "depthwise"):
 
     def ours(x_, w_, b_, s_):
         if not hold:
-            return _conv_full(np, x_, w, b, path=path, **attrs)
+            return conv_full(np, x_, w, b, path=path, **attrs)
         with single_blas_thread():
-            return _conv_full(np, x_, w, b, path=path, **attrs)
+            return conv_full(np, x_, w, b, path=path, **attrs)
 
     return ours
 
@@ -318,29 +315,11 @@ def make_colband_blas2(x, w, b, s):
 
 
 def make_native(x, w, b, s):
-    from hetero_exec.kernels import native
+    from hetero_exec.kernels.native import library
 
-    if not native.available():
-        raise SystemExit(f"form native: {native.unavailable_reason()}")
+    if not library.available():
+        raise SystemExit(f"form native: {library.unavailable_reason()}")
     return _session_conv(x, w, b, s, hold=True, kind="depthwise_native")
-
-
-def make_numba(x, w, b, s):
-    from hetero_exec.kernels import native
-    from hetero_exec.kernels._threads import single_blas_thread
-    from hetero_exec.kernels.conv import _NO_ACT, _depthwise_native
-
-    if not native.available():
-        raise SystemExit(f"form numba: {native.unavailable_reason()}")
-    k = w.shape[-1]
-    oh, ow = _geometry(x, k, s)[1:]
-
-    def run(x_, w_, b_, s_):
-        with single_blas_thread():
-            return _depthwise_native(np, x_, w, b, [s, s], [1, 1], [k // 2, k // 2], [oh, ow],
-                                     _NO_ACT)
-
-    return run
 
 
 def make_onnxruntime(x, w, b, s):
@@ -354,7 +333,7 @@ def make_onnxruntime(x, w, b, s):
     graph = helper.make_graph([node], "dw", [helper.make_tensor_value_info(
         "x", TensorProto.FLOAT, list(x.shape))], [helper.make_tensor_value_info(
             "y", TensorProto.FLOAT, None)], [numpy_helper.from_array(w, "w"),
-                                            numpy_helper.from_array(b, "b")])
+                                             numpy_helper.from_array(b, "b")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     so = ort.SessionOptions()
@@ -375,7 +354,7 @@ FORMS: dict[str, Callable] = {
 }
 FACTORIES: dict[str, Callable] = {
     "nhwc_taps_native": make_nhwc_native, "band_adds": make_band_adds, "colband": make_colband,
-    "colband_blas2": make_colband_blas2, "native": make_native, "numba": make_numba,
+    "colband_blas2": make_colband_blas2, "native": make_native,
     "onnxruntime": make_onnxruntime,
 }
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")  # as kernels/_threads._shorten_spin
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")  # as kernels/_blas._shorten_spin
 
 import numpy as np  # noqa: E402
 

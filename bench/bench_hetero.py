@@ -5,9 +5,9 @@
    (sim-gpu kernels run on NumPy, so the ratio measures the heterogeneous machinery:
    segment dispatch and seam copies. Every segment gets its provider's fusions after
    placement, so both sides run fused kernels; a chain cut by a seam stays unfused.)
-   The compiled cpu kernels (kernels/native) are off by default here: sim-gpu's
+   The C cpu kernels (kernels/native) are off by default here: sim-gpu's
    segments run the array-module kernels over host memory (what a GPU would run its
-   own way), so with them on the ratio would weigh numba against numpy on the
+   own way), so with them on the ratio would weigh the C kernels against numpy on the
    "device" nodes rather than the heterogeneous machinery (``--native`` keeps them on:
    1.32x on 2026-12-01, against 1.02-1.1x off). Since 2026-12-02 strict sim-gpu's float32
    products accumulate in float64 (providers/sim_array.py: equal rows give equal results
@@ -143,9 +143,10 @@ def main() -> int:
     strict = args.sim == "strict"
     if strict and not args.native:
         from hetero_exec.kernels import native
+        from hetero_exec.kernels.native import library
 
         os.environ[native.ENV] = "0"
-        native.reset()
+        library.reset()
     geomeans = []
     for _ in range(args.repeat):
         ratios = hetero_table(args.runs, args.batch, strict)

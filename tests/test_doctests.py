@@ -37,6 +37,8 @@ MODULES = [
     "actors.transport.object_store",
     "actors.transport.shared_memory",
     "actors.transport.wire",
+    "hetero_exec.kernels._conv_path",
+    "hetero_exec.kernels.native.activation",
     "hetero_exec.model_plan",
     "hetero_exec.options",
     "hetero_exec.session",

@@ -1,6 +1,6 @@
 """A Conv node's call bound to one input shape.
 
-The general route (conv._conv_full) works out the node's geometry, its path and the
+The general route (_conv_path.conv_full) works out the node's geometry, its path and the
 compiled kernel's arguments on every call: 40-50 us of Python a node, where most of
 MobileNetV2's convolutions at batch 1 are 5-100 us of work. Where a call takes one of
 the compiled kernels (kernels/native: the depthwise, pointwise and packed convolutions,
@@ -19,9 +19,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetero_exec.kernels import conv, native
+from hetero_exec.kernels import _conv_native as conv_native
+from hetero_exec.kernels import _conv_numpy as conv_numpy
 from hetero_exec.kernels._nn_common import conv_geometry, spatial_attrs
-from hetero_exec.kernels.native import packed_gemm, plane_kernels
+from hetero_exec.kernels.native import library, packed_gemm, plane_kernels
+from hetero_exec.kernels.native.activation import NO_ACTIVATION, activation_args
 
 #: the input shapes a node keeps bound calls for; a model fed more shapes rebinds
 LIMIT = 8
@@ -64,7 +66,7 @@ def bind(X: np.ndarray, W: np.ndarray, B: np.ndarray | None, Z: np.ndarray | Non
     the general route would take for them; None where it would take another."""
     f32 = np.float32
     if (X.ndim != 4 or W.ndim != 4 or X.dtype != f32 or W.dtype != f32
-            or not native.takes(np, X) or not packed_gemm.available()):
+            or not library.takes(np, X)):
         return None
     N, C, H, Wd = X.shape
     M = W.shape[0]
@@ -100,10 +102,10 @@ def bind(X: np.ndarray, W: np.ndarray, B: np.ndarray | None, Z: np.ndarray | Non
         product = packed.matmul_call(N, L, L, C * L, B, code, lo, hi)
 
         def call(X: np.ndarray, Z: np.ndarray | None) -> np.ndarray:
-            return product(conv.strided_pixels(X, strides, out_sp), Z).reshape(out_shape)
+            return product(conv_native.strided_pixels(X, strides, out_sp), Z).reshape(out_shape)
     elif kind in ("im2col", "shift"):
         padded = (C, H + pb[0] + pe[0], Wd + pb[1] + pe[1])
-        tiled = conv.patchify_fits(W.shape, strides, dilations, pb, pe)
+        tiled = conv_native.patchify_fits(W.shape, strides, dilations, pb, pe)
         if group != 1:
             return None
         if not (tiled or packed_gemm.conv_fits(C * KH * KW, padded, out_sp, strides)):
@@ -131,7 +133,7 @@ def _patchified(packed, N: int, KH: int, KW: int, out_sp, out_shape, B, store) -
     product = packed.matmul_call(N, L, L, packed.K * L, B, *store)
 
     def call(X: np.ndarray, Z: np.ndarray | None) -> np.ndarray:
-        return product(conv.patches(X, KH, KW, OH, OW), Z).reshape(out_shape)
+        return product(conv_native.patches(X, KH, KW, OH, OW), Z).reshape(out_shape)
 
     return call
 
@@ -169,14 +171,14 @@ def _pixel_patches(path, W: np.ndarray, B, kernel, dilations, strides, pads, out
 
 def _store(activation) -> tuple[tuple[int, float, float], Callable[[np.ndarray], None] | None]:
     """The activation as the kernels' store applies it (none, Relu, Clip), and the pass
-    after the kernel for one it lacks (conv._stored's rule)."""
-    store = conv.store_of(activation)
+    after the kernel for one it lacks (conv_native.stored's rule)."""
+    store = activation_args(activation, store_only=True)
     if store is not None:
         return store, None
-    act = conv._native_activation(activation)
+    act = activation_args(activation)
     if act is not None:
-        return packed_gemm.store_act(""), lambda Y: conv._native_epilogue(np, Y, None, None, act)
-    return packed_gemm.store_act(""), lambda Y: conv._epilogue(np, Y, None, activation)
+        return NO_ACTIVATION, lambda Y: conv_native.channels_epilogue(Y, None, None, act)
+    return NO_ACTIVATION, lambda Y: conv_numpy.epilogue(np, Y, None, activation)
 
 
 def _then(call: BoundCall, after: Callable[[np.ndarray], None]) -> BoundCall:

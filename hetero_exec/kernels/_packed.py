@@ -20,6 +20,7 @@ from hetero_exec.kernels.native import (
     blas_split,  # noqa: F401 (registers it with _threads)
     packed_gemm,
 )
+from hetero_exec.kernels.native.activation import activation_args
 from hetero_exec.kernels.registry import KnownInput
 
 
@@ -141,7 +142,7 @@ def fused_matmul_hook(kernel: Callable[[], Callable], after: Callable) -> Callab
         pw, generic = PackedWeight(known), kernel()
         activation = kwargs.get("activation", "")
         params = kwargs.get("activation_params")
-        store = packed_gemm.store_act(activation, params)  # None: ``after`` applies it
+        store = activation_args(activation, params, store_only=True)  # None: ``after`` does
 
         def FusedMatMul_packed(xp, A, B, bias=None, **attrs):
             Y = None

@@ -1,4 +1,7 @@
-"""BLAS threads and our own, on machines with few cores.
+"""Our threads and the BLAS's for a run, on machines with few cores: how many cores a
+run may use, how runs nest and overlap, which pool splits a lone run's products, and
+the helper pool that splits products and kernels' blocks. The BLAS library itself
+(discovery, its thread count, OpenBLAS's spin, its CBLAS addresses) is kernels/_blas.py.
 
 OpenBLAS splits each GEMM statically over its workers, and its workers spin-wait for a
 while after every call. On a 2-core machine shared with other processes both hurt: a
@@ -9,26 +12,20 @@ processes). bench/README.md ("Threads") has the measurements.
 
 So the executors enter `run_threads` around a run:
 
-* a run alone in the process splits its products over gemm.c's C workers, the same
-  threads as the C kernels' (`one_pool`: native/blas.c cuts a product into one-thread
-  BLAS calls), up to its width (one thread per core, or fewer when the run asks:
-  `intra_op_threads`, per calling thread, is a session's ``intra_op_num_threads`` or a
-  Ray stage's share of its node's cores). Two pools of spinning threads, the BLAS's and
-  ours, took each other's cores on 2 cores: after a product OpenBLAS's worker spun on
-  while ours ran the next depthwise conv, and ConvNeXt at batch 1 flipped between 5.3
-  and 7.8 ms a run by where the scheduler had put them (bench/README.md). Without the
-  C kernels or with ``HETERO_EXEC_BLAS_SPLIT=0``, the BLAS gets the run's width and
-  splits its products itself;
+* a run alone in the process splits its products over the C library's workers, the
+  same threads as the C kernels' (`blas_split_on_c_workers`: native/blas.c cuts a
+  product into one-thread BLAS calls), up to its width (one thread per core, or fewer
+  when the run asks: `intra_op_threads`, per calling thread, is a session's
+  ``intra_op_num_threads`` or a Ray stage's share of its node's cores). Two pools of
+  spinning threads, the BLAS's and ours, took each other's cores on 2 cores: after a
+  product OpenBLAS's worker spun on while ours ran the next depthwise conv, and ConvNeXt
+  at batch 1 flipped between 5.3 and 7.8 ms a run by where the scheduler had put them
+  (bench/README.md). Without the C kernels or with ``HETERO_EXEC_BLAS_SPLIT=0``, the
+  BLAS gets the run's width and splits its products itself;
 * as soon as two runs overlap (``run_many``, ``run_async``, a Ray stage running a
   group's requests side by side), the BLAS is held at one thread until the last one
   leaves: the runs already keep the cores busy, and splitting their products too
   measured slower (bench/bench_threads.py, both tables).
-
-OpenBLAS's workers spin 2**28 cycles (~0.1 s of a core) after each call before they
-sleep. The first run shortens that to 2**20 (~0.4 ms: `_shorten_spin`), long enough to
-stay awake between one run's products, short enough to give the core back when the
-run ends: to the next stage actor on the node, to onnxruntime in a benchmark. gemm.c's
-workers spin as long (native/library.py, workers.c).
 
 `single_blas_thread` holds the BLAS at one thread whatever else runs; inside it the
 kernels split their large products and independent blocks over a small pool of our own
@@ -45,17 +42,25 @@ products run on one thread either way: a hand-off costs more than they do.
 
 from __future__ import annotations
 
-import ctypes
-import itertools
 import logging
 import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator
 
 import numpy as np
+
+from hetero_exec.kernels import _blas
+from hetero_exec.kernels._blas import (  # noqa: F401 (the BLAS's, re-exported for callers)
+    DEFAULT_SPIN_EXPONENT,
+    SPIN_ENV,
+    BlasGemm,
+    blas_gemm,
+    blas_libs,
+    blas_threads,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,22 +71,19 @@ PARALLEL_FLOPS = 16e6
 ALONE_FLOPS = 4e6
 #: least rows (or columns) per part when a product is split
 _MIN_PART = 16
-#: OpenBLAS's idle workers spin 2**n cycles before they sleep (`_shorten_spin`)
-SPIN_ENV = "HETERO_EXEC_BLAS_THREAD_TIMEOUT"
-DEFAULT_SPIN_EXPONENT = 20
 #: "0" (or "false", "off", "no"): a lone run's products split on the BLAS's own threads
 SPLIT_ENV = "HETERO_EXEC_BLAS_SPLIT"
 
 _LOCK = threading.Lock()
 _depth = 0  # runs inside run_threads or single_blas_thread, all threads together
-_single_thread_holds = 0  # of them, single_blas_thread's
+_single_thread_holders = 0  # of them, single_blas_thread's
 _held = False  # the BLAS at one thread now (our pool splits)
-_blas_on_c_workers = False  # a run alone: its BLAS products split on the C workers (`one_pool`)
-_one_pool: bool | None = None
-_blas_matmul: Callable[..., Any] | None = None  # packed_gemm's, once `one_pool` says yes
+_blas_on_c_workers = False  # a run alone now: its BLAS products split on the C workers
+_split_on_c_workers: bool | None = None
+#: native/blas_split.blas_matmul, once `blas_split_on_c_workers` says yes
+_blas_matmul: Callable[..., Any] | None = None
 _NESTED = threading.local()  # a thread's own depth: only its outermost entry counts
 _saved: list[int] = []
-_libs: list[Any] | None = None  # _Blas
 _pool: ThreadPoolExecutor | None = None
 _pool_free: threading.Semaphore | None = None
 
@@ -90,15 +92,15 @@ def _after_fork_in_child() -> None:
     """A forked child has none of the parent's threads: a fresh lock and pool (the old
     pool's threads do not exist there, so a split would wait for ever), no run inside,
     and the BLAS count a run of the parent was holding given back."""
-    global _LOCK, _depth, _single_thread_holds, _held, _pool, _pool_free, _NESTED, _affinity
+    global _LOCK, _depth, _single_thread_holders, _held, _pool, _pool_free, _NESTED, _affinity
     global _blas_on_c_workers
     _LOCK = threading.Lock()
     _affinity = None
     _pool, _pool_free = None, None
-    if _depth and _libs:
-        for lib, n in zip(_libs, _saved):
+    if _depth and _blas._libs:
+        for lib, n in zip(_blas._libs, _saved):
             lib.set_num_threads(n)
-    _depth, _single_thread_holds, _held, _blas_on_c_workers = 0, 0, False, False
+    _depth, _single_thread_holders, _held, _blas_on_c_workers = 0, 0, False, False
     _NESTED = threading.local()
 
 
@@ -157,136 +159,6 @@ def split_width() -> int:
     return c if n is None else max(1, min(n, c))
 
 
-class _Blas:
-    """get/set of one BLAS library's thread count."""
-
-    def __init__(self, get: Callable[[], int], set_: Callable[[int], Any]):
-        self.get_num_threads = get
-        self.set_num_threads = set_
-
-
-def _openblas(path: str) -> _Blas | None:
-    """OpenBLAS's own process-wide setters, by ctypes. (threadpoolctl's, from 3.6 on, act
-    only in the first thread that calls them; a run on a run_async thread would not.)"""
-    dll = ctypes.CDLL(path)
-    for pre, suf in itertools.product(("", "scipy_"), ("", "64_", "_64")):
-        get = getattr(dll, f"{pre}openblas_get_num_threads{suf}", None)
-        set_ = getattr(dll, f"{pre}openblas_set_num_threads{suf}", None)
-        if get is not None and set_ is not None:
-            set_.argtypes, set_.restype, get.restype = [ctypes.c_int], None, ctypes.c_int
-            _shorten_spin(dll)
-            _find_gemm(dll, pre, suf)
-            return _Blas(get, set_)
-    return None
-
-
-class BlasGemm(NamedTuple):
-    """Addresses of numpy's OpenBLAS's CBLAS products, for native/blas.c's split of a
-    product over gemm.c's workers."""
-
-    sgemm: int
-    dgemm: int
-    sgemv: int
-    dgemv: int
-    ilp64: bool  # 64-bit integers
-
-
-_gemm: BlasGemm | None = None
-
-
-def _find_gemm(dll: Any, pre: str, suf: str) -> None:
-    """Record the library's CBLAS products (numpy's scipy-openblas names them
-    ``scipy_cblas_sgemm64_``...: 64-bit integers, as a ``64_`` suffix or USE64BITINT in
-    the build's configuration says)."""
-    global _gemm
-    fns = [getattr(dll, f"{pre}cblas_{name}{suf}", None)
-           for name in ("sgemm", "dgemm", "sgemv", "dgemv")]
-    if None in fns:
-        return
-    ilp64 = bool(suf)
-    config = getattr(dll, f"{pre}openblas_get_config{suf}", None) or getattr(
-        dll, "openblas_get_config", None)
-    if config is not None and not ilp64:
-        config.restype = ctypes.c_char_p
-        ilp64 = b"USE64BITINT" in (config() or b"")
-    _gemm = BlasGemm(*(ctypes.cast(f, ctypes.c_void_p).value for f in fns), ilp64)
-
-
-def blas_gemm() -> BlasGemm | None:
-    """numpy's OpenBLAS's CBLAS products, or None (another BLAS, or none found)."""
-    _blas_libs()
-    return _gemm
-
-
-def _spin_exponent() -> int | None:
-    """The OpenBLAS thread timeout to apply (2**n cycles), or None to leave it alone: the
-    user's own OPENBLAS_THREAD_TIMEOUT always wins, and HETERO_EXEC_BLAS_THREAD_TIMEOUT
-    (4-30, or 0/off) replaces our default."""
-    if os.environ.get("OPENBLAS_THREAD_TIMEOUT", "").strip():
-        return None
-    raw = os.environ.get(SPIN_ENV, "").strip().lower()
-    if not raw:
-        return DEFAULT_SPIN_EXPONENT
-    if raw in ("0", "off", "no", "false"):
-        return None
-    try:
-        return min(30, max(4, int(raw)))
-    except ValueError:
-        log.warning("%s=%r is not a number (4-30) or off: OpenBLAS's spin left alone", SPIN_ENV, raw)
-        return None
-
-
-def _shorten_spin(dll: Any) -> None:
-    """OpenBLAS's idle workers spin for 2**28 cycles (~0.1 s, a whole core) after every
-    threaded call before they sleep; OPENBLAS_THREAD_TIMEOUT, read when the library loads,
-    is the only knob. Numpy has loaded it long before us, so: set the variable, have the
-    library read its environment again, and stop its workers, which the next threaded
-    call starts again with the short timeout. Done once, when the BLAS is first found."""
-    n = _spin_exponent()
-    read_env = getattr(dll, "openblas_read_env", None)
-    shutdown = getattr(dll, "blas_thread_shutdown_", None)
-    if n is None or read_env is None or shutdown is None:
-        return
-    os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(n)  # child processes (Ray workers) inherit it
-    read_env()
-    shutdown()
-    log.debug("OpenBLAS workers now sleep after 2**%d idle cycles", n)
-
-
-def _blas_libs() -> list[_Blas]:
-    """The BLAS libraries numpy loaded, found by threadpoolctl (none without it); found
-    once, under the lock, so that OpenBLAS's workers are restarted once (`_shorten_spin`).
-    (That restart is what OpenBLAS's own fork handler does; like it, it assumes no other
-    thread is inside a threaded BLAS call at that moment: the first run of a session.)"""
-    if _libs is None:
-        with _LOCK:
-            if _libs is None:
-                _discover_blas()
-    return _libs
-
-
-def _discover_blas() -> None:
-    global _libs
-    found: list[_Blas] = []
-    try:
-        from threadpoolctl import ThreadpoolController
-
-        for ctl in ThreadpoolController().select(user_api="blas").lib_controllers:
-            own = None
-            if ctl.internal_api == "openblas" and ctl.threading_layer != "openmp":
-                own = _openblas(ctl.filepath)
-            found.append(own or _Blas(ctl.get_num_threads, ctl.set_num_threads))
-    except Exception as e:  # threadpoolctl missing or unable: leave the BLAS alone
-        log.debug("no BLAS thread control: %s", e)
-    _libs = found
-
-
-def blas_threads() -> int | None:
-    """The BLAS's thread count now (None when it cannot be controlled)."""
-    libs = _blas_libs()
-    return libs[0].get_num_threads() if libs else None
-
-
 @contextmanager
 def run_threads() -> Iterator[None]:
     """Around a run: alone in the process, the BLAS at this run's width (`split_width`);
@@ -310,8 +182,8 @@ def single_blas_thread() -> Iterator[None]:
 
 @contextmanager
 def _entered(hold: bool) -> Iterator[None]:
-    global _depth, _single_thread_holds, _held, _saved, _blas_on_c_workers
-    libs = _blas_libs()
+    global _depth, _single_thread_holders, _held, _saved, _blas_on_c_workers
+    libs = blas_libs()
     nested = getattr(_NESTED, "depth", 0)
     if not libs or nested:  # no BLAS to drive, or this thread's outer run already counts
         _NESTED.depth = nested + 1
@@ -320,13 +192,13 @@ def _entered(hold: bool) -> Iterator[None]:
         finally:
             _NESTED.depth = nested
         return
-    pool = one_pool()
+    pool = blas_split_on_c_workers()
     with _LOCK:
         if _depth == 0:
             _saved = [lib.get_num_threads() for lib in libs]
         _depth += 1
-        _single_thread_holds += hold
-        if _single_thread_holds or _depth >= 2:
+        _single_thread_holders += hold
+        if _single_thread_holders or _depth >= 2:
             _blas_on_c_workers = False
             if not _held:
                 for lib in libs:
@@ -348,7 +220,7 @@ def _entered(hold: bool) -> Iterator[None]:
         _NESTED.depth = 0
         with _LOCK:
             _depth -= 1
-            _single_thread_holds -= hold
+            _single_thread_holders -= hold
             if _depth == 0:
                 for lib, n in zip(libs, _saved):
                     lib.set_num_threads(n)
@@ -357,33 +229,33 @@ def _entered(hold: bool) -> Iterator[None]:
 
 #: (blas_matmul, available) of native/blas_split.py, which registers them when imported
 #: (`register_c_blas_split`): this module imports nothing of native/, which imports it
-_c_blas_split: tuple[Callable[..., Any], Callable[[], bool]] | None = None
+_c_workers_blas_split: tuple[Callable[..., Any], Callable[[], bool]] | None = None
 
 
 def register_c_blas_split(matmul: Callable[..., Any], available: Callable[[], bool]) -> None:
     """The C workers' BLAS split (native/blas_split.blas_matmul) and whether the library
-    is loaded: what `one_pool` decides from."""
-    global _c_blas_split
-    _c_blas_split = (matmul, available)
+    is loaded: what `blas_split_on_c_workers` decides from."""
+    global _c_workers_blas_split
+    _c_workers_blas_split = (matmul, available)
 
 
-def one_pool() -> bool:
+def blas_split_on_c_workers() -> bool:
     """Whether a run alone splits its BLAS products on gemm.c's workers (native/blas.c),
     with the BLAS at one thread, rather than on the BLAS's own threads: numpy's OpenBLAS
     and the C kernels available, and ``HETERO_EXEC_BLAS_SPLIT`` not off. Decided once per
     process."""
-    global _one_pool
-    if _one_pool is None:
-        split = _c_blas_split
+    global _split_on_c_workers
+    if _split_on_c_workers is None:
+        split = _c_workers_blas_split
         off = os.environ.get(SPLIT_ENV, "").strip().lower() in ("0", "false", "off", "no")
-        _one_pool = bool(not off and blas_gemm() is not None and split is not None
+        _split_on_c_workers = bool(not off and _blas.blas_gemm() is not None and split is not None
                          and split[1]())
-        if _one_pool:
+        if _split_on_c_workers:
             global _blas_matmul
             _blas_matmul = split[0]
         log.debug("BLAS products of a lone run split on %s",
-                  "gemm.c's workers" if _one_pool else "the BLAS's own threads")
-    return _one_pool
+                  "gemm.c's workers" if _split_on_c_workers else "the BLAS's own threads")
+    return _split_on_c_workers
 
 
 def _helpers() -> tuple[ThreadPoolExecutor, threading.Semaphore] | None:
@@ -415,7 +287,7 @@ def matmul(xp, a, b, out=None):
         return flat.reshape(a.shape[:-1] + (b.shape[-1],)) if out is None else out
     if xp is not np or a.ndim < 2 or b.ndim < 2:
         return xp.matmul(a, b, out=out)
-    if not _single_thread_holds:
+    if not _single_thread_holders:
         if _blas_on_c_workers and _blas_matmul is not None:
             y = _blas_matmul(a, b, out)
             if y is not None:
@@ -497,7 +369,7 @@ def split_parts(n: int, flops: float, least: int = 1, alone: bool = True,
     from ``alone_flops``. `parallel_for`'s rule, and that of native code's own workers
     (native/library.parts)."""
     # the cheap tests first: most calls (a lone run's, or small work) stop there
-    if n >= 2 * least and ((_single_thread_holds and flops >= PARALLEL_FLOPS)
+    if n >= 2 * least and ((_single_thread_holders and flops >= PARALLEL_FLOPS)
                            or (alone and _depth <= 1 and flops >= alone_flops)):
         return max(1, min(split_width(), n // least))
     return 1

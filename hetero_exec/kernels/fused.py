@@ -4,7 +4,7 @@ in place on the first one's fresh output.
 
 FusedConv lives with Conv in conv.py (its epilogue calls `activate` below);
 FusedLayerNorm and FusedRMSNorm in norm.py; FusedAttention and FusedRotary in
-attention.py.
+fused_attention.py.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from typing import Sequence
 
 import numpy as np
 
-from hetero_exec.kernels import native
 from hetero_exec.kernels._packed import fused_matmul_hook
 from hetero_exec.kernels._threads import matmul
-from hetero_exec.kernels.elementwise import Gelu
+from hetero_exec.kernels.erf_gelu import Gelu
 from hetero_exec.kernels.linalg import _float_operands
-from hetero_exec.kernels.native import packed_gemm, row_kernels
+from hetero_exec.kernels.native import library, row_kernels
+from hetero_exec.kernels.native.activation import ActivationArgs, activation_args
 from hetero_exec.kernels.registry import kernel
 
 FUSED_DOMAIN = "hetero_exec"
@@ -113,25 +113,19 @@ _ONE_PASS = frozenset({"", "Relu", "Clip", "Tanh"})
 SMALL_EPILOGUE = 16384
 
 
-def _native_code(xp, Y, activation: str, params) -> tuple[int, float, float] | None:
-    """The compiled epilogue's code for ``activation`` on the numpy array Y, or None
-    (numpy's passes then)."""
+def _native_code(xp, Y, activation: str, params) -> ActivationArgs | None:
+    """The C epilogue's (code, p0, p1) for ``activation`` on the numpy float32 array Y,
+    or None (numpy's passes then)."""
     if Y.size == 0 or (Y.size <= SMALL_EPILOGUE and activation in _ONE_PASS) \
-            or not native.takes(xp, Y):
+            or not library.takes(xp, Y):
         return None
-    return native.epilogue_code(activation, params)
+    return activation_args(activation, params)
 
 
-def _native_last_axis(Y, bias, act) -> None:
-    """act(Y + bias) in place, bias (K,) along Y's last axis (or None), compiled, the
-    rows split over our threads."""
-    Y2 = Y.reshape(-1, Y.shape[-1])
-    if Y.dtype == np.float32 and packed_gemm.available():  # native/act.c: 16 lanes a step
-        row_kernels.last_axis(Y2, bias, *act)
-        return
-    b = np.zeros(0, Y.dtype) if bias is None else np.ascontiguousarray(bias, dtype=Y.dtype)
-    native.split(native.module("epilogue").last_axis, Y2.shape[0], Y2, b, *act,
-                 cost=8.0 * Y.size, least=4)
+def _native_last_axis(Y, bias, act: ActivationArgs) -> None:
+    """act(Y + bias) in place, bias (K,) along Y's last axis (or None), by native/act.c
+    (16 lanes a step), the rows split over the library's workers."""
+    row_kernels.last_axis(Y.reshape(-1, Y.shape[-1]), bias, *act)
 
 
 def _activate_after(xp, Y, activation: str, params) -> None:

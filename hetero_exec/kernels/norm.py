@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from hetero_exec.kernels import native
 from hetero_exec.kernels._common import norm_axis, np_dtype
 from hetero_exec.kernels._nn_common import acc_dtype
 from hetero_exec.kernels.fused import FUSED_DOMAIN
-from hetero_exec.kernels.native import packed_gemm, row_kernels
+from hetero_exec.kernels.native import library, row_kernels
 from hetero_exec.kernels.registry import kernel
 
 
@@ -120,18 +119,9 @@ def _normalized_rows(xp, X, axis, stash_type, scale):
 
 
 def _compiled(xp, X2, sdt, rows: int, cols: int) -> bool:
-    """Whether the compiled row kernels take this norm: numpy, a float32 (the C
-    library's native/norm.c) or float64 (numba's native/norm.py) input normalised in its
-    own dtype, and something to normalise."""
-    if X2.dtype != sdt or rows <= 0 or cols <= 0 or xp is not np:
-        return False
-    if X2.dtype == np.float32 and packed_gemm.available():
-        return True
-    return native.takes(xp, X2)
-
-
-def _row_vector(v, cols: int, dtype):
-    return np.zeros(0, dtype) if v is None else np.ascontiguousarray(v, dtype=dtype).reshape(cols)
+    """Whether the C row kernels (native/norm.c) take this norm: a numpy float32 input
+    normalised in float32, and something to normalise (float64 and the rest: numpy)."""
+    return X2.dtype == sdt and rows > 0 and cols > 0 and library.takes(xp, X2)
 
 
 def _vector_or_none(v, cols: int):
@@ -139,30 +129,14 @@ def _vector_or_none(v, cols: int):
 
 
 def _native_layer_norm(X2, sc, bi, epsilon: float):
-    rows, cols = X2.shape
-    if X2.dtype == np.float32 and packed_gemm.available():
-        return row_kernels.row_norm(X2, _vector_or_none(sc, cols), _vector_or_none(bi, cols),
-                                    float(epsilon))
-    X2 = np.ascontiguousarray(X2)
-    s, b = _row_vector(sc, cols, X2.dtype), _row_vector(bi, cols, X2.dtype)
-    Y = np.empty_like(X2)
-    mean = np.empty(rows, X2.dtype)
-    inv = np.empty(rows, X2.dtype)
-    native.split(native.module("norm").layer_norm, rows, X2, s, b, float(epsilon), Y, mean,
-                 inv, cost=8.0 * X2.size, least=8)
-    return Y, mean, inv
+    cols = X2.shape[1]
+    return row_kernels.row_norm(X2, _vector_or_none(sc, cols), _vector_or_none(bi, cols),
+                                float(epsilon))
 
 
 def _native_rms_norm(X2, sc, epsilon: float):
-    rows, cols = X2.shape
-    if X2.dtype == np.float32 and packed_gemm.available():
-        return row_kernels.row_norm(X2, _vector_or_none(sc, cols), None, float(epsilon),
-                                    rms=True)[0]
-    X2 = np.ascontiguousarray(X2)
-    Y = np.empty_like(X2)
-    native.split(native.module("norm").rms_norm, rows, X2, _row_vector(sc, cols, X2.dtype),
-                 float(epsilon), Y, cost=4.0 * X2.size, least=8)
-    return Y
+    return row_kernels.row_norm(X2, _vector_or_none(sc, X2.shape[1]), None, float(epsilon),
+                                rms=True)[0]
 
 
 @kernel("LayerNormalization", since=17)
@@ -235,8 +209,7 @@ def FusedLayerNorm(xp, X, scale=None, bias=None, axis=-1, epsilon=1e-5, axes=Non
     if axes is None:
         return LayerNormalization(xp, X, scale, bias, axis=axis, epsilon=epsilon, stash_type=0)
     ax = tuple(axes)
-    if ax == (1,) and X.ndim >= 3 and X.dtype == np.float32 and native.takes(xp, X) \
-            and packed_gemm.available():
+    if ax == (1,) and X.ndim >= 3 and library.takes(xp, X):
         g, b = _channel_vector(scale, X), _channel_vector(bias, X)
         if (scale is None or g is not None) and (bias is None or b is not None):
             # a channels-first LayerNorm (ConvNeXt's): native/norm.c, over the channels
@@ -259,7 +232,7 @@ def _permuted_layer_norm(xp, X, scale, bias, epsilon):
     first (2.5 ns a value); native/norm.c reads the NCHW array instead and writes the
     normalised rows in (n, *S, C) order. None when X is not such a view."""
     if (X.ndim < 3 or X.dtype != np.float32 or X.flags.c_contiguous or X.size == 0
-            or not native.takes(xp, X) or not packed_gemm.available()):
+            or not library.takes(xp, X)):
         return None
     base = np.moveaxis(X, -1, 1)
     C = X.shape[-1]

@@ -31,6 +31,11 @@ GPU, so such a kernel fails here, on machines without one:
 
 The provider's own moves (`SimGpuProvider.to_device` / ``to_host``) use `upload` and
 `download`, never the methods above.
+
+Over 450 lines, one concern: CuPy's boundary, emulated. `DeviceArray`'s operators and
+ufunc protocol dispatch through the `SIM_CUPY` namespace, and the namespace's functions
+wrap and unwrap `DeviceArray` values through the same checks (`_unwrap`, `_wrap`, the
+kernel-frame test of `_host_read`); apart, the two halves would import each other.
 """
 
 from __future__ import annotations

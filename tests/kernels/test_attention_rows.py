@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetero_exec.kernels.attention import FusedAttention
+from hetero_exec.kernels.fused_attention import FusedAttention
 from hetero_exec.kernels.native import library, row_kernels
 
 pytestmark = pytest.mark.skipif(not library.available(), reason="no C library")

@@ -1,5 +1,5 @@
 """native/blas.c: a run alone splits numpy's OpenBLAS products over gemm.c's workers
-(`blas_split.blas_matmul`, `_threads.one_pool`), with the BLAS at one thread."""
+(`blas_split.blas_matmul`, `_threads.blas_split_on_c_workers`), with the BLAS at one thread."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture
-def one_pool(monkeypatch):
+def split_on_c_workers(monkeypatch):
     """One pool on, every product worth a split."""
-    monkeypatch.setattr(_threads, "_one_pool", None)
+    monkeypatch.setattr(_threads, "_split_on_c_workers", None)
     monkeypatch.delenv(_threads.SPLIT_ENV, raising=False)
-    assert _threads.one_pool()
+    assert _threads.blas_split_on_c_workers()
     monkeypatch.setattr(blas_split, "BLAS_SPLIT_FLOPS", 0.0)
 
 
@@ -63,7 +63,7 @@ CASES = [
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("sa, sb, layouts", CASES)
-def test_split_products_match_numpy(one_pool, sa, sb, layouts, dtype):
+def test_split_products_match_numpy(split_on_c_workers, sa, sb, layouts, dtype):
     rng = np.random.default_rng(1)
     a = _operand(rng, sa, dtype, layouts[0])
     b = _operand(rng, sb, dtype, layouts[1])
@@ -80,7 +80,7 @@ def test_split_products_match_numpy(one_pool, sa, sb, layouts, dtype):
         np.testing.assert_allclose(y, want, rtol=tol, atol=tol * np.abs(want).max())
 
 
-def test_products_it_does_not_take(one_pool):
+def test_products_it_does_not_take(split_on_c_workers):
     rng = np.random.default_rng(2)
     a = rng.standard_normal((40, 30), np.float32)
     b = rng.standard_normal((30, 20), np.float32)
@@ -102,7 +102,7 @@ def test_products_it_does_not_take(one_pool):
 
 
 def test_small_products_stay_on_the_calling_thread(monkeypatch):
-    monkeypatch.setattr(_threads, "_one_pool", True)
+    monkeypatch.setattr(_threads, "_split_on_c_workers", True)
     a = np.ones((8, 8), np.float32)
     with _threads.run_threads():
         assert blas_split.blas_matmul(a, a) is None  # below BLAS_SPLIT_FLOPS: one thread
@@ -111,7 +111,7 @@ def test_small_products_stay_on_the_calling_thread(monkeypatch):
         assert blas_split.blas_matmul(big, big) is None  # a run that asks for one thread
 
 
-def test_concurrent_splits_share_the_workers(one_pool):
+def test_concurrent_splits_share_the_workers(split_on_c_workers):
     """Callers that find the workers busy run their parts themselves (workers.c); a row
     product cut along k must then still sum every part once."""
     rng = np.random.default_rng(3)
@@ -143,7 +143,7 @@ def test_concurrent_splits_share_the_workers(one_pool):
     assert not errors, errors[:3]
 
 
-def test_a_run_alone_holds_the_blas_at_one_thread_and_splits_on_the_workers(one_pool):
+def test_a_run_alone_holds_the_blas_at_one_thread_and_splits_on_the_workers(split_on_c_workers):
     before = _threads.blas_threads()
     with _threads.run_threads():
         assert _threads.blas_threads() == 1
@@ -153,8 +153,8 @@ def test_a_run_alone_holds_the_blas_at_one_thread_and_splits_on_the_workers(one_
 
 def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setenv(_threads.SPLIT_ENV, "0")
-    monkeypatch.setattr(_threads, "_one_pool", None)
-    assert _threads.one_pool() is False
+    monkeypatch.setattr(_threads, "_split_on_c_workers", None)
+    assert _threads.blas_split_on_c_workers() is False
     with _threads.run_threads():
         assert not _threads._blas_on_c_workers
         assert _threads.blas_threads() == _threads.split_width()  # the BLAS's own threads

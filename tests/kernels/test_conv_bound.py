@@ -10,7 +10,8 @@ from onnx.reference import ReferenceEvaluator
 
 from hetero_exec import InferenceSession
 from hetero_exec.kernels import _conv_bound, conv
-from hetero_exec.kernels.conv import ConvPath, _conv_full
+from hetero_exec.kernels import _conv_native as conv_native
+from hetero_exec.kernels._conv_path import ConvPath, conv_full
 from hetero_exec.kernels.fused import epilogue_activation
 from hetero_exec.kernels.native import packed_gemm as pg
 from hetero_exec.kernels.native import plane_kernels
@@ -50,8 +51,8 @@ def test_bound_calls_agree_at_every_shape_and_skip_the_general_route(monkeypatch
     sess = InferenceSession(model.SerializeToString(), ["cpu"])
     ref = ReferenceEvaluator(model)
     general: list[int] = []
-    full = conv._conv_full
-    monkeypatch.setattr(conv, "_conv_full", lambda *a, **k: general.append(1) or full(*a, **k))
+    full = conv.conv_full
+    monkeypatch.setattr(conv, "conv_full", lambda *a, **k: general.append(1) or full(*a, **k))
     # (planes wide enough for the packed 3x3 conv: conv_fits)
     for shape in [(1, 8, 9, 14), (3, 8, 9, 14), (1, 8, 9, 14), (2, 8, 12, 30)]:
         x = rng.standard_normal(shape, dtype=np.float32)
@@ -102,8 +103,8 @@ def test_bind_matches_the_reference(kind, ws, attrs, activation):
         want = np.clip(want, 0.0, 6.0)
     elif activation == "HardSigmoid":
         want = np.clip(0.2 * want + 0.5, 0.0, 1.0)
-    np.testing.assert_allclose(_conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath(kind),
-                                          **attrs), want, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath(kind),
+                                         **attrs), want, rtol=1e-5, atol=1e-4)
     calls = _conv_bound.BoundCalls(ConvPath(kind), act)
     call = calls.get(x, w, b, z, attrs)
     assert call is not None
@@ -151,10 +152,10 @@ def test_a_kernel_that_tiles_its_input_is_one_product(monkeypatch, k, shape, act
     attrs = {"strides": list(k)}
     want = ReferenceEvaluator(_conv_act_model(w, b, attrs, activation)).run(None, {"x": x})[0]
     cut: list[int] = []
-    tiles = conv.patches
-    monkeypatch.setattr(conv, "patches", lambda *a: cut.append(1) or tiles(*a))
+    tiles = conv_native.patches
+    monkeypatch.setattr(conv_native, "patches", lambda *a: cut.append(1) or tiles(*a))
     act = epilogue_activation(activation)
-    got = _conv_full(np, x, w, b, activation=act, path=ConvPath("im2col"), **attrs)
+    got = conv_full(np, x, w, b, activation=act, path=ConvPath("im2col"), **attrs)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
     call = _conv_bound.BoundCalls(ConvPath("im2col"), act).get(x, w, b, None, attrs)
     np.testing.assert_allclose(call(x, None), want, rtol=1e-5, atol=1e-4)

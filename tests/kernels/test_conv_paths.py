@@ -14,7 +14,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from hetero_exec.kernels import native, registry
-from hetero_exec.kernels.conv import ConvPath, _band_tile, _conv_full, choose_path
+from hetero_exec.kernels._conv_numpy import band_tile
+from hetero_exec.kernels._conv_path import ConvPath, choose_path, conv_full
+from hetero_exec.kernels.native import library
 from tests.conftest import to_numpy
 from tests.kernels._ref import activation_reference, check, reference
 
@@ -28,8 +30,8 @@ def f32(*shape, seed=0):
 def forced(xp, kind, x, w, b=None, **attrs):
     """Our Conv through the path ``kind``, against the reference evaluator."""
     want = reference("Conv", [x, w] + ([b] if b is not None else []), **attrs)[0]
-    got = _conv_full(xp, xp.asarray(x), xp.asarray(w), None if b is None else xp.asarray(b),
-                     path=ConvPath(kind), **attrs)
+    got = conv_full(xp, xp.asarray(x), xp.asarray(w), None if b is None else xp.asarray(b),
+                    path=ConvPath(kind), **attrs)
     got = to_numpy(got)
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
@@ -66,8 +68,8 @@ def test_depthwise_band(xp, xs, k, attrs, bias):
     forced(xp, "depthwise", f32(*xs), w, f32(c, seed=2) if bias else None, group=c, **attrs)
 
 
-needs_native = pytest.mark.skipif(not native.available(),
-                                  reason=f"compiled kernels off: {native.unavailable_reason()}")
+needs_native = pytest.mark.skipif(not library.available(),
+                                  reason=f"C kernels off: {library.unavailable_reason()}")
 
 
 @needs_native
@@ -82,18 +84,6 @@ def test_depthwise_native(xs, k, attrs, bias, dtype):
 
 
 @needs_native
-@pytest.mark.parametrize("plane", [0, 10**9])  # every plane planar / every one channels-last
-@pytest.mark.parametrize("xs, k, attrs", DEPTHWISE)
-def test_depthwise_native_layouts(monkeypatch, xs, k, attrs, plane):
-    from hetero_exec.kernels import conv
-
-    monkeypatch.setattr(conv, "_CHANNELS_LAST_PLANE", plane)
-    c = xs[1]
-    forced(np, "depthwise_native", f32(*xs), f32(c, 1, *k, seed=1), f32(c, seed=2), group=c,
-           **attrs)
-
-
-@needs_native
 def test_depthwise_native_reads_strided_inputs():
     """A non-contiguous input (a channel slice) and a float16 one (computed in float32)."""
     x = f32(2, 12, 9, 9)[:, ::2]
@@ -101,25 +91,25 @@ def test_depthwise_native_reads_strided_inputs():
            pads=[1, 1, 1, 1], strides=[2, 2])
     x16, w16 = f32(2, 4, 9, 9).astype(np.float16), f32(4, 1, 3, 3, seed=1).astype(np.float16)
     want = reference("Conv", [x16, w16], group=4, pads=[1, 1, 1, 1])[0]
-    got = _conv_full(np, x16, w16, None, group=4, pads=[1, 1, 1, 1],
-                     path=ConvPath("depthwise_native"))
+    got = conv_full(np, x16, w16, None, group=4, pads=[1, 1, 1, 1],
+                    path=ConvPath("depthwise_native"))
     assert got.dtype == np.float16
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
 
 
 def test_native_off_by_environment(monkeypatch):
-    from hetero_exec.kernels.conv import _path_for
+    from hetero_exec.kernels._conv_path import path_for
 
     monkeypatch.setenv(native.ENV, "0")
-    native.reset()
+    library.reset()
     try:
-        assert not native.available() and native.ENV in native.unavailable_reason()
-        assert _path_for(np, (8, 1, 3, 3), 8, False).kind == "depthwise"
+        assert not library.available() and native.ENV in library.unavailable_reason()
+        assert path_for(np, (8, 1, 3, 3), 8, False).kind == "depthwise"
     finally:
         monkeypatch.delenv(native.ENV)
-        native.reset()
-    want = "depthwise_native" if native.available() else "depthwise"
-    assert _path_for(np, (8, 1, 3, 3), 8, False).kind == want
+        library.reset()
+    want = "depthwise_native" if library.available() else "depthwise"
+    assert path_for(np, (8, 1, 3, 3), 8, False).kind == want
 
 
 @pytest.mark.parametrize("xs, k, attrs", [
@@ -135,7 +125,7 @@ def test_depthwise_taps(xp, xs, k, attrs, mult):
 
 
 def test_band_tiles():
-    assert [_band_tile(w) for w in (4, 16, 32, 56, 28, 40, 37, 17)] == \
+    assert [band_tile(w) for w in (4, 16, 32, 56, 28, 40, 37, 17)] == \
         [4, 16, 16, 14, 14, 10, 16, 16]
 
 
@@ -147,12 +137,12 @@ def test_band_cache_follows_the_weights(xp):
     for seed in (1, 2, 1):
         w = f32(4, 1, 3, 3, seed=seed)
         want = reference("Conv", [to_numpy(x), w], group=4, pads=[1, 1, 1, 1])[0]
-        got = _conv_full(xp, x, xp.asarray(w), None, group=4, pads=[1, 1, 1, 1], path=path)
+        got = conv_full(xp, x, xp.asarray(w), None, group=4, pads=[1, 1, 1, 1], path=path)
         np.testing.assert_allclose(to_numpy(got), want, rtol=RTOL, atol=ATOL)
     W = xp.asarray(f32(4, 1, 3, 3, seed=3))
-    _conv_full(xp, x, W, None, group=4, pads=[1, 1, 1, 1], path=path)
+    conv_full(xp, x, W, None, group=4, pads=[1, 1, 1, 1], path=path)
     band = path._band[3]
-    _conv_full(xp, x, W, None, group=4, pads=[1, 1, 1, 1], path=path)
+    conv_full(xp, x, W, None, group=4, pads=[1, 1, 1, 1], path=path)
     assert path._band[3] is band  # same weights, same geometry: built once
 
 
@@ -222,18 +212,19 @@ SHIFT_FALLBACK = [  # asked for shift, computed by im2col
 @pytest.fixture
 def shift_calls(monkeypatch):
     """How many times the shift path ran (the real function, counted)."""
-    from hetero_exec.kernels import conv
+    from hetero_exec.kernels import _conv_numpy as conv_numpy
+    from hetero_exec.kernels.native import packed_gemm
 
-    calls, real = [], conv._shift
+    calls, real = [], conv_numpy.shift
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(conv, "_shift", counted)
+    monkeypatch.setattr(conv_numpy, "shift", counted)
     # the path a CPU without AVX-512 takes: with it, packed_gemm's conv computes these
     # float32 convs (tests/kernels/test_packed_gemm.py)
-    monkeypatch.setattr(conv.packed_gemm, "conv_fits", lambda *args: False)
+    monkeypatch.setattr(packed_gemm, "conv_fits", lambda *args: False)
     return calls
 
 
@@ -255,7 +246,7 @@ def test_shift_epilogue(shift_calls, xs, ws, attrs, name, params):
     conv = reference("Conv", [x, w, b], **attrs)[0].astype(np.float64)
     z = f32(*conv.shape, seed=3)
     act = name if name == "Relu" else epilogue_activation(name, params)
-    got = _conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath("im2col"), **attrs)
+    got = conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath("im2col"), **attrs)
     np.testing.assert_allclose(got, activation_reference(name, params, conv + z), rtol=RTOL, atol=ATOL)
     assert len(shift_calls) == 1
 
@@ -265,7 +256,7 @@ def test_shift_weights_cache_follows_the_weights(shift_calls):
     x = f32(1, 3, 30, 30)
     for seed in (1, 2, 2):
         w = f32(4, 3, 3, 3, seed=seed)
-        got = _conv_full(np, x, w, None, pads=[1, 1, 1, 1], path=path)
+        got = conv_full(np, x, w, None, pads=[1, 1, 1, 1], path=path)
         np.testing.assert_allclose(got, reference("Conv", [x, w], pads=[1, 1, 1, 1])[0],
                                    rtol=RTOL, atol=ATOL)
     assert len(shift_calls) == 3
@@ -273,12 +264,12 @@ def test_shift_weights_cache_follows_the_weights(shift_calls):
 
 @pytest.fixture
 def numpy_paths(monkeypatch):
-    """The compiled kernels off (as without numba): the numpy paths run on numpy."""
+    """The C kernels off (as in a tree that was not built): the numpy paths run."""
     monkeypatch.setenv(native.ENV, "0")
-    native.reset()
+    library.reset()
     yield
     monkeypatch.delenv(native.ENV)
-    native.reset()
+    library.reset()
 
 
 @pytest.mark.parametrize("kind, xs, ws, attrs", [
@@ -292,13 +283,13 @@ def test_numpy_columns_and_epilogues(numpy_paths, kind, xs, ws, attrs):
     """Without the compiled kernels: numpy's im2col and its bias / residual / activation."""
     from hetero_exec.kernels.fused import epilogue_activation
 
-    assert not native.available()
+    assert not library.available()
     x, w, b = f32(*xs), f32(*ws, seed=1), f32(ws[0], seed=2)
     forced(np, kind, x, w, b, **attrs)
     conv = reference("Conv", [x, w, b], **attrs)[0]
     z = f32(*conv.shape, seed=3)
-    got = _conv_full(np, x, w, b, Z=z, activation=epilogue_activation("Clip", (0.0, 6.0)),
-                     path=ConvPath(kind), **attrs)
+    got = conv_full(np, x, w, b, Z=z, activation=epilogue_activation("Clip", (0.0, 6.0)),
+                    path=ConvPath(kind), **attrs)
     np.testing.assert_allclose(got, np.clip(conv + z, 0, 6), rtol=RTOL, atol=ATOL)
 
 
@@ -403,7 +394,7 @@ def test_session_chooses_paths_at_compile_time():
 
     model, _ = _conv_model()
     sess = _session(model)
-    dw = "depthwise_native" if native.available() else "depthwise"
+    dw = "depthwise_native" if library.available() else "depthwise"
     assert [p.kind for p in _paths(sess)] == [dw, "pointwise", "im2col", "im2col"]
     ref = ReferenceEvaluator(model)
     for n in (1, 3):
@@ -474,8 +465,8 @@ def test_fused_conv_residual_and_activation(xp, kind, ws, attrs):
         xp_.clip(y, 0, 6, out=y)
 
     for activation, want in (("Relu", np.maximum(conv, 0)), (relu6, np.clip(conv, 0, 6))):
-        got = _conv_full(xp, xp.asarray(x), xp.asarray(w), xp.asarray(b), Z=xp.asarray(z),
-                         activation=activation, path=ConvPath(kind), **attrs)
+        got = conv_full(xp, xp.asarray(x), xp.asarray(w), xp.asarray(b), Z=xp.asarray(z),
+                        activation=activation, path=ConvPath(kind), **attrs)
         np.testing.assert_allclose(to_numpy(got), want, rtol=RTOL, atol=ATOL)
     got = FusedConv(xp, xp.asarray(x), xp.asarray(w), xp.asarray(b), xp.asarray(z), "Relu",
                     **attrs)[0]
@@ -501,8 +492,8 @@ def test_depthwise_native_epilogue(name, params, residual):
     attrs = {"group": 6, "pads": [1, 1, 1, 1], "strides": [2, 2]}
     conv = reference("Conv", [x, w, b], **attrs)[0] + (0 if z is None else z)
     act = name if name == "Relu" else epilogue_activation(name, params)
-    got = _conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath("depthwise_native"),
-                     **attrs)
+    got = conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath("depthwise_native"),
+                    **attrs)
     with np.errstate(over="ignore", invalid="ignore"):
         want = activation_reference(name, params, conv)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)

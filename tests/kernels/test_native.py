@@ -1,6 +1,6 @@
-"""The compiled cpu kernels (kernels/native): their cache guard, the switch that turns
-them off, and the epilogues and GELU against numpy formulas (the depthwise kernel is in
-test_conv_paths.py)."""
+"""The C kernels' activations and row norms (kernels/native: act.c, norm.c), the switch
+that turns the library off, and the epilogues and GELU against numpy formulas (the
+depthwise kernel is in test_conv_paths.py). float64 runs the numpy definitions."""
 
 from __future__ import annotations
 
@@ -8,41 +8,27 @@ import numpy as np
 import pytest
 
 from hetero_exec.kernels import native
-from hetero_exec.kernels.elementwise import Gelu
+from hetero_exec.kernels.erf_gelu import Gelu
 from hetero_exec.kernels.fused import FusedMatMul, epilogue_activation
+from hetero_exec.kernels.native import library, row_kernels
+from hetero_exec.kernels.native.activation import activation_args
 from tests.kernels._ref import activation_reference
 
-needs_native = pytest.mark.skipif(not native.available(),
-                                  reason=f"compiled kernels off: {native.unavailable_reason()}")
-
-
-def test_stale_cache_is_dropped_when_a_source_changes(tmp_path):
-    (tmp_path / "a.py").write_text("x = 1\n")
-    cache = tmp_path / "__pycache__"
-    cache.mkdir()
-    (cache / "a.f-1.py311.nbi").write_text("old")
-    native._drop_stale_cache(tmp_path)
-    assert not (cache / "a.f-1.py311.nbi").exists()  # no stamp yet: dropped
-    (cache / "a.f-1.py311.nbc").write_text("new")
-    native._drop_stale_cache(tmp_path)
-    assert (cache / "a.f-1.py311.nbc").exists()  # same sources: kept
-    (tmp_path / "b.py").write_text("y = 2\n")  # another file of the package changed
-    native._drop_stale_cache(tmp_path)
-    assert not (cache / "a.f-1.py311.nbc").exists()
-    assert len(list(cache.glob("*.tmp"))) == 0
+needs_native = pytest.mark.skipif(not library.available(),
+                                  reason=f"C kernels off: {library.unavailable_reason()}")
 
 
 def test_off_by_environment(monkeypatch):
     monkeypatch.setenv(native.ENV, "off")
-    native.reset()
+    library.reset()
     try:
-        assert not native.available() and "off" in native.unavailable_reason()
-        assert native.epilogue_code("Relu") is None
+        assert not library.available() and "off" in library.unavailable_reason()
+        assert not library.takes(np, np.zeros(3, np.float32))
         x = np.linspace(-3, 3, 50, dtype=np.float32)
         np.testing.assert_allclose(Gelu(np, x)[0], _gelu_ref(x), rtol=1e-6, atol=1e-6)
     finally:
         monkeypatch.delenv(native.ENV)
-        native.reset()
+        library.reset()
 
 
 def _gelu_ref(x):
@@ -92,7 +78,7 @@ def test_fused_matmul_epilogue(name, params, bias):
 @pytest.mark.parametrize("name, params", ACTS)
 def test_conv_epilogue(kind, ws, attrs, name, params):
     """FusedConv's bias + residual + activation after the products, compiled or not."""
-    from hetero_exec.kernels.conv import ConvPath, _conv_full
+    from hetero_exec.kernels._conv_path import ConvPath, conv_full
     from tests.kernels._ref import reference
 
     rng = np.random.default_rng(2)
@@ -103,7 +89,7 @@ def test_conv_epilogue(kind, ws, attrs, name, params):
     conv = reference("Conv", [x, w, b], **attrs)[0].astype(np.float64)
     want = activation_reference(name, params, conv + z)
     act = name if name in ("", "Relu") else epilogue_activation(name, params)
-    got = _conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath(kind), **attrs)
+    got = conv_full(np, x, w, b, Z=z, activation=act, path=ConvPath(kind), **attrs)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -158,7 +144,7 @@ def test_rms_norm(dtype):
 def test_conv_epilogue_broadcast_residual():
     """A residual that only broadcasts to the output (not what the fusion makes, but a
     FusedConv node may say so) takes numpy's add."""
-    from hetero_exec.kernels.conv import ConvPath, _conv_full
+    from hetero_exec.kernels._conv_path import ConvPath, conv_full
     from tests.kernels._ref import reference
 
     rng = np.random.default_rng(6)
@@ -166,28 +152,55 @@ def test_conv_epilogue_broadcast_residual():
     w = rng.standard_normal((6, 4, 1, 1)).astype(np.float32)
     b = rng.standard_normal(6).astype(np.float32)
     z = rng.standard_normal((1, 6, 1, 5)).astype(np.float32)
-    got = _conv_full(np, x, w, b, Z=z, activation="Relu", path=ConvPath("pointwise"))
+    got = conv_full(np, x, w, b, Z=z, activation="Relu", path=ConvPath("pointwise"))
     want = np.maximum(reference("Conv", [x, w, b])[0] + z, 0)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 @needs_native
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("name", ["GeluTanh", "SiLU", "Sigmoid", "Tanh"])
-def test_compiled_tanh_family_special_values(name, dtype):
+def test_compiled_tanh_family_special_values(name):
     """The rational tanh behind tanh GELU, SiLU, Sigmoid and Tanh: within 1e-6 (absolute,
     and relative for large values) of numpy's formulas, infinities and NaN as they give.
     float32 SiLU is the exception, within 2.2e-6: below x = -16 its logistic rounds to 0,
     where x * e^x is still up to -1.7e-6 (onnxruntime's rational logistic trades alike)."""
     x = np.concatenate([np.linspace(-30, 30, 6001), [0.0, -0.0, 1e-30, 1e30, -1e30, 88.0, -88.0,
-                                                     np.inf, -np.inf, np.nan]]).astype(dtype)
-    out = np.empty_like(x)
-    code, p0, p1 = native.epilogue_code(name)
-    native.module("epilogue").unary(x, out, code, p0, p1, 0, x.size)
+                                                     np.inf, -np.inf, np.nan]]).astype(np.float32)
+    out = row_kernels.unary(x, *activation_args(name))
     with np.errstate(over="ignore", invalid="ignore"):
         want = activation_reference(name, None, x.astype(np.float64))
     np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
     finite = np.isfinite(want)
-    atol = 2.2e-6 if (name, dtype) == ("SiLU", np.float32) else 1e-6
+    atol = 2.2e-6 if name == "SiLU" else 1e-6
     np.testing.assert_allclose(out[finite], want[finite], rtol=1e-6, atol=atol)
     np.testing.assert_array_equal(out[~finite & ~np.isnan(want)], want[~finite & ~np.isnan(want)])
+
+
+@needs_native
+@pytest.mark.parametrize("name, params", ACTS)
+@pytest.mark.parametrize("size", [1, 15, 4096, 4096 * 3 + 17])
+def test_unary_matches_the_numpy_definition(name, params, size):
+    """row_kernels.unary (act.c, runs of 4096 split over the workers, a ragged tail)
+    against the numpy formulas, in place too."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal(size) * 4).astype(np.float32)
+    want = activation_reference(name, params, x.astype(np.float64))
+    got = row_kernels.unary(x, *activation_args(name, params))
+    assert got.dtype == np.float32 and got.shape == x.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2.2e-6)
+
+
+@needs_native
+@pytest.mark.parametrize("with_bias, with_z", [(False, False), (True, False), (True, True),
+                                               (False, True)])
+@pytest.mark.parametrize("name, params", ACTS)
+def test_channels_epilogue_matches_the_numpy_definition(name, params, with_bias, with_z):
+    """row_kernels.channels: act(Y + bias[channel] + z) over (N, M, L) rows, L ragged."""
+    rng = np.random.default_rng(8)
+    y = rng.standard_normal((2, 5, 3, 7)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32) if with_bias else None
+    z = rng.standard_normal(y.shape).astype(np.float32) if with_z else None
+    pre = y.astype(np.float64) + (0 if z is None else z) + (0 if b is None else b[:, None, None])
+    want = activation_reference(name, params, pre)
+    row_kernels.channels(y, b, z, *activation_args(name, params))
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=2.2e-6)

@@ -86,9 +86,9 @@ def test_conv_gemm_paths(xp):
 
 def test_conv_chunked(xp, monkeypatch):
     # batches whose columns outgrow the scratch buffer go through im2col in blocks
-    import hetero_exec.kernels.conv as conv
+    import hetero_exec.kernels._conv_numpy as conv_numpy
 
-    monkeypatch.setattr(conv, "SCRATCH_KEEP", 1)
+    monkeypatch.setattr(conv_numpy, "SCRATCH_KEEP", 1)
     check(xp, "Conv", [f32(3, 4, 36, 36), f32(6, 4, 3, 3), f32(6)], pads=[1, 1, 1, 1])
     check(xp, "Conv", [f32(3, 4, 9, 9), f32(6, 2, 3, 3), f32(6)], group=2, strides=[2, 1])
 

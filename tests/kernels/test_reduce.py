@@ -190,7 +190,7 @@ def test_softmax_gives_no_subnormals():
     """Scores masked by -100 (Swin's shifted windows) have exps in float32's subnormal
     range, on which every later multiply is ~100x slower: they come out as exact zeros,
     the rest as the reference computes them."""
-    from hetero_exec.kernels.attention import _softmax_last_inplace
+    from hetero_exec.kernels.fused_attention import _softmax_last_inplace
     from hetero_exec.kernels.reduce import Softmax
 
     x = np.array([[5.0, -95.0, -90.0, -82.0, -np.inf, 4.0, -100.0, 0.5] * 5,

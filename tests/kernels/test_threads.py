@@ -204,7 +204,7 @@ def test_a_run_alone_gives_the_blas_its_width_and_overlapping_runs_hold_it(monke
         pytest.skip("no BLAS thread control here")
     monkeypatch.setattr(_threads, "cores", lambda: 2)
     # (with one pool a lone run holds the BLAS at one thread too: tests/kernels/test_blas_split.py)
-    monkeypatch.setattr(_threads, "_one_pool", False)
+    monkeypatch.setattr(_threads, "_split_on_c_workers", False)
     with run_threads():
         assert blas_threads() == 2  # alone: the BLAS splits the run's products itself
     with intra_op_threads(1), run_threads():
@@ -340,5 +340,5 @@ def test_idle_blas_workers_sleep_soon_after_a_run():
     # the user's own setting wins over ours
     assert _spinning(_idle_cpu({**own, "OPENBLAS_THREAD_TIMEOUT": "28"}))
     # one pool (the default): gemm.c's workers take the products and spin 0.4 ms at most
-    one_pool = _idle_cpu({})
-    assert one_pool["idle_cpu_s"] < 0.03 and not _spinning(one_pool), one_pool
+    on_c_workers = _idle_cpu({})
+    assert on_c_workers["idle_cpu_s"] < 0.03 and not _spinning(on_c_workers), on_c_workers

@@ -15,6 +15,7 @@ from hetero_exec.exec.program.registry import lowers
 from hetero_exec.kernels import _threads
 from hetero_exec.kernels.fused import FUSED_DOMAIN
 from hetero_exec.kernels.native import ACT_CODES, ACT_DEFAULTS, library, packed_gemm
+from hetero_exec.kernels.native.activation import activation_args
 
 F32 = np.dtype(np.float32)
 #: a product of this many FLOPs or more goes to OpenBLAS (below, the loops' own cost
@@ -66,7 +67,7 @@ def product(b, A: Place, B: Place, out_example: np.ndarray, bias: Place | None =
     if weight is not None and len(B.shape) == 2:
         A2 = b.contiguous(A)
         M = A2.size // K
-        store = packed_gemm.store_act(activation, params)
+        store = activation_args(activation, params, store_only=True)
         c = b.codes
         act, lo, hi = store if store is not None else (c["ACT_NONE"], 0.0, 0.0)
         items = -(-M // packed_gemm.MR_RIGHT) if M >= 8 * packed_gemm.MR_RIGHT else -(-N // packed_gemm.NR)

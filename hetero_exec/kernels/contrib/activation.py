@@ -1,5 +1,5 @@
 """onnxruntime's activations and bias sums: Gelu, FastGelu, BiasGelu, QuickGelu, BiasAdd
-(com.microsoft). The GELUs are elementwise.py's (compiled on the host)."""
+(com.microsoft). The GELUs are erf_gelu.py's (compiled on the host)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 from hetero_exec.kernels import fused as own
 from hetero_exec.kernels.contrib import schemas
 from hetero_exec.kernels.contrib.schemas import FLOATS, MS_DOMAIN, define
-from hetero_exec.kernels.elementwise import Gelu as _gelu
+from hetero_exec.kernels.erf_gelu import Gelu as _gelu
 from hetero_exec.kernels.registry import kernel
 
 define("Gelu", ["X:T"], ["Y:T"], {"T": FLOATS}, infer=schemas.same_as(0))

@@ -1,8 +1,8 @@
 /* Activations after a product, in float32 (simd.h): act(y + bias) over the last axis of
  * (rows, cols), in place; FusedMatMul's epilogue where the packed store cannot apply it
- * (GELU, SiLU... or a product OpenBLAS computed). The same rationals as numba's float32
- * epilogue (native/epilogue.py: Eigen's erf and tanh, the logistic as 0.5 + 0.5 tanh(x/2)),
- * a vector a step (16 lanes with AVX-512, where LLVM gave numba's loops 8); the
+ * (GELU, SiLU... or a product OpenBLAS computed). Eigen's rationals for erf and tanh,
+ * the logistic as 0.5 + 0.5 tanh(x/2), a vector a step (16 lanes with AVX-512; the
+ * numba loops these replaced got 8 from LLVM); the
  * activation codes are kernels.h's ACT_*. NaN stays NaN: max/min take the NaN operand second. */
 #include "kernels.h"
 
@@ -28,7 +28,7 @@ ALWAYS_INLINE vf tanh16(vf u)
     q = vfma(q, z, vset1(0.002268434632439f));
     q = vfma(q, z, vset1(0.00489352518554385f));
     /* from the clamp on, +-1 exactly (with the FMAs the rational ends 2 ulp short of it
-     * there): GELU(-100) is then 0 and SiLU(-inf) NaN, as in numba's float32 loop */
+     * there): GELU(-100) is then 0 and SiLU(-inf) NaN, as numpy's formulas give */
     vf r = vdiv(vmul(p, t), q);
     vb far = vge(vabs(u), vset1(7.90531110763549805f));
     return vselect(far, vselect(vlt(u, vzero()), vset1(-1.0f), vset1(1.0f)), r);
@@ -134,4 +134,97 @@ void he_last_axis_mt(float *y, const float *b, int rows, int cols, int code, flo
 {
     act_args a = {y, b, cols, code, p0, p1};
     he_parallel(act_task, &a, rows, parts);
+}
+
+/* The channels epilogue of an NCHW product (n, M, L), in place: row r = i*M + m gets
+ * act(y + b[m] + z), the residual z of y's shape or NULL, b (M) or NULL; a conv's bias,
+ * residual and activation where the packed store cannot apply them (GELU, SiLU... or a
+ * product numpy computed). The residual comes before the activation, as FusedConv's. */
+typedef struct {
+    float *y;
+    const float *b, *z;
+    int M, L, code;
+    float p0, p1;
+} channels_args;
+
+#define CHANNEL_ROWS(CODE)                                                              \
+    for (int r = r0; r < r1; r++) {                                                      \
+        float *y = a->y + (long)r * a->L;                                                 \
+        const float *z = a->z ? a->z + (long)r * a->L : NULL;                             \
+        vf bias = vset1(a->b ? a->b[r % a->M] : 0.0f);                                    \
+        for (int k = 0; k < a->L; k += VW) {                                             \
+            lanes_t m = first_lanes(a->L - k);                                            \
+            vf v = vload_lanes(m, y + k);                                                 \
+            if (z)                                                                        \
+                v = vadd(v, vload_lanes(m, z + k));                                       \
+            vstore_lanes(y + k, m, act16(vadd(v, bias), CODE, a->p0, a->p1));             \
+        }                                                                                 \
+    }
+
+static void channels_task(void *p, int r0, int r1)
+{
+    channels_args *a = (channels_args *)p;
+    switch (a->code) {
+    case ACT_NONE: CHANNEL_ROWS(ACT_NONE) break;
+    case ACT_RELU: CHANNEL_ROWS(ACT_RELU) break;
+    case ACT_CLIP: CHANNEL_ROWS(ACT_CLIP) break;
+    case ACT_HARD_SIGMOID: CHANNEL_ROWS(ACT_HARD_SIGMOID) break;
+    case ACT_HARD_SWISH: CHANNEL_ROWS(ACT_HARD_SWISH) break;
+    case ACT_GELU: CHANNEL_ROWS(ACT_GELU) break;
+    case ACT_GELU_TANH: CHANNEL_ROWS(ACT_GELU_TANH) break;
+    case ACT_SILU: CHANNEL_ROWS(ACT_SILU) break;
+    case ACT_SIGMOID: CHANNEL_ROWS(ACT_SIGMOID) break;
+    default: CHANNEL_ROWS(ACT_TANH) break;
+    }
+}
+
+void he_channels_mt(float *y, const float *b, const float *z, int n, int M, int L, int code,
+                    float p0, float p1, int parts)
+{
+    channels_args a = {y, b, z, M, L, code, p0, p1};
+    he_parallel(channels_task, &a, n * M, parts);
+}
+
+/* y = act(x) over n values (x and y may be the same array): Gelu, Sigmoid... as single
+ * ops, in runs of ACT_RUN values split over the workers */
+#define ACT_RUN 4096
+
+typedef struct {
+    const float *x;
+    float *y;
+    long n;
+    int code;
+    float p0, p1;
+} unary_args;
+
+#define UNARY_RUNS(CODE)                                                                \
+    for (int r = r0; r < r1; r++) {                                                      \
+        long end = (long)(r + 1) * ACT_RUN < a->n ? (long)(r + 1) * ACT_RUN : a->n;       \
+        for (long k = (long)r * ACT_RUN; k < end; k += VW) {                             \
+            lanes_t m = first_lanes((int)(end - k < VW ? end - k : VW));                  \
+            vstore_lanes(a->y + k, m, act16(vload_lanes(m, a->x + k), CODE, a->p0, a->p1)); \
+        }                                                                                 \
+    }
+
+static void unary_task(void *p, int r0, int r1)
+{
+    unary_args *a = (unary_args *)p;
+    switch (a->code) {
+    case ACT_NONE: UNARY_RUNS(ACT_NONE) break;
+    case ACT_RELU: UNARY_RUNS(ACT_RELU) break;
+    case ACT_CLIP: UNARY_RUNS(ACT_CLIP) break;
+    case ACT_HARD_SIGMOID: UNARY_RUNS(ACT_HARD_SIGMOID) break;
+    case ACT_HARD_SWISH: UNARY_RUNS(ACT_HARD_SWISH) break;
+    case ACT_GELU: UNARY_RUNS(ACT_GELU) break;
+    case ACT_GELU_TANH: UNARY_RUNS(ACT_GELU_TANH) break;
+    case ACT_SILU: UNARY_RUNS(ACT_SILU) break;
+    case ACT_SIGMOID: UNARY_RUNS(ACT_SIGMOID) break;
+    default: UNARY_RUNS(ACT_TANH) break;
+    }
+}
+
+void he_unary_mt(const float *x, float *y, long n, int code, float p0, float p1, int parts)
+{
+    unary_args a = {x, y, n, code, p0, p1};
+    he_parallel(unary_task, &a, (int)((n + ACT_RUN - 1) / ACT_RUN), parts);
 }

@@ -1,5 +1,5 @@
 """numpy's own BLAS GEMM, held at one thread, split over the C library's workers
-(native/blas.c): one pool of threads for a whole run (kernels/_threads.py's `one_pool`).
+(native/blas.c): one pool of threads for a whole run (kernels/_threads.py's `blas_split_on_c_workers`).
 In a run alone the workers take the products that stay on OpenBLAS too, as one-thread
 BLAS calls, instead of OpenBLAS's own spinning pool beside ours.
 """

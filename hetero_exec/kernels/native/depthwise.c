@@ -11,7 +11,7 @@
  * dependent FMAs wait on the FMA latency). Bias, the residual and Relu/Clip are applied as
  * a run is stored.
  *
- * The numba kernel this replaces (native/depthwise.py, still the float64 path) ran
+ * The numba kernel this replaced (float64 now takes conv.py's numpy path) ran
  * 3-10x slower than onnxruntime on MobileNetV2's layers. A first version here, which read
  * the unpadded input under lane masks and one run at a time, waited on each run's chain
  * of dependent FMAs and ran 1.3-2x slower than this one. */

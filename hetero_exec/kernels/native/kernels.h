@@ -110,6 +110,8 @@ HE_API void he_softmax_mt(float *x, int rows, int n, int parts);
 HE_API int he_layer_norm_channels_mt(const float *x, const float *g, const float *b, float eps, float *y, int n, int C, int L, int nhwc, int parts);
 HE_API void he_row_norm_mt(const float *x, const float *g, const float *b, float eps, float *y, float *mean, float *inv, int rows, int cols, int rms, int parts);
 HE_API void he_last_axis_mt(float *y, const float *b, int rows, int cols, int code, float p0, float p1, int parts);
+HE_API void he_channels_mt(float *y, const float *b, const float *z, int n, int M, int L, int code, float p0, float p1, int parts);
+HE_API void he_unary_mt(const float *x, float *y, long n, int code, float p0, float p1, int parts);
 HE_API void he_blas_gemm_mt(void *fn, void *gemv, int ilp64, int dbl, int ta, int tb, long batch, long M, long N, long K, const void *A, long lda, long sa, const void *B, long ldb, long sb, void *C, long ldc, long sc, int unit, int parts);
 HE_API int he_pool_start(int n, long spin_ns);
 HE_API int he_pool_hot(void);

@@ -117,6 +117,12 @@ def available() -> bool:
     return unavailable_reason() is None
 
 
+def takes(xp, *arrays: Any) -> bool:
+    """Whether the C kernels may take these arrays: host (numpy) float32 arrays, and the
+    library loaded."""
+    return xp is np and all(a.dtype == np.float32 for a in arrays) and available()
+
+
 def variant() -> str | None:
     """The variant loaded (avx512, avx2, neon, baseline), or None when off."""
     return _state.get("variant") if available() else None
@@ -201,9 +207,9 @@ def expect(**constants: int) -> None:
 
 
 def _codes_differ() -> str | None:
-    """The numba epilogues' activation codes (kernels/native.ACT_CODES) against the
-    library's (kernels.h): one meaning for a code on both sides."""
-    from hetero_exec.kernels.native import ACT_CODES
+    """The activation codes of native/activation.py against the library's (kernels.h):
+    one meaning for a code on both sides."""
+    from hetero_exec.kernels.native.activation import ACT_CODES
 
     names = {"": "NONE", "Relu": "RELU", "Clip": "CLIP", "HardSigmoid": "HARD_SIGMOID",
              "HardSwish": "HARD_SWISH", "Gelu": "GELU", "GeluTanh": "GELU_TANH",

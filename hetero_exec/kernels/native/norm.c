@@ -4,8 +4,8 @@
  * each a strided reduction or a temporary; here a run of VW pixels is read for its
  * means over the channels, again for the variances (two passes: no sum of squares minus
  * the squared mean, which cancels), and once for the output, while its C x VW floats
- * stay in L1. The row norms over the last axis (he_row_norm_mt) are float32's here and
- * float64's in numba (native/norm.py). */
+ * stay in L1. The row norms over the last axis (he_row_norm_mt) are float32's; float64
+ * takes norm.py's numpy path. */
 #include "kernels.h"
 
 typedef struct {

@@ -28,7 +28,7 @@ import logging
 import numpy as np
 
 from hetero_exec.kernels import _threads
-from hetero_exec.kernels.native import ACT_DEFAULTS, library
+from hetero_exec.kernels.native import library
 from hetero_exec.kernels.native.library import address, available, reset, unavailable_reason
 from hetero_exec.kernels.native.library import contiguous_f32 as _contiguous_f32
 from hetero_exec.kernels.native.library import lib as _lib
@@ -44,7 +44,7 @@ ENV = library.ENV
 NR = 32
 MR_RIGHT = 8
 MR_LEFT = 12
-#: activation codes of the kernels' store (kernels.h; the others run after it, as before)
+#: activation codes of the kernels' store (kernels.h; native/activation.py maps them)
 ACT_NONE, ACT_RELU, ACT_CLIP = 0, 1, 2
 library.expect(NR=NR, MR_RIGHT=MR_RIGHT, MR_LEFT=MR_LEFT, ACT_NONE=ACT_NONE, ACT_RELU=ACT_RELU,
                ACT_CLIP=ACT_CLIP, SEG=16)  # SEG: `RUN` below
@@ -83,19 +83,6 @@ LANES_FILLED = 0.8
 
 #: output pixels of a conv tile's run (conv.c: two runs of 16 lanes a tile)
 RUN = 16
-
-
-def store_act(activation: str, params=None) -> tuple[int, float, float] | None:
-    """(code, lo, hi) of ``activation`` as the kernels' store applies it: none, Relu or
-    Clip (its bounds, or none); None for any other."""
-    if activation == "":
-        return ACT_NONE, 0.0, 0.0
-    if activation == "Relu":
-        return ACT_RELU, 0.0, 0.0
-    if activation == "Clip":
-        lo, hi = params or ACT_DEFAULTS["Clip"]
-        return ACT_CLIP, float(lo), float(hi)
-    return None
 
 
 def _threads_width() -> int:

@@ -1,6 +1,7 @@
 """The C library's row kernels, float32 (native/softmax.c, norm.c, act.c): the softmax
-over the last axis, LayerNorm over the channels, and act(y + bias) over the last axis,
-each split by rows over the library's workers.
+over the last axis, LayerNorm over the channels, row norms, act(y + bias) over the last
+axis, a conv's channels epilogue and an activation alone, each split by rows over the
+library's workers. Activations are native/activation.py's (code, p0, p1).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ NORM_COST = 8.0
 
 def last_axis(Y: np.ndarray, bias: np.ndarray | None, code: int, p0: float, p1: float) -> None:
     """act(Y + bias) in place over the last axis of Y (rows, cols), C-contiguous float32,
-    bias (cols,) float32 or None; ``code`` one of kernels/native.ACT_CODES (native/act.c),
+    bias (cols,) float32 or None; ``code`` one of native/activation.ACT_CODES (native/act.c),
     the rows split over gemm.c's workers."""
     rows, cols = Y.shape
     if rows and cols:
@@ -73,6 +74,36 @@ def last_axis(Y: np.ndarray, bias: np.ndarray | None, code: int, p0: float, p1: 
 
 #: an element of an activation pass in `_parts`' FLOPs (the rationals' ~20 operations)
 ACT_COST = 8.0
+
+
+def channels(Y: np.ndarray, bias: np.ndarray | None, z: np.ndarray | None, code: int,
+             p0: float, p1: float) -> None:
+    """act(Y + bias[channel] + z) in place on a fresh (N, M, *S) product, C-contiguous
+    float32; bias (M,) or None, z of Y's shape or None (native/act.c), the (image,
+    channel) rows split over the library's workers."""
+    N, M = Y.shape[:2]
+    L = Y.size // (N * M) if N * M else 0
+    if L == 0:
+        return
+    bias = _contiguous_f32(bias)
+    z = None if z is None else np.ascontiguousarray(z, dtype=np.float32)
+    _lib().he_channels_mt(address(Y), _ptr(bias), _ptr(z), N, M, L, code, p0, p1,
+                          _parts(N * M, ACT_COST * Y.size))
+
+
+#: values of a run of `unary` (act.c's ACT_RUN): the unit its work is split in
+UNARY_RUN = 4096
+
+
+def unary(x: np.ndarray, code: int, p0: float, p1: float) -> np.ndarray:
+    """act(x) of a float32 array into a new array of its shape (native/act.c), in runs of
+    `UNARY_RUN` values split over the library's workers."""
+    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    out = np.empty_like(flat)
+    if flat.size:
+        _lib().he_unary_mt(address(flat), address(out), flat.size, code, p0, p1,
+                           _parts(-(-flat.size // UNARY_RUN), ACT_COST * flat.size))
+    return out.reshape(x.shape)
 
 
 def row_norm(X: np.ndarray, scale: np.ndarray | None, bias: np.ndarray | None, eps: float,

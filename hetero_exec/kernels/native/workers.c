@@ -40,8 +40,8 @@ static long now_ns(void)
 }
 
 /* spin while *word == value for at most ns: the word's value then. It yields every few
- * microseconds, so that a thread waiting for this core (a Python helper's part of a
- * numba kernel) runs at once rather than sharing it with the spin. */
+ * microseconds, so that a thread waiting for this core (a Python helper's part of
+ * numpy's work) runs at once rather than sharing it with the spin. */
 static int spin_while_equal(const int *word, int value, long ns)
 {
     long end = now_ns() + ns;
