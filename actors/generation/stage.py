@@ -38,6 +38,7 @@ from hetero_exec.genai.layout import CacheLayout
 from hetero_exec.genai.rewrite import CAPACITY, cache_input
 from hetero_exec.genai.search import Sampler, SearchOptions
 from hetero_exec.placement.sizes import weight_bytes
+from hetero_exec.providers import parse_provider
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,17 @@ class GenerationStage:
         opts = dict(self.session_options)
         if opts.get("dim_bounds") is not None:
             opts["dim_bounds"] = {CAPACITY: 0, **opts["dim_bounds"]}
-        self.session = InferenceSession(part.model, providers=self.providers or None, **opts)
+        # a provider's mem_limit is this stage's budget for its weights and the groups'
+        # caches (admitted here, per group); the stage session is not sized by it (the
+        # values carried in have symbolic sizes no dim_bounds names)
+        providers, self.limits = [], {}
+        for spec in self.providers:
+            name, popts = (spec, {}) if isinstance(spec, str) else (spec[0], dict(spec[1]))
+            limit = popts.pop("mem_limit", None)
+            providers.append((name, popts) if popts or not isinstance(spec, str) else spec)
+            if limit is not None:
+                self.limits[parse_provider((name, popts)).name] = int(limit)
+        self.session = InferenceSession(part.model, providers=providers or None, **opts)
         entries = {e.past: e for e in self.layout.entries}
         self.own = [entries[p] for p in part.entries]
         self.cache_providers = _cache_providers(self.session, self.own)
@@ -274,7 +285,7 @@ class GenerationStage:
     def _budgets(self) -> dict[str, int | None]:
         if self.part is None:
             return {}
-        return {p.name: p.mem_limit for p in self.cache_providers.values()}
+        return {p.name: self.limits.get(p.name) for p in self.cache_providers.values()}
 
 
 def _cache_providers(session: Any, entries: list[Any]) -> dict[str, Any]:
