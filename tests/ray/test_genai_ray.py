@@ -180,3 +180,22 @@ def test_a_stage_killed_mid_generation_is_replayed_with_the_same_tokens(ray_sess
         assert eventually(lambda: _cache_free(model))
     finally:
         model.close()
+
+
+def test_three_node_cluster_runs_the_stages_on_two_nodes():
+    """In its own process (tests/ray/genai_multinode_main.py): a Cluster needs its own Ray."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-m", "tests.ray.genai_multinode_main"], cwd=root,
+                          env={**os.environ, "PYTHONPATH": root}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["nodes"] == 3
+    assert report["stage_nodes"] == 2 and report["on_head"] == 0  # one stage per GPU node
+    assert report["match"] is True
+    assert all(s["groups"] == 0 and s["reserved_bytes"] == 0 for s in report["stats"])
