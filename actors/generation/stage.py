@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 import uuid
 from typing import Any, Sequence
 
@@ -62,6 +63,7 @@ class GenerationStage:
         self.ring: list[Any] = []  # every stage's handle, by index
         self.changed = asyncio.Event()
         self.steps = 0
+        self.step_s = 0.0  # seconds computing steps (the rest of a token's time is Ray)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -171,7 +173,7 @@ class GenerationStage:
         return {"stage": self.label, "incarnation": self.incarnation, "groups": sum(1 for g in self.groups.values() if g.caches),
                 "reserved_bytes": sum(self.reserved.values()),
                 "cache_bytes": sum(g.cache_bytes for g in self.groups.values()),
-                "steps": self.steps}
+                "steps": self.steps, "step_s": self.step_s}
 
     # -- the ring -----------------------------------------------------------------------
 
@@ -180,6 +182,7 @@ class GenerationStage:
         if self.part is None or g is None or epoch < g.epoch or not g.caches:
             return  # a closed group's, an old epoch's, or sent to a restarted actor
         g.epoch = g.live = epoch
+        started = time.perf_counter()
         g.apply(job)
         if job.draws is not None and self.index == self.count - 1:
             g.sampler = Sampler(SearchOptions(**g.spec.search), *self._sampler_args())
@@ -202,9 +205,11 @@ class GenerationStage:
                 outs.append({n: move_value(values[n], self.runner.where[n], None)
                              for n in self.part.carried_out})
         if self.index < self.count - 1:
+            self.step_s += time.perf_counter() - started
             self.ring[self.index + 1].step.remote(gid, epoch, job, outs)
             return
         self._choose(gid, g, epoch, last)
+        self.step_s += time.perf_counter() - started
 
     def _choose(self, gid: str, g: StageGroup, epoch: int, logits: Any) -> None:
         """The last stage: sample the next token, keep it for the driver, start the next
