@@ -199,3 +199,22 @@ def test_three_node_cluster_runs_the_stages_on_two_nodes():
     assert report["stage_nodes"] == 2 and report["on_head"] == 0  # one stage per GPU node
     assert report["match"] is True
     assert all(s["groups"] == 0 and s["reserved_bytes"] == 0 for s in report["stats"])
+
+
+def test_more_stages_than_layers_is_refused_before_any_actor_starts(ray_session):
+    with pytest.raises(og.GenaiError, match="stages=3: the decoder has 2 layers"):
+        og.Model(model_path("llama", "optimum"), executor="ray", stages=3, providers=DEVICES)
+
+
+def test_a_stage_that_fails_to_build_names_itself_and_leaves_no_actor(ray_session):
+    from ray._private import state
+
+    def generation_actors() -> int:  # from the GCS, as tests/ray/helpers.py reads it
+        return sum(1 for a in state.actors().values()
+                   if a["ActorClassName"].endswith("GenerationStage") and a["State"] != "DEAD")
+
+    before = generation_actors()
+    with pytest.raises(og.GenaiError, match=r"stage#\d \(sim-gpu:\d\) failed to build"):
+        og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES,
+                 no_such_option=1)
+    assert eventually(lambda: generation_actors() == before)
