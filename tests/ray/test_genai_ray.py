@@ -160,7 +160,8 @@ def test_a_refused_group_names_its_stage_and_leaves_the_others_running(ray_sessi
         model.close()
 
 
-def test_a_stage_killed_mid_generation_is_replayed_with_the_same_tokens(ray_session):
+@pytest.mark.parametrize("killed", [0, 1])  # the ring's middle; the stage the driver polls
+def test_a_stage_killed_mid_generation_is_replayed_with_the_same_tokens(ray_session, killed):
     model = og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES,
                      max_replays=2)
     try:
@@ -171,11 +172,11 @@ def test_a_stage_killed_mid_generation_is_replayed_with_the_same_tokens(ray_sess
             for _ in range(3):
                 g.generate_next_token()
         before = list(model.remote.incarnations)
-        ray.kill(model.remote.actors[0], no_restart=False)  # Ray restarts it
+        ray.kill(model.remote.actors[killed], no_restart=False)  # Ray restarts it
         got = [_finish(g, rows) for g, rows in zip(gens, groups)]
         assert got == want
-        assert model.remote.incarnations[0] != before[0]
-        assert model.remote.incarnations[1] == before[1]
+        assert model.remote.incarnations[killed] != before[killed]
+        assert model.remote.incarnations[1 - killed] == before[1 - killed]
         assert all(1 <= g.replays <= 2 for g in gens)
         assert eventually(lambda: _cache_free(model))
     finally:
