@@ -67,6 +67,49 @@ def tokens_per_s(model, prompts: list[np.ndarray], new: int, in_flight: bool) ->
     return total / (time.perf_counter() - t0)
 
 
+class _Echo:
+    """A bare ring member: what a step costs in Ray alone (an async actor calling the next)."""
+
+    def __init__(self):
+        import asyncio
+
+        self.made, self.changed, self.ring, self.index = 0, asyncio.Event(), [], 0
+
+    def connect(self, ring: list, index: int) -> None:
+        self.ring, self.index = ring, index
+
+    async def step(self, left: int, payload: dict) -> None:
+        if self.index == len(self.ring) - 1:
+            self.made += 1
+            self.changed.set()
+            if left == 0:
+                return
+            left -= 1
+        self.ring[(self.index + 1) % len(self.ring)].step.remote(left, payload)
+
+    async def wait(self, made: int) -> int:
+        while self.made < made:
+            self.changed.clear()
+            await self.changed.wait()
+        return self.made
+
+
+def ring_floor_ms(rounds: int = 200) -> float:
+    """ms per round of a bare two-actor ring carrying a hidden state's bytes."""
+    import ray
+
+    echo = ray.remote(_Echo)
+    ring = [echo.remote(), echo.remote()]
+    ray.get([a.connect.remote(ring, i) for i, a in enumerate(ring)])
+    payload = {"hidden": np.zeros((1, 1, 64), np.float32)}
+    t0 = time.perf_counter()
+    ring[0].step.remote(rounds, payload)
+    ray.get(ring[1].wait.remote(rounds + 1))
+    for a in ring:
+        ray.kill(a)
+    return (time.perf_counter() - t0) / (rounds + 1) * 1e3
+
+
 def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> None:
     import ray
 
@@ -100,10 +143,9 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
                       f"in process {per_prompt[hi]['local'] / per_prompt[lo]['local']:.2f}x, "
                       f"ort loop {per_prompt[hi]['ort'] / per_prompt[lo]['ort']:.2f}x", flush=True)
             stats = remote.remote.stats()
-            print(f"{name:14} compute per step: " + ", ".join(
-                f"{st['stage']} {st['step_s'] / max(st['steps'], 1) * 1e3:.3f} ms"
-                for st in stats) + " (the rest of a token's time: the two Ray hops of the ring)",
-                flush=True)
+            print(f"{name:14} compute per decode step: " + ", ".join(
+                f"{st['stage']} {st['decode_ms']:.3f} ms" for st in stats)
+                + " (the rest of a token's time: the two Ray hops of the ring)", flush=True)
             remote.close()
             # 4 groups in flight on two single-threaded stages vs one thread in process
             remote1 = hg.Model(path, executor="ray", stages=2, providers=DEVICES,
@@ -116,6 +158,8 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
                 lo_.append(tokens_per_s(local1, prompts, args.new, in_flight=False))
             remote1.close()
             throughput.append((name, statistics.median(r), statistics.median(lo_)))
+        print(f"bare two-actor Ray ring on this host (no compute): {ring_floor_ms():.3f} ms per "
+              "round, the floor of a token on two stages", flush=True)
         for name, r, lo_ in throughput:
             print(f"{name:14} 4 groups in flight, 1 thread per stage: ray {r:7.1f} tok/s, "
                   f"in process (1 thread, one after another) {lo_:7.1f} tok/s: {r / lo_:.2f}x",

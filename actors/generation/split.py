@@ -56,6 +56,9 @@ def split_decoder(model: onnx.ModelProto, layout: CacheLayout, stages: int) -> l
     constant = _weights_only(graph)
     produced, last_read = _lifetimes(graph)
     caches = {o for n in graph.nodes if n.op_type in ("KVAppend", "KVPrefix") for o in n.outputs}
+    cache_nodes = {e.node for e in layout.entries}
+    tainted = _downstream(graph, {o for n in graph.nodes if n.name in cache_nodes
+                                  for o in n.outputs if o})
     share = [len(layers) * (k + 1) // stages for k in range(stages)]
     bounds = [0]
     for k in range(stages - 1):
@@ -72,9 +75,17 @@ def split_decoder(model: onnx.ModelProto, layout: CacheLayout, stages: int) -> l
         mine = graph.nodes[lo:hi]
         own = {o for n in mine for o in n.outputs if o}
         reads = [r for n in mine for r in node_reads(n) if r]
-        # values from weights alone that an earlier stage made: computed here again
-        extra = _constant_closure(graph, [r for r in reads if r in constant and r not in own
-                                          and r in produced])
+        # values from weights alone that an earlier stage made, and small ones from the
+        # feeds alone (the expanded mask, rotary tables, shapes): computed here again, so
+        # only the residual stream crosses and this stage's attention fuses as in process
+        earlier = [r for r in dict.fromkeys(reads) if r not in own and r in produced]
+        again = [r for r in earlier if r in constant]
+        for r in earlier:
+            if r not in constant and r not in tainted:
+                closure = _constant_closure(graph, [r])
+                if _cheap(graph, closure):
+                    again.append(r)
+        extra = _constant_closure(graph, again)
         nodes = extra + list(mine)
         made = {o for n in nodes for o in n.outputs if o}
         inputs = list(dict.fromkeys(r for n in nodes for r in node_reads(n)
@@ -109,6 +120,27 @@ def _weights_only(graph: Graph) -> set[str]:
         if not n.subgraphs and all(r in out for r in reads):
             out.update(o for o in n.outputs if o)
     return out
+
+
+#: feed-only values a later stage computes again when their nodes read at most these
+#: weight bytes and are at most this many (a rotary table's inverse frequencies, yes; an
+#: embedding table, no)
+AGAIN_WEIGHT_BYTES, AGAIN_NODES = 1 << 16, 256
+
+
+def _downstream(graph: Graph, seeds: set[str]) -> set[str]:
+    """Values computed from any of ``seeds`` (a cache's: activations of the layers)."""
+    out = set(seeds)
+    for n in graph.nodes:
+        if any(r in out for r in node_reads(n)):
+            out.update(o for o in n.outputs if o)
+    return out
+
+
+def _cheap(graph: Graph, nodes: list) -> bool:
+    weights = {r for n in nodes for r in node_reads(n) if r in graph.initializers}
+    return (len(nodes) <= AGAIN_NODES and not any(n.op_type in ("MatMul", "Gemm") for n in nodes)
+            and sum(int(graph.initializers[w].nbytes) for w in weights) <= AGAIN_WEIGHT_BYTES)
 
 
 def _lifetimes(graph: Graph) -> tuple[dict[str, int], dict[str, int]]:

@@ -64,6 +64,7 @@ class GenerationStage:
         self.changed = asyncio.Event()
         self.steps = 0
         self.step_s = 0.0  # seconds computing steps (the rest of a token's time is Ray)
+        self.decodes, self.decode_s = 0, 0.0  # one-token steps only (no prompt, no replay)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -173,7 +174,8 @@ class GenerationStage:
         return {"stage": self.label, "incarnation": self.incarnation, "groups": sum(1 for g in self.groups.values() if g.caches),
                 "reserved_bytes": sum(self.reserved.values()),
                 "cache_bytes": sum(g.cache_bytes for g in self.groups.values()),
-                "steps": self.steps, "step_s": self.step_s}
+                "steps": self.steps, "step_s": self.step_s,
+                "decode_ms": self.decode_s / max(self.decodes, 1) * 1e3}
 
     # -- the ring -----------------------------------------------------------------------
 
@@ -205,11 +207,17 @@ class GenerationStage:
                 outs.append({n: move_value(values[n], self.runner.where[n], None)
                              for n in self.part.carried_out})
         if self.index < self.count - 1:
-            self.step_s += time.perf_counter() - started
+            self._count(job, time.perf_counter() - started)
             self.ring[self.index + 1].step.remote(gid, epoch, job, outs)
             return
         self._choose(gid, g, epoch, last)
-        self.step_s += time.perf_counter() - started
+        self._count(job, time.perf_counter() - started)
+
+    def _count(self, job: Job, seconds: float) -> None:
+        self.step_s += seconds
+        if len(job.pieces) == 1 and job.pieces[0][1] - job.pieces[0][0] == 1:
+            self.decodes += 1
+            self.decode_s += seconds
 
     def _choose(self, gid: str, g: StageGroup, epoch: int, logits: Any) -> None:
         """The last stage: sample the next token, keep it for the driver, start the next
