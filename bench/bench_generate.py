@@ -10,6 +10,14 @@ Rounds are interleaved; onnxruntime's spinning is off. Ratios are against onnxru
 loop on the same export, and against onnxruntime-genai.
 
     python bench/bench_generate.py [--batch 1 8] [--prompt 32 512] [--new 32] [--rounds 3]
+
+``--executor ray``: generation with the decoder split over two stage actors
+(sim-gpu:0, sim-gpu:1; actors/generation) against the in-process generator on
+sim-gpu and onnxruntime's loop, in one run: decode ms per token at batch 1 (prompts 32
+and 512: the growth), and tokens/s of 4 groups in flight on two single-threaded stages
+against an in-process single-threaded generator running the same 4 sequences.
+
+    python bench/bench_generate.py --executor ray [--models llama_optimum gpt2_optimum]
 """
 
 from __future__ import annotations
@@ -109,7 +117,13 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--mixed", action="store_true", help="also ours on strict sim-gpu + cpu")
+    ap.add_argument("--executor", choices=["local", "ray"], default="local",
+                    help="ray: the two-stage generator on Ray against the in-process one")
     args = ap.parse_args()
+    if args.executor == "ray":
+        from bench_generate_ray import ray_main
+
+        return ray_main(args, MODELS, prompt_rows, ort_session, time_ort_loop)
     genai = ortgenai_model(os.path.join(MODELS, "llama_genai"))
     print(f"{'model':14} {'B':>2} {'P':>4} {'ours':>14} {'ort loop':>14} {'ort-genai':>14}"
           f" {'/ort':>6} {'/genai':>7}   (prefill ms / decode ms per token, medians)")

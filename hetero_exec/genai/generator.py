@@ -20,6 +20,13 @@ from hetero_exec.genai.model import DEFAULT_MAX_LENGTH, Model
 from hetero_exec.genai.rewrite import PAST_LENGTH, cache_input
 from hetero_exec.genai.runner import StepRunner
 from hetero_exec.genai.search import Sampler, SearchOptions
+from hetero_exec.genai.widths import (  # noqa: F401  (MIN_WIDTH..: public here before)
+    MIN_WIDTH,
+    WIDTHS_PER_DOUBLING,
+    check_rows,
+    decode_width,
+    leading,
+)
 from hetero_exec.kernels.kv_cache import share_buffer
 
 log = logging.getLogger(__name__)
@@ -39,6 +46,13 @@ class GeneratorParams:
 
 
 class Generator:
+    def __new__(cls, model: Model, params: GeneratorParams):
+        if getattr(model, "remote", None) is not None:  # executor="ray": the stage actors'
+            opts = params.search
+            return model.remote.generator(model, params, opts.max_length or model.context_length
+                                          or DEFAULT_MAX_LENGTH)
+        return super().__new__(cls)
+
     def __init__(self, model: Model, params: GeneratorParams):
         self.model = model
         self.options = opts = SearchOptions(**vars(params.search))
@@ -108,7 +122,7 @@ class Generator:
         self._ids[:, at:at + n] = rows
         self._mask[:, at:at + n] = 1
         if first and self.batch > 1:
-            self._start = _leading(rows, self._pad)
+            self._start = leading(rows, self._pad)
             for i, s in enumerate(self._start):
                 self._mask[i, :s] = 0
         self._length += n
@@ -116,28 +130,7 @@ class Generator:
         self._compute()
 
     def _rows(self, tokens: Any) -> np.ndarray:
-        if isinstance(tokens, (list, tuple)) and tokens and isinstance(tokens[0], (list, tuple, np.ndarray)):
-            if self._length == 0 and len({len(r) for r in tokens}) > 1:
-                width = max(len(r) for r in tokens)
-                tokens = [[self._pad] * (width - len(r)) + list(r) for r in tokens]
-        arr = np.asarray(tokens)
-        if arr.ndim == 1:
-            arr = arr[None, :]
-        if arr.ndim != 2 or arr.shape[1] == 0:
-            raise GenerationInputError(f"tokens must be [batch, n] ids with n >= 1, got shape "
-                                       f"{list(arr.shape)}")
-        if arr.dtype.kind not in "iu":
-            raise GenerationInputError(f"token ids must be integers, got {arr.dtype}")
-        if arr.shape[0] != self.batch:
-            raise GenerationInputError(f"{arr.shape[0]} sequences given, the generator's "
-                                       f"batch_size is {self.batch}")
-        vocab = self.model.vocab_size
-        bad = (arr < 0) | (arr >= vocab) if vocab else arr < 0
-        if bad.any():
-            i, j = map(int, np.argwhere(bad)[0])
-            raise GenerationInputError(f"token id {int(arr[i, j])} (sequence {i}, position {j}) "
-                                       f"is outside the vocabulary [0, {vocab})")
-        return arr.astype(np.int64)
+        return check_rows(tokens, self.batch, self.model.vocab_size, self._pad, self._length == 0)
 
     # -- steps -----------------------------------------------------------------------
 
@@ -302,25 +295,6 @@ class Generator:
             self.close()
         except Exception:
             pass
-
-
-#: the narrowest decode width, and how many widths each doubling of the context has
-MIN_WIDTH, WIDTHS_PER_DOUBLING = 64, 4
-
-
-def decode_width(n: int, capacity: int) -> int:
-    """The width a decode step of ``n`` positions runs at: n rounded up to a multiple of
-    MIN_WIDTH, or of a quarter of n's power of two above that (at most a quarter more
-    work than n, and few widths, each bound once), at most ``capacity``."""
-    step = max(MIN_WIDTH, 1 << max(n.bit_length() - 1 - (WIDTHS_PER_DOUBLING.bit_length() - 1), 0))
-    return min(capacity, -(-n // step) * step)
-
-
-def _leading(rows: np.ndarray, pad: int) -> np.ndarray:
-    """Each row's count of leading pad ids (left padding), leaving one token at least."""
-    not_pad = rows != pad
-    first = np.where(not_pad.any(axis=1), not_pad.argmax(axis=1), rows.shape[1] - 1)
-    return first.astype(np.int64)
 
 
 def generate(model: Model, input_ids: Sequence[Any] | np.ndarray, max_new_tokens: int = 64,

@@ -33,26 +33,37 @@ class Model:
         from hetero_exec.session import InferenceSession
 
         self.config = config_or_path if isinstance(config_or_path, Config) else Config(config_or_path)
-        if session_options.get("executor", "local") != "local":
-            raise GenaiError(f"generation runs in process (executor='local'); executor="
-                             f"{session_options['executor']!r} is not supported by the generator yet")
+        executor = session_options.get("executor", "local")
+        if executor not in ("local", "ray"):
+            raise GenaiError(f"executor must be 'local' or 'ray' for generation, got {executor!r}")
         providers = session_options.pop("providers", None) or self.config.providers or None
         proto = onnx.load(self.config.model_file)
         label = os.path.basename(self.config.model_file)
         self.layout: CacheLayout = discover(proto, label, self.config.names())
+        self.eos_token_ids, self.pad_token_id, self.bos_token_id = self._token_ids()
+        m = self.config.genai.get("model", {})
+        self.vocab_size = int(m.get("vocab_size") or self.layout.vocab_size or 0) or None
+        self.context_length = int(m.get("context_length") or 0) or None
+        self._reserved: dict[str, int] = {}
+        self._lock = threading.Lock()
+        #: executor="ray": the decoder split over stage actors (actors/generation); the
+        #: generators of this model then run there, each stage holding its layers' cache
+        self.remote: Any = None
+        if executor == "ray":
+            from actors.generation.pipeline import RayDecoder  # the one lazy import of Ray here
+
+            self.session = None
+            self.cache_providers = {}
+            self.remote = RayDecoder(rewrite(proto, self.layout), self.layout, providers,
+                                     session_options)
+            return
         if session_options.get("dim_bounds") is not None:
             # the cache buffers are the generators', admitted by `reserve` at their capacity;
             # the session's own admission (a provider's mem_limit) counts none of them
             session_options["dim_bounds"] = {CAPACITY: 0, **session_options["dim_bounds"]}
         self.session = InferenceSession(rewrite(proto, self.layout).SerializeToString(),
                                         providers=providers, **session_options)
-        self.eos_token_ids, self.pad_token_id, self.bos_token_id = self._token_ids()
-        m = self.config.genai.get("model", {})
-        self.vocab_size = int(m.get("vocab_size") or self.layout.vocab_size or 0) or None
-        self.context_length = int(m.get("context_length") or 0) or None
         self.cache_providers = self._cache_providers()
-        self._reserved: dict[str, int] = {}
-        self._lock = threading.Lock()
 
     @property
     def type(self) -> str:
@@ -60,7 +71,14 @@ class Model:
 
     @property
     def device_type(self) -> str:
+        if self.remote is not None:
+            return self.remote.devices[0]
         return self.session.get_providers()[0]
+
+    def close(self) -> None:
+        """Stop the stage actors of ``executor="ray"`` (nothing to do in process)."""
+        if self.remote is not None:
+            self.remote.close()
 
     def _token_ids(self) -> tuple[list[int], int | None, int | None]:
         eos, pad, bos = self.config.token_ids()

@@ -1,0 +1,243 @@
+"""RemoteGenerator: `hetero_exec.genai.Generator`'s API over a `RayDecoder`.
+
+The driver keeps the same bookkeeping as the in-process generator (ids, left padding,
+eos per row, how much was computed) and hands the group to the ring once per
+``append_tokens``; the stages then generate on their own up to eos or max_length, and
+the driver only collects token ids, a batch of columns per long poll of the last
+stage (`stream` yields them as they come). Nothing the driver does per token crosses
+to a stage; ``generate_next_token`` reads the next collected column.
+
+Closing (``close``, the end of a ``with`` block, or the generator being collected)
+frees the group's cache on every stage; a finished group's is freed by the stages.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any, Iterator
+
+import numpy as np
+import ray
+
+from actors.generation.group import GroupSpec, Job
+from hetero_exec.errors import ActorError
+from hetero_exec.genai.errors import GenaiError, GenerationInputError
+from hetero_exec.genai.widths import check_rows, leading
+
+log = logging.getLogger(__name__)
+
+#: how long one long poll of the last stage waits for tokens before checking the stages
+POLL_S = 1.0
+
+
+class RemoteGenerator:
+    def __init__(self, model: Any, params: Any, capacity: int):
+        from hetero_exec.genai.search import SearchOptions
+
+        self.model = model
+        self.decoder = model.remote
+        self.options = opts = SearchOptions(**vars(params.search))
+        self.batch = opts.batch_size
+        self.capacity = capacity
+        pad = model.pad_token_id
+        self._pad = int(pad if pad is not None else (model.eos_token_ids or [0])[0])
+        self._ids = np.full((self.batch, self.capacity), self._pad, dtype=np.int64)
+        self._start = np.zeros(self.batch, dtype=np.int64)
+        self._end = np.full(self.batch, -1, dtype=np.int64)
+        self._length = 0
+        self._filled = 0  # as the in-process generator counts it
+        self._draws = 0
+        self._got = 0  # positions the ring has made and the driver has collected
+        self._eos = np.asarray(model.eos_token_ids or [], dtype=np.int64)
+        self.gid = uuid.uuid4().hex[:16]
+        self.epoch = 0
+        self.replays = 0
+        self._running = False  # the ring holds a live epoch of this group
+        self._finished = False  # the ring ended it (eos, max_length): its cache is freed
+        self._closed = False
+        self._seen = list(self.decoder.incarnations)
+        self._open()  # admission: before any token, as in process
+
+    def _spec(self) -> GroupSpec:
+        return GroupSpec(self.batch, self.capacity, self._pad, self._start.copy(),
+                         dict(vars(self.options)), tuple(int(e) for e in self._eos))
+
+    def _open(self) -> None:
+        self.decoder.open(self.gid, self._spec(), self.epoch)
+
+    # -- tokens in -------------------------------------------------------------------
+
+    def append_tokens(self, tokens: Any) -> None:
+        self._check_open()
+        rows = check_rows(tokens, self.batch, self.model.vocab_size, self._pad, self._length == 0)
+        n = rows.shape[1]
+        if self._length + n > self.capacity:
+            raise GenerationInputError(
+                f"{self._length} tokens so far + {n} new exceed max_length {self.capacity}")
+        first = self._length == 0
+        at = self._length
+        self._ids[:, at:at + n] = rows
+        if first and self.batch > 1:
+            self._start = leading(rows, self._pad)
+        self._end[:] = -1
+        if self._finished:  # the stages freed the cache: all the tokens again
+            self._length += n
+            self._resume()
+            return
+        pieces = []
+        if self._filled < at:
+            pieces.append((self._filled, at))  # the sampled token not yet run comes first
+        pieces.append((at, at + n))
+        lo = pieces[0][0]
+        rewind = (at, self._filled)
+        self._length += n
+        self._filled = self._length
+        self._send(Job(lo, self._ids[:, lo:self._length].copy(), pieces, rewind=rewind,
+                       end=self._end.copy(), draws=self._draws,
+                       start=self._start.copy() if first else None))
+
+    def _send(self, job: Job) -> None:
+        """Hand the group to the ring under a new epoch (its older messages dropped)."""
+        self.epoch += 1
+        for a in self.decoder.actors:
+            a.halt.remote(self.gid, self.epoch)
+        self.decoder.first.step.remote(self.gid, self.epoch, job, [{}] * len(job.pieces))
+        self._running = True
+        self._finished = False
+        self._got = self._length
+
+    # -- tokens out ----------------------------------------------------------------------
+
+    def generate_next_token(self) -> None:
+        self._check_open()
+        if self._length == 0:
+            raise GenerationInputError("generate_next_token before append_tokens: no prompt")
+        if self.is_done():
+            raise GenerationInputError("generate_next_token after is_done(): every sequence "
+                                       "has ended (eos or max_length)")
+        if not self._running:  # rewound, or finished and appended to: run again from here
+            self._resume()
+        while self._got <= self._length:
+            self._collect()
+        chosen = self._ids[:, self._length].copy()
+        running = self._end < 0
+        at = self._length
+        self._length += 1
+        self._filled = self._length - 1
+        self._draws += 1
+        if self._eos.size:
+            ended = running & (chosen[:, None] == self._eos).any(axis=1)
+            self._end[ended] = at + 1
+
+    def _collect(self) -> None:
+        """Columns the last stage made since ``_got``; checks the stages when none came
+        within a poll, and replays the group after a fault."""
+        if self._seen != self.decoder.incarnations:
+            self._replay()  # a stage restarted since this group last ran
+        try:
+            got = ray.get(self.decoder.last.tokens.remote(self.gid, self.epoch, self._got, POLL_S),
+                          timeout=POLL_S + 30)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
+                ray.exceptions.ActorUnavailableError):
+            got = {"missing": True}
+        if got.get("missing") or (got["ids"].shape[1] == 0 and not got["done"]
+                                  and not self.decoder.check()):
+            self.decoder.recover(self._seen)
+            self._replay()
+            return
+        if got["epoch"] != self.epoch:
+            return
+        ids = got["ids"]
+        n = ids.shape[1]
+        self._ids[:, self._got:self._got + n] = ids
+        self._got += n
+        if got["done"]:
+            self._finished = True
+            if self._got <= self._length:
+                raise ActorError(f"group {self.gid}: the ring ended at position {self._got}")
+
+    def _replay(self) -> None:
+        """Open the group again where it was lost and run a prefill over the tokens so
+        far (prompt and generated) through the ring; at most ``max_replays`` times."""
+        self._seen = list(self.decoder.incarnations)
+        self.replays += 1
+        if self.replays > self.decoder.opts.max_replays:
+            raise ActorError(f"group {self.gid} was replayed {self.replays - 1} times "
+                             f"(max_replays={self.decoder.opts.max_replays})")
+        self._resume()
+
+    def _resume(self) -> None:
+        n = self._length
+        self.decoder.open(self.gid, self._spec(), self.epoch + 1)
+        self._send(Job(0, self._ids[:, :n].copy(), [(0, n)], rewind=(0, 0),
+                       end=self._end.copy(), draws=self._draws, start=self._start.copy()))
+        self._filled = n
+
+    def stream(self) -> Iterator[np.ndarray]:
+        """Each new token column ([batch] ids) as the pipeline makes it."""
+        while not self.is_done():
+            self.generate_next_token()
+            yield self.get_next_tokens()
+
+    def is_done(self) -> bool:
+        return self._length >= self.capacity or bool((self._end >= 0).all())
+
+    def get_next_tokens(self) -> np.ndarray:
+        return self._ids[:, self._length - 1].copy() if self._length else np.zeros(0, np.int64)
+
+    def get_sequence(self, index: int) -> np.ndarray:
+        if not 0 <= index < self.batch:
+            raise GenerationInputError(f"sequence {index} of a batch of {self.batch}")
+        end = self._end[index] if self._end[index] >= 0 else self._length
+        return self._ids[index, self._start[index]:end].copy()
+
+    def get_logits(self) -> np.ndarray:
+        raise GenaiError("get_logits is not available on executor='ray': the last stage "
+                         "samples, and only token ids come back")
+
+    def rewind_to(self, new_length: int) -> None:
+        self._check_open()
+        if not 0 <= new_length <= self._length:
+            raise GenerationInputError(f"rewind_to({new_length}): the sequences hold "
+                                       f"{self._length} tokens")
+        self._stop()
+        self._ids[:, new_length:] = self._pad
+        self._length = new_length
+        self._filled = min(self._filled, max(new_length - 1, 0))
+        self._end = np.where(self._end > new_length, -1, self._end)
+        if new_length == 0:
+            self._start[:] = 0
+
+    def _stop(self) -> None:
+        """Stop the ring's run-ahead (its later messages carry an older epoch)."""
+        self.epoch += 1
+        if self._running:
+            for a in self.decoder.actors:
+                a.halt.remote(self.gid, self.epoch)
+        self._running = False
+
+    # -- lifetime ----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise GenerationInputError("the generator is closed")
+
+    def close(self) -> None:
+        """Free the group's cache and admission on every stage."""
+        if not self._closed:
+            self._closed = True
+            self._running = False
+            self.decoder.close_group(self.gid)
+
+    def __enter__(self) -> "RemoteGenerator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,196 @@
+"""One sequence group's state on one stage: the bookkeeping every stage keeps alike
+(ids, mask, positions, how much is cached) and the cache buffers of this stage's own
+layers, allocated once at the group's capacity.
+
+The feeds follow the in-process generator exactly (`hetero_exec.genai.generator`):
+a prompt or rewind runs at its exact shape, a one-token decode step at a fixed width
+(`decode_width`) over arrays written in place, so each stage runs the same kernels on
+the same shapes as the whole decoder does in process, and the tokens are the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from hetero_exec.genai.layout import CacheEntry
+from hetero_exec.genai.rewrite import PAST_LENGTH, cache_input
+from hetero_exec.genai.widths import decode_width
+from hetero_exec.kernels.kv_cache import share_buffer
+
+
+@dataclass
+class GroupSpec:
+    """What every stage is told when a group opens (a few hundred bytes)."""
+
+    batch: int
+    capacity: int
+    pad: int
+    start: np.ndarray  # left padding per row
+    search: dict[str, Any] = field(default_factory=dict)  # SearchOptions' fields
+    eos: tuple[int, ...] = ()
+
+
+@dataclass
+class Job:
+    """What a step message asks of every stage, in order: rewind the sequences to
+    (length, filled) when given, write token columns ``ids`` from position ``at``, then
+    run each piece [p, t) of positions. The last stage then samples the next token;
+    ``draws``, when given, is how many samples came before (a replay's sampler skips
+    them) and ``end`` each row's eos position + 1 so far (-1: running)."""
+
+    at: int
+    ids: np.ndarray
+    pieces: list[tuple[int, int]]
+    rewind: tuple[int, int] | None = None
+    draws: int | None = None
+    end: np.ndarray | None = None
+    start: np.ndarray | None = None  # the left padding, with a group's first prompt
+
+
+class StageGroup:
+    def __init__(self, spec: GroupSpec, entries: list[CacheEntry], all_entries: list[CacheEntry],
+                 providers: dict[str, Any], zeros: Callable[..., Any]):
+        self.spec = spec
+        self.batch, self.capacity = spec.batch, spec.capacity
+        self.entries = entries
+        self.all_entries = all_entries
+        self.caches: dict[str, Any] = {}
+        for e in entries:
+            shape = [self.batch, e.kv_heads, e.head_size]
+            shape.insert(e.axis, self.capacity)
+            self.caches[e.past] = zeros(providers[e.past], tuple(shape), e.dtype)
+            if e.mode == "shared":
+                share_buffer(self.caches[e.past])
+        self.epoch = -1  # messages of epochs below are dropped
+        self.live = -1  # the epoch of the last step run
+        self.need: dict[str, int] = {}  # bytes admitted, by provider
+        self.sampler: Any = None  # the last stage's
+        self.ids = np.full((self.batch, self.capacity), spec.pad, dtype=np.int64)
+        self.mask = np.zeros((self.batch, self.capacity), dtype=np.int64)
+        self.start = np.asarray(spec.start, dtype=np.int64)
+        self.end = np.full(self.batch, -1, dtype=np.int64)
+        self.length = 0
+        self.filled = 0
+        self.real = np.zeros(self.batch, dtype=np.int64)
+        self.draws = 0
+        self._placeholders: dict[int, dict[str, Any]] = {}
+        self._decode: dict[int, dict[str, Any]] = {}
+        self._step_ids = np.zeros((self.batch, 1), dtype=np.int64)
+        self._step_pos = np.zeros((self.batch, 1), dtype=np.int64)
+        self._step_past = np.zeros((), dtype=np.int64)
+
+    @property
+    def cache_bytes(self) -> int:
+        return sum(int(getattr(c, "nbytes", 0)) for c in self.caches.values())
+
+    def free(self) -> None:
+        self.caches = {}
+        self._placeholders = {}
+        self._decode = {}
+
+    # -- bookkeeping ------------------------------------------------------------------
+
+    def apply(self, job: Job) -> None:
+        """The job's rewind and token columns (the mask: 1 but for the left padding)."""
+        if job.rewind is not None:
+            length, filled = job.rewind
+            self.ids[:, length:self.length] = self.spec.pad
+            self.mask[:, length:self.length] = 0
+            self.length = length
+            self.filled = min(self.filled, filled)
+            self.real = self.mask[:, :self.filled].sum(axis=1)
+        if job.start is not None:
+            self.start = np.asarray(job.start, dtype=np.int64).copy()
+        if job.end is not None:
+            self.end = np.asarray(job.end, dtype=np.int64).copy()
+        n = job.ids.shape[1]
+        self.ids[:, job.at:job.at + n] = job.ids
+        self.mask[:, job.at:job.at + n] = 1
+        for i, s in enumerate(self.start):
+            if job.at < s:
+                self.mask[i, job.at:min(s, job.at + n)] = 0
+        self.length = max(self.length, job.at + n)
+
+    def computed(self, p: int, t: int) -> None:
+        self.real += self.mask[:, p:t].sum(axis=1)
+        self.filled = t
+
+    # -- feeds (as `Generator._feeds`, `_decode_step`, `_cache_feeds`) ---------------
+
+    def feeds(self, layout: Any, p: int, t: int, fixed: bool, shared: bool) -> dict[str, Any]:
+        if fixed and t - p == 1 and p > 0:
+            return self._decode_feeds(layout, p, shared)
+        feeds: dict[str, Any] = {layout.input_ids: self.ids[:, p:t], PAST_LENGTH: np.array(p)}
+        if layout.attention_mask:
+            feeds[layout.attention_mask] = self.mask[:, :t]
+        if layout.position_ids:
+            pos = np.cumsum(self.mask[:, :t], axis=1) - 1
+            feeds[layout.position_ids] = np.where(self.mask[:, p:t] == 0, 1, pos[:, p:t])
+        feeds.update(self._cache_feeds(p))
+        return feeds
+
+    def _decode_feeds(self, layout: Any, p: int, shared: bool) -> dict[str, Any]:
+        width = self.capacity if shared else decode_width(p + 1, self.capacity)
+        feeds = self._decode.get(width)
+        if feeds is None:
+            feeds = {layout.input_ids: self._step_ids, PAST_LENGTH: self._step_past}
+            if layout.attention_mask:
+                feeds[layout.attention_mask] = self.mask[:, :width]
+            if layout.position_ids:
+                feeds[layout.position_ids] = self._step_pos
+            feeds.update(self._cache_feeds(width - 1))
+            self._decode[width] = feeds
+        self._step_ids[:, 0] = self.ids[:, p]
+        self._step_pos[:, 0] = self.real
+        self._step_past[()] = p
+        return feeds
+
+    def _cache_feeds(self, n: int) -> dict[str, Any]:
+        feeds = self._placeholders.get(n)
+        if feeds is None:
+            feeds = {}
+            for e in self.all_entries:
+                if e.mode == "shared":
+                    if e.past in self.caches:
+                        feeds[e.past] = self.caches[e.past]
+                    continue
+                shape = [self.batch, e.kv_heads, e.head_size]
+                shape.insert(e.axis, n)
+                feeds[e.past] = np.broadcast_to(np.zeros((), e.dtype), tuple(shape))
+                if e.past in self.caches:
+                    feeds[cache_input(e.past)] = self.caches[e.past]
+            if len(self._placeholders) > 4:
+                self._placeholders.clear()
+            self._placeholders[n] = feeds
+        return feeds
+
+    # -- the last stage's choice (as `Generator.generate_next_token`) ------------------
+
+    def banned(self, min_length: int, eos: tuple[int, ...]) -> list | None:
+        if not min_length or not eos:
+            return None
+        short = (self.length - self.start) < min_length
+        if not short.any():
+            return None
+        return [(e, short) for e in eos]
+
+    def take(self, chosen: np.ndarray, eos: np.ndarray) -> int:
+        """Write the chosen ids at the next position; returns that position."""
+        running = self.end < 0
+        if not running.all():
+            chosen[~running] = self.spec.pad
+        at = self.length
+        self.ids[:, at] = chosen
+        self.mask[:, at] = 1
+        self.length += 1
+        self.draws += 1
+        if eos.size:
+            ended = running & (chosen[:, None] == eos).any(axis=1)
+            self.end[ended] = at + 1
+        return at
+
+    def done(self) -> bool:
+        return self.length >= self.capacity or bool((self.end >= 0).all())

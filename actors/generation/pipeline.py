@@ -1,0 +1,222 @@
+"""RayDecoder: a decoder split at layer boundaries over stage actors (`stage.py`), the
+driver's side of generation on ``executor="ray"``.
+
+Built by ``hetero_exec.genai.Model(path, executor="ray", stages=K, providers=[...])``:
+the rewritten decoder is cut into K stage models (`split.py`), each stage gets one
+device of ``providers`` (in order; cpu entries join every stage as its fallback), and
+its actor compiles the stage as an in-process session. Actors sit in a placement
+group of their own (``placement_strategy``), restart on death (``max_restarts``), and
+are killed with the group on `close` (also at the driver's exit).
+
+Faults: a generator that sees no progress checks the stages (`check`); when an actor
+died or was restarted, every live group is replayed (`recover`): the restarted actor
+loads its stage again, each group opens again there and runs a prefill over its
+tokens so far through the whole ring (the surviving stages rewrite the same values),
+then goes on. ``max_replays`` bounds the replays of one group.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from actors.connect import close_at_exit, ensure_ray, ray_usable
+from actors.generation.split import split_decoder
+from actors.generation.stage import remote_class
+from actors.options import RayOptions
+from actors.reservation import bundles_for, cluster_has_gpus
+from actors.runtime_env import default_runtime_env
+from hetero_exec.errors import ActorError
+from hetero_exec.genai.errors import GenaiError
+from hetero_exec.providers import parse_provider
+
+log = logging.getLogger(__name__)
+
+#: session options that are the generator's on Ray, not the stage sessions'
+_RAY_KEYS = {"ray_address", "ray_init", "runtime_env", "placement_strategy", "placement_timeout_s",
+             "actor_start_timeout_s", "stage_num_cpus", "device_num_gpus", "max_restarts",
+             "max_replays", "recovery_timeout_s"}
+
+
+def stage_providers(providers: list[Any] | None, stages: int) -> list[list[Any]]:
+    """Each stage's providers: the k-th device of ``providers`` (round robin when there
+    are fewer devices than stages), and the cpu entries after it.
+
+    >>> stage_providers(["sim-gpu:0", "sim-gpu:1", "cpu"], 2)
+    [['sim-gpu:0', 'cpu'], ['sim-gpu:1', 'cpu']]
+    >>> stage_providers(None, 2)
+    [['cpu'], ['cpu']]
+    """
+    given = list(providers or ["cpu"])
+    devices = [p for p in given if parse_provider(p).kind != "cpu"]
+    cpus = [p for p in given if parse_provider(p).kind == "cpu"]
+    if not devices:
+        return [list(given) for _ in range(stages)]
+    return [[devices[k % len(devices)], *cpus] for k in range(stages)]
+
+
+class RayDecoder:
+    def __init__(self, rewritten: Any, layout: Any, providers: list[Any] | None,
+                 options: dict[str, Any]):
+        options = dict(options)
+        options.pop("executor", None)
+        stages = options.pop("stages", 2)
+        if isinstance(stages, bool) or not isinstance(stages, int):
+            raise GenaiError(f"stages must be an int for generation on Ray, got {stages!r}")
+        self.opts = RayOptions.parse({k: options.pop(k) for k in list(options) if k in _RAY_KEYS})
+        self.layout = layout
+        self.parts = split_decoder(rewritten, layout, stages)
+        self.providers = stage_providers(providers, stages)
+        self.devices = [str(parse_provider(p[0]).name) for p in self.providers]
+        ensure_ray(self.opts, logical_gpus=True)
+        self.lock = threading.RLock()
+        self.closed = False
+        self.replays = 0
+        emulated = cluster_has_gpus()
+        self.bundles = bundles_for(self.devices, self.opts, emulated)
+        self.pg = placement_group(self.bundles, strategy=self.opts.placement_strategy)
+        try:
+            try:
+                ray.get(self.pg.ready(), timeout=self.opts.placement_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise ActorError(f"placement group for {stages} generation stage(s) (bundles "
+                                 f"{self.bundles}) was not placed within "
+                                 f"{self.opts.placement_timeout_s:g}s") from None
+            self.boxes = [[ray.put(p)] for p in self.parts]
+            self.actors = [self._new_actor(k, options) for k in range(stages)]
+            self.incarnations = self._load(range(stages), self.opts.actor_start_timeout_s)
+            ray.get([a.connect.remote(self.actors) for a in self.actors])
+        except BaseException:
+            self.close()
+            raise
+        close_at_exit(self)
+        log.info("generation on %d stages: %s", stages,
+                 ", ".join(f"stage#{p.index} layers {list(p.layers)} on {d}"
+                           for p, d in zip(self.parts, self.devices)))
+
+    def _new_actor(self, k: int, session_options: dict[str, Any]) -> Any:
+        bundle = self.bundles[k]
+        strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg,
+                                                    placement_group_bundle_index=k)
+        runtime_env = self.opts.runtime_env if self.opts.runtime_env is not None \
+            else default_runtime_env()
+        return remote_class().options(
+            num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0),
+            max_restarts=self.opts.max_restarts, max_task_retries=0,
+            scheduling_strategy=strategy, runtime_env=runtime_env or None,
+        ).remote(k, len(self.parts), self.layout, self.providers[k], session_options)
+
+    def _load(self, indices: Any, timeout: float) -> list[str]:
+        refs = {k: self.actors[k].load.remote(self.boxes[k]) for k in indices}
+        out = getattr(self, "incarnations", [""] * len(self.actors))
+        for k, ref in refs.items():
+            try:
+                out[k] = ray.get(ref, timeout=timeout)
+            except ray.exceptions.RayTaskError as e:
+                raise GenaiError(f"stage#{k} ({self.devices[k]}) failed to build: "
+                                 f"{getattr(e, 'cause', e)}") from None
+        return out
+
+    # -- groups ---------------------------------------------------------------------------
+
+    @property
+    def first(self) -> Any:
+        return self.actors[0]
+
+    @property
+    def last(self) -> Any:
+        return self.actors[-1]
+
+    def open(self, gid: str, spec: Any, epoch: int) -> None:
+        """Admit ``gid`` on every stage, or raise the first stage's CacheAdmissionError
+        (what the others admitted is released first)."""
+        refs = [a.open.remote(gid, spec, epoch) for a in self.actors]
+        try:
+            ray.get(refs)
+        except ray.exceptions.RayTaskError as e:
+            self.close_group(gid)
+            cause = getattr(e, "cause", None)
+            raise (cause if isinstance(cause, BaseException) else e) from None
+
+    def generator(self, model: Any, params: Any, capacity: int) -> Any:
+        """A generator over this pipeline (what ``genai.Generator(model, params)`` is on
+        ``executor="ray"``)."""
+        from actors.generation.generator import RemoteGenerator
+
+        if self.closed:
+            raise GenaiError("the model's stage actors are closed")
+        return RemoteGenerator(model, params, capacity)
+
+    def close_group(self, gid: str) -> None:
+        if self.closed or not ray_usable():
+            return
+        for a in self.actors:
+            try:
+                a.close.remote(gid)
+            except Exception:  # a dead actor: its groups went with it
+                pass
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Each stage's groups and cache bytes (the counters a released group zeroes)."""
+        return ray.get([a.stats.remote() for a in self.actors])
+
+    # -- faults -----------------------------------------------------------------------------
+
+    def check(self, timeout: float = 5.0) -> bool:
+        """Whether every stage answers with the incarnation it was loaded as."""
+        try:
+            now = ray.get([a.ping.remote() for a in self.actors], timeout=timeout)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
+                ray.exceptions.ActorUnavailableError):
+            return False
+        return now == self.incarnations
+
+    def recover(self, seen: list[str]) -> None:
+        """After a fault (``seen``: the incarnations the caller ran under): wait for the
+        stages to answer and load the restarted ones. Each group then replays itself
+        when its generator next collects (it sees the new incarnations)."""
+        with self.lock:
+            if seen != self.incarnations:
+                return  # another caller recovered already
+            deadline = time.monotonic() + self.opts.recovery_timeout_s
+            while True:
+                try:
+                    now = ray.get([a.ping.remote() for a in self.actors], timeout=5.0)
+                    break
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
+                        ray.exceptions.ActorUnavailableError) as e:
+                    if time.monotonic() > deadline:
+                        raise ActorError(f"a generation stage did not come back within "
+                                         f"{self.opts.recovery_timeout_s:g}s: {e}") from None
+                    time.sleep(0.2)
+            lost = [k for k, inc in enumerate(now) if inc != self.incarnations[k]]
+            log.warning("generation stage(s) %s restarted: their groups replay",
+                        [f"stage#{k}" for k in lost])
+            self.incarnations = list(self._load(lost, self.opts.recovery_timeout_s))
+            ray.get([self.actors[k].connect.remote(self.actors) for k in lost])
+            self.replays += 1
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            if not ray_usable():
+                return
+            for a in getattr(self, "actors", []):
+                try:
+                    ray.kill(a, no_restart=True)
+                except Exception:
+                    pass
+            if getattr(self, "pg", None) is not None:
+                try:
+                    remove_placement_group(self.pg)
+                except Exception:
+                    pass
+                self.pg = None

@@ -1,0 +1,201 @@
+"""A decoder cut at layer boundaries into stage models (Ray-free: it reads ONNX only).
+
+The graph is the generator's rewrite (`hetero_exec.genai.rewrite`): every layer's cache
+grows through a KVAppend (or an attention op's shared buffer). A cut between layer
+j-1 and layer j falls after the last cache node of layer j-1 and at or before the
+first of layer j; among those positions the one whose crossing values are the fewest
+bytes wins (the residual stream, and the few small values every layer reads: the
+expanded mask, rotary tables, shape scalars). Values computed from weights alone
+are not carried: every stage that reads one computes it itself. A cache (a KVAppend's
+output) never crosses a cut: only activations do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import onnx
+
+from hetero_exec.genai.errors import GenaiError
+from hetero_exec.genai.layout import CacheLayout
+from hetero_exec.ir import load
+from hetero_exec.ir.graph import Graph, node_reads
+
+#: a symbolic dimension's guess when costing a cut (batch, sequence: small, alike for all)
+SYMBOL_GUESS = 16
+
+
+@dataclass(frozen=True)
+class StagePart:
+    """One stage of a split decoder: its ONNX model and the names it trades."""
+
+    index: int
+    model: bytes
+    layers: tuple[int, ...]  # the cache layers whose entries it holds
+    entries: tuple[str, ...]  # the past names of its cache entries
+    inputs: tuple[str, ...]  # the graph inputs it reads and the values carried into it
+    carried_in: tuple[str, ...]  # values computed by earlier stages
+    carried_out: tuple[str, ...]  # values later stages read (none from the last stage)
+    output: str | None  # the logits, on the last stage
+
+
+def split_decoder(model: onnx.ModelProto, layout: CacheLayout, stages: int) -> list[StagePart]:
+    """``model`` (rewritten) as ``stages`` stage models, layers shared out evenly."""
+    layers = sorted({e.layer for e in layout.entries})
+    if not 1 <= stages <= len(layers):
+        raise GenaiError(f"stages={stages}: the decoder has {len(layers)} layers, so 1 to "
+                         f"{len(layers)} stages")
+    _, graph = load(model)
+    position = {n.name: i for i, n in enumerate(graph.nodes)}
+    at = {}
+    for e in layout.entries:
+        if e.node not in position:
+            raise GenaiError(f"the cache node {e.node!r} of layer {e.layer} is not in the graph")
+        at.setdefault(e.layer, []).append(position[e.node])
+    constant = _weights_only(graph)
+    produced, last_read = _lifetimes(graph)
+    caches = {o for n in graph.nodes if n.op_type in ("KVAppend", "KVPrefix") for o in n.outputs}
+    cache_nodes = {e.node for e in layout.entries}
+    tainted = _downstream(graph, {o for n in graph.nodes if n.name in cache_nodes
+                                  for o in n.outputs if o})
+    share = [len(layers) * (k + 1) // stages for k in range(stages)]
+    bounds = [0]
+    for k in range(stages - 1):
+        before, after = layers[share[k] - 1], layers[share[k]]
+        lo, hi = max(at[before]) + 1, min(at[after])
+        if lo > hi:
+            raise GenaiError(f"layers {before} and {after} interleave in the graph: no cut "
+                             "between them")
+        bounds.append(_best_cut(graph, lo, hi, produced, last_read, constant, caches))
+    bounds.append(len(graph.nodes))
+    parts = []
+    for k in range(stages):
+        lo, hi = bounds[k], bounds[k + 1]
+        mine = graph.nodes[lo:hi]
+        own = {o for n in mine for o in n.outputs if o}
+        reads = [r for n in mine for r in node_reads(n) if r]
+        # values from weights alone that an earlier stage made, and small ones from the
+        # feeds alone (the expanded mask, rotary tables, shapes): computed here again, so
+        # only the residual stream crosses and this stage's attention fuses as in process
+        earlier = [r for r in dict.fromkeys(reads) if r not in own and r in produced]
+        again = [r for r in earlier if r in constant]
+        for r in earlier:
+            if r not in constant and r not in tainted:
+                closure = _constant_closure(graph, [r])
+                if _cheap(graph, closure):
+                    again.append(r)
+        extra = _constant_closure(graph, again)
+        nodes = extra + list(mine)
+        made = {o for n in nodes for o in n.outputs if o}
+        inputs = list(dict.fromkeys(r for n in nodes for r in node_reads(n)
+                                    if r and r not in made and r not in graph.initializers))
+        carried_in = [r for r in inputs if r in produced]
+        later = graph.nodes[hi:]
+        read_later = {r for n in later for r in node_reads(n)}
+        carried_out = [o for o in dict.fromkeys(o for n in mine for o in n.outputs if o)
+                       if o in read_later and o not in constant]
+        bad = [v for v in carried_out if v in caches]
+        if bad:
+            raise GenaiError(f"a cut after node {hi} carries the cache {bad[0]!r}")
+        output = layout.logits if k == stages - 1 else None
+        if k == stages - 1 and layout.logits not in made:
+            raise GenaiError(f"the last stage does not compute {layout.logits!r}")
+        from actors.stage_model import stage_model
+
+        proto, _ = stage_model(graph, f"{graph.name}_stage{k}", nodes, inputs,
+                               carried_out + ([output] if output else []))
+        held = [e for e in layout.entries if position[e.node] in range(lo, hi)]
+        parts.append(StagePart(k, proto.SerializeToString(), tuple(sorted({e.layer for e in held})),
+                               tuple(e.past for e in held), tuple(inputs), tuple(carried_in),
+                               tuple(carried_out), output))
+    return parts
+
+
+def _weights_only(graph: Graph) -> set[str]:
+    """Values computed from initializers and constants alone."""
+    out = set(graph.initializers)
+    for n in graph.nodes:
+        reads = [r for r in node_reads(n) if r]
+        if not n.subgraphs and all(r in out for r in reads):
+            out.update(o for o in n.outputs if o)
+    return out
+
+
+#: feed-only values a later stage computes again when their nodes read at most these
+#: weight bytes and are at most this many (a rotary table's inverse frequencies, yes; an
+#: embedding table, no)
+AGAIN_WEIGHT_BYTES, AGAIN_NODES = 1 << 16, 256
+
+
+def _downstream(graph: Graph, seeds: set[str]) -> set[str]:
+    """Values computed from any of ``seeds`` (a cache's: activations of the layers)."""
+    out = set(seeds)
+    for n in graph.nodes:
+        if any(r in out for r in node_reads(n)):
+            out.update(o for o in n.outputs if o)
+    return out
+
+
+def _cheap(graph: Graph, nodes: list) -> bool:
+    weights = {r for n in nodes for r in node_reads(n) if r in graph.initializers}
+    return (len(nodes) <= AGAIN_NODES and not any(n.op_type in ("MatMul", "Gemm") for n in nodes)
+            and sum(int(graph.initializers[w].nbytes) for w in weights) <= AGAIN_WEIGHT_BYTES)
+
+
+def _lifetimes(graph: Graph) -> tuple[dict[str, int], dict[str, int]]:
+    produced: dict[str, int] = {}
+    last_read: dict[str, int] = {}
+    for i, n in enumerate(graph.nodes):
+        for r in node_reads(n):
+            if r in produced:
+                last_read[r] = i
+        for o in n.outputs:
+            if o:
+                produced[o] = i
+    return produced, last_read
+
+
+def _best_cut(graph: Graph, lo: int, hi: int, produced: dict[str, int],
+              last_read: dict[str, int], constant: set[str], caches: set[str]) -> int:
+    """The position in [lo, hi] whose crossing values weigh least (the latest of equals:
+    the cut closest to the next layer); never one that carries a cache."""
+    best: tuple[float, int] | None = None
+    for c in range(lo, hi + 1):
+        crossing = [v for v, p in produced.items()
+                    if p < c and last_read.get(v, -1) >= c and v not in constant]
+        if any(v in caches for v in crossing):
+            continue
+        cost = sum(_elements(graph, v) for v in crossing)
+        if best is None or cost <= best[0]:
+            best = (cost, c)
+    if best is None:
+        raise GenaiError(f"every cut between nodes {lo} and {hi} carries a cache")
+    return best[1]
+
+
+def _elements(graph: Graph, name: str) -> float:
+    value = graph.value(name)
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return 4096.0  # unknown rank: as if large, so a known small cut wins
+    total = 1.0
+    for d in shape:
+        total *= d if isinstance(d, int) else SYMBOL_GUESS
+    return total
+
+
+def _constant_closure(graph: Graph, names: Sequence[str]) -> list:
+    """The nodes (in graph order) that compute ``names`` from weights alone."""
+    maker = {o: n for n in graph.nodes for o in n.outputs if o}
+    want: dict[int, object] = {}
+    todo = list(names)
+    while todo:
+        v = todo.pop()
+        n = maker.get(v)
+        if n is None or id(n) in want:
+            continue
+        want[id(n)] = n
+        todo.extend(r for r in node_reads(n) if r)
+    order = {id(n): i for i, n in enumerate(graph.nodes)}
+    return sorted(want.values(), key=lambda n: order[id(n)])

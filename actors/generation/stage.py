@@ -1,0 +1,326 @@
+"""GenerationStage: one stage of a decoder split over actors, holding, for every live
+sequence group, the cache of its own layers.
+
+A step message (`Job`) runs through the stages in a ring: stage 0 gets token ids, each
+stage runs its layers and passes only the values later stages read (the hidden
+states, a mask, rotary tables) straight to the next stage's actor; the last stage
+samples, keeps the new ids for the driver (`tokens`, a long poll) and sends them to
+stage 0 as the next step. The driver hands a group to the ring once; the decode loop
+then runs between the actors. Every message carries its group's epoch: a rewind or a
+replay starts a new one, and the messages of the old one still in flight are dropped.
+
+Admission: each stage reserves its layers' cache bytes for a group against its
+provider's budget (``mem_limit``) before allocating, and refuses with
+CacheAdmissionError naming the stage; its groups' bytes are counted in `stats`.
+
+The actor is an asyncio actor: a step's compute runs on its loop without awaiting (one
+step at a time, in arrival order), and a driver's long poll for tokens waits between
+steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from typing import Any, Sequence
+
+import numpy as np
+import ray
+
+from actors.generation.group import GroupSpec, Job, StageGroup
+from actors.generation.runner import StageRunner
+from actors.generation.split import StagePart
+from hetero_exec.exec.chain import move_value
+from hetero_exec.genai.errors import CacheAdmissionError
+from hetero_exec.genai.layout import CacheLayout
+from hetero_exec.genai.rewrite import CAPACITY, cache_input
+from hetero_exec.genai.search import Sampler, SearchOptions
+from hetero_exec.placement.sizes import weight_bytes
+from hetero_exec.providers import parse_provider
+
+log = logging.getLogger(__name__)
+
+
+class GenerationStage:
+    """Made remote by `remote_class`; constructed with small arguments only (so a
+    restart needs nothing from the object store), then `load`ed with its stage."""
+
+    def __init__(self, index: int, count: int, layout: CacheLayout, providers: Sequence[Any],
+                 session_options: dict[str, Any]):
+        self.index, self.count = index, count
+        self.label = f"stage#{index}"
+        self.layout = layout
+        self.providers = list(providers)
+        self.session_options = dict(session_options)
+        self.incarnation = uuid.uuid4().hex
+        self.part: StagePart | None = None
+        self.runner: StageRunner | None = None
+        self.groups: dict[str, StageGroup] = {}
+        self.reserved: dict[str, int] = {}  # group -> bytes admitted
+        self.ring: list[Any] = []  # every stage's handle, by index
+        self.changed = asyncio.Event()
+        self.steps = 0
+        self.step_s = 0.0  # seconds computing steps (the rest of a token's time is Ray)
+        self.decodes, self.decode_s = 0, 0.0  # one-token steps only (no prompt, no replay)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def load(self, box: list[Any]) -> str:
+        """Compile the stage from ``box[0]`` (a ref in a list: fetched here), unless
+        loaded; returns this incarnation."""
+        if self.part is None:
+            part = await box[0]
+            self._compile(part)
+        return self.incarnation
+
+    def _compile(self, part: StagePart) -> None:
+        from hetero_exec.session import InferenceSession
+
+        opts = dict(self.session_options)
+        if opts.get("dim_bounds") is not None:
+            opts["dim_bounds"] = {CAPACITY: 0, **opts["dim_bounds"]}
+        # a provider's mem_limit is this stage's budget for its weights and the groups'
+        # caches (admitted here, per group); the stage session is not sized by it (the
+        # values carried in have symbolic sizes no dim_bounds names)
+        providers, self.limits = [], {}
+        for spec in self.providers:
+            name, popts = (spec, {}) if isinstance(spec, str) else (spec[0], dict(spec[1]))
+            limit = popts.pop("mem_limit", None)
+            providers.append((name, popts) if popts or not isinstance(spec, str) else spec)
+            if limit is not None:
+                self.limits[parse_provider((name, popts)).name] = int(limit)
+        self.session = InferenceSession(part.model, providers=providers or None, **opts)
+        entries = {e.past: e for e in self.layout.entries}
+        self.own = [entries[p] for p in part.entries]
+        self.cache_providers = _cache_providers(self.session, self.own)
+        resident = {(cache_input(e.past) if e.mode == "concat" else e.past): self.cache_providers[e.past]
+                    for e in self.own}
+        passthrough = {e.past for e in self.layout.entries if e.mode == "concat"}
+        names = list(part.carried_out) + ([part.output] if part.output else [])
+        self.runner = StageRunner(self.session._executor, resident, passthrough, names,
+                                  self.session.options.intra_op_num_threads or None)
+        shared = any(e.mode == "shared" for e in self.layout.entries)
+        self.shared = shared
+        self.fixed = bool(self.layout.attention_mask and (self.layout.position_ids or shared))
+        self.part = part
+        log.info("%s loaded: layers %s on %s", self.label, part.layers,
+                 sorted({p.name for p in self.cache_providers.values()}))
+
+    def connect(self, ring: list[Any]) -> None:
+        self.ring = list(ring)
+
+    def ping(self) -> str:
+        """This incarnation; "" while restarted and not loaded again."""
+        return self.incarnation if self.part is not None else ""
+
+    def info(self) -> dict[str, Any]:
+        return {"stage": self.label, "pid": os.getpid(), "incarnation": self.incarnation,
+                "node": ray.get_runtime_context().get_node_id(),
+                "layers": list(self.part.layers) if self.part else [],
+                "carried_in": list(self.part.carried_in) if self.part else [],
+                "budget": self._budgets()}
+
+    # -- groups -----------------------------------------------------------------------
+
+    def open(self, gid: str, spec: GroupSpec, epoch: int) -> int:
+        """Admit and allocate ``gid``'s cache for this stage's layers (a group already
+        open keeps its cache); returns the bytes reserved for it."""
+        self._loaded()
+        g = self.groups.get(gid)
+        if g is not None and not g.caches:  # finished: its cache went; a new one comes
+            self.close(gid)
+            g = None
+        if g is None:
+            need = self._need(spec)
+            budgets = self._budgets()
+            for name, nbytes in need.items():
+                budget = budgets.get(name)
+                if budget is None:
+                    continue
+                free = budget - self._held(name)
+                if nbytes > free:
+                    raise CacheAdmissionError(
+                        f"{self.label} ({name})", nbytes, max(free, 0),
+                        f"layers {list(self.part.layers)} x 2 x batch {spec.batch} x capacity "
+                        f"{spec.capacity}")
+            g = StageGroup(spec, self.own, list(self.layout.entries), self.cache_providers,
+                           lambda prov, shape, dtype: prov.xp.zeros(shape, dtype=dtype))
+            g.need = need
+            self.groups[gid] = g
+            self.reserved[gid] = sum(need.values())
+            if self.index == self.count - 1:
+                g.sampler = Sampler(SearchOptions(**spec.search), *self._sampler_args())
+        g.epoch = max(g.epoch, epoch)
+        return self.reserved.get(gid, 0)
+
+    def close(self, gid: str) -> None:
+        """Free ``gid``'s cache and admission (finished, cancelled, dropped)."""
+        g = self.groups.pop(gid, None)
+        self.reserved.pop(gid, None)
+        if g is not None:
+            g.free()
+        self._notify()
+
+    def halt(self, gid: str, epoch: int) -> None:
+        """Drop ``gid``'s messages of epochs before ``epoch`` (a rewind by the driver)."""
+        g = self.groups.get(gid)
+        if g is not None:
+            g.epoch = max(g.epoch, epoch)
+
+    def stats(self) -> dict[str, Any]:
+        return {"stage": self.label, "incarnation": self.incarnation, "groups": sum(1 for g in self.groups.values() if g.caches),
+                "reserved_bytes": sum(self.reserved.values()),
+                "cache_bytes": sum(g.cache_bytes for g in self.groups.values()),
+                "steps": self.steps, "step_s": self.step_s,
+                "decode_ms": self.decode_s / max(self.decodes, 1) * 1e3}
+
+    # -- the ring -----------------------------------------------------------------------
+
+    def step(self, gid: str, epoch: int, job: Job, carried: list[dict[str, Any]]) -> None:
+        g = self.groups.get(gid)
+        if self.part is None or g is None or epoch < g.epoch or not g.caches:
+            return  # a closed group's, an old epoch's, or sent to a restarted actor
+        g.epoch = g.live = epoch
+        started = time.perf_counter()
+        g.apply(job)
+        if job.draws is not None and self.index == self.count - 1:
+            g.sampler = Sampler(SearchOptions(**g.spec.search), *self._sampler_args())
+            if g.sampler.options.do_sample:
+                for _ in range(job.draws):
+                    g.sampler.rng.random((g.batch, 1))
+            g.draws = job.draws
+        outs: list[dict[str, Any]] = []
+        last: Any = None
+        for (p, t), came in zip(job.pieces, carried):
+            feeds = g.feeds(self.layout, p, t, self.fixed, self.shared)
+            if came:
+                feeds = {**feeds, **came}
+            values = self.runner.run(feeds)
+            g.computed(p, t)
+            self.steps += 1
+            if self.part.output:
+                last = values[self.part.output]
+            else:
+                outs.append({n: move_value(values[n], self.runner.where[n], None)
+                             for n in self.part.carried_out})
+        if self.index < self.count - 1:
+            self._count(job, time.perf_counter() - started)
+            self.ring[self.index + 1].step.remote(gid, epoch, job, outs)
+            return
+        self._choose(gid, g, epoch, last)
+        self._count(job, time.perf_counter() - started)
+
+    def _count(self, job: Job, seconds: float) -> None:
+        self.step_s += seconds
+        if len(job.pieces) == 1 and job.pieces[0][1] - job.pieces[0][0] == 1:
+            self.decodes += 1
+            self.decode_s += seconds
+
+    def _choose(self, gid: str, g: StageGroup, epoch: int, logits: Any) -> None:
+        """The last stage: sample the next token, keep it for the driver, start the next
+        step at stage 0 (or, when the group is done, free its cache everywhere)."""
+        logits = logits[:, -1, :] if logits.ndim == 3 else logits
+        o = g.sampler.options
+        chosen = g.sampler.choose(logits, g.banned(o.min_length, g.spec.eos),
+                                  g.ids[:, :g.length])
+        at = g.take(chosen, np.asarray(g.spec.eos, dtype=np.int64))
+        self._notify()
+        if g.done():
+            g.free()  # the bookkeeping stays for the driver to read; the cache goes
+            self.reserved.pop(gid, None)
+            for k in range(self.count - 1):
+                self.ring[k].close.remote(gid)
+            return
+        self.ring[0].step.remote(gid, epoch, Job(at, g.ids[:, at:at + 1].copy(), [(at, at + 1)]),
+                                 [{}])
+
+    async def tokens(self, gid: str, epoch: int, have: int, timeout: float = 1.0
+                     ) -> dict[str, Any]:
+        """The ids of positions ``have``.. once there are any (or after ``timeout``):
+        ``{"epoch", "at", "ids", "done"}``; ``{"missing": True}`` when the group is
+        unknown here (a restarted actor)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            g = self.groups.get(gid)
+            if g is None:
+                return {"missing": True}
+            if g.live == epoch and (g.length > have or g.done()):
+                return {"epoch": g.live, "at": have, "ids": g.ids[:, have:g.length].copy(),
+                        "done": g.done()}
+            left = deadline - loop.time()
+            if left <= 0:
+                return {"epoch": g.live, "at": have, "ids": g.ids[:, have:have], "done": False}
+            self.changed.clear()
+            try:
+                await asyncio.wait_for(self.changed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        self.changed.set()
+
+    def _loaded(self) -> None:
+        if self.part is None:
+            from actors.remote_errors import StageNotLoaded
+
+            raise StageNotLoaded(f"{self.label} was restarted and has no stage yet")
+
+    def _sampler_args(self) -> tuple[Any, Any, Any]:
+        prov = self.runner.output_provider
+        return prov.xp, prov.to_host, prov.to_device
+
+    def _need(self, spec: GroupSpec) -> dict[str, int]:
+        need: dict[str, int] = {}
+        for e in self.own:
+            name = self.cache_providers[e.past].name
+            need[name] = need.get(name, 0) + (spec.batch * e.kv_heads * spec.capacity
+                                              * e.head_size * e.dtype.itemsize)
+        return need
+
+    def _held(self, provider: str) -> int:
+        """Bytes held on ``provider``: the stage's weights there and the groups' caches."""
+        total = 0
+        graph = self.session.placement.graph
+        for seg in self.session.placement.segments:
+            if seg.provider.name == provider:
+                total += seg.mem_need if seg.mem_need is not None else weight_bytes(graph, seg.nodes)
+        for g in self.groups.values():
+            if g.caches:
+                total += getattr(g, "need", {}).get(provider, 0)
+        return total
+
+    def _budgets(self) -> dict[str, int | None]:
+        if self.part is None:
+            return {}
+        return {p.name: self.limits.get(p.name) for p in self.cache_providers.values()}
+
+
+def _cache_providers(session: Any, entries: list[Any]) -> dict[str, Any]:
+    producer = {}
+    for seg in session.placement.segments:
+        for node in seg.nodes:
+            for o in node.outputs:
+                producer[o] = seg.provider
+    out = {}
+    for e in entries:
+        prov = producer.get(e.present)
+        if prov is None:
+            raise ValueError(f"no segment of the stage computes the cache output {e.present!r}")
+        out[e.past] = prov
+    return out
+
+
+_REMOTE: Any = None
+
+
+def remote_class() -> Any:
+    global _REMOTE
+    if _REMOTE is None:
+        _REMOTE = ray.remote(GenerationStage)
+    return _REMOTE

@@ -1,0 +1,169 @@
+"""``bench_generate.py --executor ray``: the two-stage generator on Ray (actors/generation)
+against the in-process generator and onnxruntime's loop, interleaved in one run.
+
+Figures per model:
+* decode ms per token at batch 1, prompts 32 and 512 (after the first token: the ring
+  runs ahead of the driver, so a single ``generate_next_token`` call is no measure;
+  (time of the last token - time of the first) / (tokens - 1) is);
+* 4 groups in flight (batch 1 each, round robin) on two single-threaded stages:
+  tokens/s against an in-process single-threaded generator running the same 4
+  sequences one after the other.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import numpy as np
+import onnx
+
+import hetero_exec.genai as hg
+from hetero_exec.genai.layout import discover
+
+DEVICES = ["sim-gpu:0", "sim-gpu:1"]
+
+
+def decode_ms(model, rows: np.ndarray, new: int) -> float:
+    params = hg.GeneratorParams(model)
+    params.set_search_options(batch_size=rows.shape[0], max_length=rows.shape[1] + new)
+    with hg.Generator(model, params) as gen:
+        gen.append_tokens(rows)
+        gen.generate_next_token()
+        t0 = time.perf_counter()
+        n = 0
+        while not gen.is_done():
+            gen.generate_next_token()
+            n += 1
+        return (time.perf_counter() - t0) / max(n, 1) * 1e3
+
+
+def tokens_per_s(model, prompts: list[np.ndarray], new: int, in_flight: bool) -> float:
+    """Tokens/s over ``prompts`` (batch 1 each): all in flight, round robin, or one after
+    the other."""
+    t0 = time.perf_counter()
+    gens = []
+    total = 0
+    for rows in prompts:
+        params = hg.GeneratorParams(model)
+        params.set_search_options(batch_size=1, max_length=rows.shape[1] + new)
+        gen = hg.Generator(model, params)
+        gen.append_tokens(rows)
+        if in_flight:
+            gens.append(gen)
+            continue
+        while not gen.is_done():
+            gen.generate_next_token()
+            total += 1
+        gen.close()
+    while gens:
+        for gen in list(gens):
+            gen.generate_next_token()
+            total += 1
+            if gen.is_done():
+                gen.close()
+                gens.remove(gen)
+    return total / (time.perf_counter() - t0)
+
+
+class _Echo:
+    """A bare ring member: what a step costs in Ray alone (an async actor calling the next)."""
+
+    def __init__(self):
+        import asyncio
+
+        self.made, self.changed, self.ring, self.index = 0, asyncio.Event(), [], 0
+
+    def connect(self, ring: list, index: int) -> None:
+        self.ring, self.index = ring, index
+
+    async def step(self, left: int, payload: dict) -> None:
+        if self.index == len(self.ring) - 1:
+            self.made += 1
+            self.changed.set()
+            if left == 0:
+                return
+            left -= 1
+        self.ring[(self.index + 1) % len(self.ring)].step.remote(left, payload)
+
+    async def wait(self, made: int) -> int:
+        while self.made < made:
+            self.changed.clear()
+            await self.changed.wait()
+        return self.made
+
+
+def ring_floor_ms(rounds: int = 200) -> float:
+    """ms per round of a bare two-actor ring carrying a hidden state's bytes."""
+    import ray
+
+    echo = ray.remote(_Echo)
+    ring = [echo.remote(), echo.remote()]
+    ray.get([a.connect.remote(ring, i) for i, a in enumerate(ring)])
+    payload = {"hidden": np.zeros((1, 1, 64), np.float32)}
+    t0 = time.perf_counter()
+    ring[0].step.remote(rounds, payload)
+    ray.get(ring[1].wait.remote(rounds + 1))
+    for a in ring:
+        ray.kill(a)
+    return (time.perf_counter() - t0) / (rounds + 1) * 1e3
+
+
+def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> None:
+    import ray
+
+    names = [m for m in args.models if not m.endswith("_genai")]
+    if names == ["llama_optimum", "llama_dynamo", "gpt2_optimum", "gpt2_dynamo"]:
+        names = ["llama_optimum", "gpt2_optimum"]  # the default list: one export each
+    print(f"{'model':14} {'P':>4} {'ray 2 stages':>12} {'in process':>10} {'ort loop':>9} "
+          f"{'ray/in-proc':>11}   (decode ms per token, batch 1, medians of {args.rounds})")
+    throughput = []
+    try:
+        for name in names:
+            path = os.path.join(models_dir, f"{name}.onnx")
+            remote = hg.Model(path, executor="ray", stages=2, providers=DEVICES)
+            local = hg.Model(path, providers=["sim-gpu:0"])
+            sess, layout = ort_session(path), discover(onnx.load(path))
+            per_prompt = {}
+            for plen in args.prompt:
+                rows = prompt_rows(1, plen)
+                res: dict[str, list[float]] = {"ray": [], "local": [], "ort": []}
+                for _ in range(args.rounds):
+                    res["ray"].append(decode_ms(remote, rows, args.new))
+                    res["local"].append(decode_ms(local, rows, args.new))
+                    res["ort"].append(time_ort_loop(sess, layout, rows, args.new)[1])
+                med = {k: statistics.median(v) for k, v in res.items()}
+                per_prompt[plen] = med
+                print(f"{name:14} {plen:4d} {med['ray']:12.3f} {med['local']:10.3f} "
+                      f"{med['ort']:9.3f} {med['ray'] / med['local']:10.2f}x", flush=True)
+            if len(per_prompt) > 1:
+                lo, hi = min(per_prompt), max(per_prompt)
+                print(f"{name:14} growth P{hi}/P{lo}: ray {per_prompt[hi]['ray'] / per_prompt[lo]['ray']:.2f}x, "
+                      f"in process {per_prompt[hi]['local'] / per_prompt[lo]['local']:.2f}x, "
+                      f"ort loop {per_prompt[hi]['ort'] / per_prompt[lo]['ort']:.2f}x", flush=True)
+            stats = remote.remote.stats()
+            print(f"{name:14} compute per decode step: " + ", ".join(
+                f"{st['stage']} {st['decode_ms']:.3f} ms" for st in stats)
+                + " (the rest of a token's time: the two Ray hops of the ring)", flush=True)
+            remote.close()
+            # 4 groups in flight on two single-threaded stages vs one thread in process
+            remote1 = hg.Model(path, executor="ray", stages=2, providers=DEVICES,
+                               intra_op_num_threads=1)
+            local1 = hg.Model(path, providers=["sim-gpu:0"], intra_op_num_threads=1)
+            prompts = [prompt_rows(1, 32) + i for i in range(4)]
+            r, lo_ = [], []
+            for _ in range(args.rounds):
+                r.append(tokens_per_s(remote1, prompts, args.new, in_flight=True))
+                lo_.append(tokens_per_s(local1, prompts, args.new, in_flight=False))
+            remote1.close()
+            throughput.append((name, statistics.median(r), statistics.median(lo_)))
+        print(f"bare two-actor Ray ring on this host (no compute): {ring_floor_ms():.3f} ms per "
+              "round, the floor of a token on two stages", flush=True)
+        for name, r, lo_ in throughput:
+            print(f"{name:14} 4 groups in flight, 1 thread per stage: ray {r:7.1f} tok/s, "
+                  f"in process (1 thread, one after another) {lo_:7.1f} tok/s: {r / lo_:.2f}x",
+                  flush=True)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()

@@ -1,0 +1,54 @@
+"""The generator's shape rules, shared by the in-process generator and the stage
+actors of `executor="ray"` (Ray-free, no model): decode widths, token rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hetero_exec.genai.errors import GenerationInputError
+
+#: the narrowest decode width, and how many widths each doubling of the context has
+MIN_WIDTH, WIDTHS_PER_DOUBLING = 64, 4
+
+
+def decode_width(n: int, capacity: int) -> int:
+    """The width a decode step of ``n`` positions runs at: n rounded up to a multiple of
+    MIN_WIDTH, or of a quarter of n's power of two above that (at most a quarter more
+    work than n, and few widths, each bound once), at most ``capacity``."""
+    step = max(MIN_WIDTH, 1 << max(n.bit_length() - 1 - (WIDTHS_PER_DOUBLING.bit_length() - 1), 0))
+    return min(capacity, -(-n // step) * step)
+
+
+def leading(rows: np.ndarray, pad: int) -> np.ndarray:
+    """Each row's count of leading pad ids (left padding), leaving one token at least."""
+    not_pad = rows != pad
+    first = np.where(not_pad.any(axis=1), not_pad.argmax(axis=1), rows.shape[1] - 1)
+    return first.astype(np.int64)
+
+
+def check_rows(tokens: Any, batch: int, vocab: int | None, pad: int, first: bool) -> np.ndarray:
+    """``tokens`` as a [batch, n] int64 array (rows of different lengths left-padded
+    with ``pad`` on the ``first`` call), or GenerationInputError naming what is wrong."""
+    if isinstance(tokens, (list, tuple)) and tokens and isinstance(tokens[0], (list, tuple, np.ndarray)):
+        if first and len({len(r) for r in tokens}) > 1:
+            width = max(len(r) for r in tokens)
+            tokens = [[pad] * (width - len(r)) + list(r) for r in tokens]
+    arr = np.asarray(tokens)
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    if arr.ndim != 2 or arr.shape[1] == 0:
+        raise GenerationInputError(f"tokens must be [batch, n] ids with n >= 1, got shape "
+                                   f"{list(arr.shape)}")
+    if arr.dtype.kind not in "iu":
+        raise GenerationInputError(f"token ids must be integers, got {arr.dtype}")
+    if arr.shape[0] != batch:
+        raise GenerationInputError(f"{arr.shape[0]} sequences given, the generator's "
+                                   f"batch_size is {batch}")
+    bad = (arr < 0) | (arr >= vocab) if vocab else arr < 0
+    if bad.any():
+        i, j = map(int, np.argwhere(bad)[0])
+        raise GenerationInputError(f"token id {int(arr[i, j])} (sequence {i}, position {j}) "
+                                   f"is outside the vocabulary [0, {vocab})")
+    return arr.astype(np.int64)

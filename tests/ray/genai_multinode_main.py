@@ -1,0 +1,68 @@
+"""Generation over a 3-node ray.cluster_utils.Cluster, in its own process: a CPU head and
+two workers with one logical GPU each, so the two stages of a decoder (sim-gpu:0 and
+sim-gpu:1, each reserving a GPU) run on different nodes and the ring crosses between
+them. Tokens are compared with the in-process generator. Prints one JSON line.
+
+Run by tests/ray/test_genai_ray.py; also by hand: ``python -m tests.ray.genai_multinode_main``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import ray
+from ray.cluster_utils import Cluster
+
+import hetero_exec.genai as og
+from tests.genai._ref import model_path, prompts
+
+
+def _generate(model: og.Model, rows: list, new: int = 8) -> list:
+    params = og.GeneratorParams(model)
+    params.set_search_options(batch_size=len(rows), max_length=max(map(len, rows)) + new)
+    with og.Generator(model, params) as gen:
+        gen.append_tokens(rows)
+        while not gen.is_done():
+            gen.generate_next_token()
+        return [[int(t) for t in gen.get_sequence(i)[len(r):]] for i, r in enumerate(rows)]
+
+
+def main() -> int:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    started = time.monotonic()
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "num_gpus": 0, "include_dashboard": False,
+        "object_store_memory": 256 << 20})
+    for _ in range(2):
+        cluster.add_node(num_cpus=1, num_gpus=1, object_store_memory=256 << 20)
+    ray.init(address=cluster.address, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": root}})
+    cluster.wait_for_nodes()
+    report: dict = {"nodes": len([n for n in ray.nodes() if n["Alive"]])}
+    try:
+        model = og.Model(model_path("qwen2", "optimum"), executor="ray", stages=2,
+                         providers=["sim-gpu:0", "sim-gpu:1"])
+        try:
+            info = ray.get([a.info.remote() for a in model.remote.actors])
+            report["stage_nodes"] = len({i["node"] for i in info})
+            head = ray.get_runtime_context().get_node_id()
+            report["on_head"] = sum(i["node"] == head for i in info)
+            local = og.Model(model_path("qwen2", "optimum"), providers=["sim-gpu"])
+            rows = prompts(2, seed=4)
+            report["match"] = _generate(model, rows) == _generate(local, rows)
+            report["stats"] = model.remote.stats()
+        finally:
+            model.close()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    report["seconds"] = round(time.monotonic() - started, 1)
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""Generation on executor="ray": the decoder split over two stage actors (sim-gpu:0 and
+sim-gpu:1), each holding its layers' cache per group, the decode loop between the
+actors. Tokens are checked against the in-process generator (itself checked against
+onnxruntime in tests/genai), under several groups in flight, admission refusals,
+cancellation and a stage actor killed mid-generation."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+import hetero_exec.genai as og
+from tests.genai._ref import model_path, ort_greedy, prompts
+from tests.ray.helpers import eventually
+
+pytestmark = pytest.mark.ray
+
+DEVICES = ["sim-gpu:0", "sim-gpu:1"]
+NEW = 8
+
+
+def _start(model: og.Model, rows, new: int = NEW, **search):
+    params = og.GeneratorParams(model)
+    params.set_search_options(batch_size=len(rows), max_length=max(map(len, rows)) + new, **search)
+    gen = og.Generator(model, params)
+    gen.append_tokens(rows)
+    return gen
+
+
+def _finish(gen, rows) -> list[list[int]]:
+    while not gen.is_done():
+        gen.generate_next_token()
+    return [[int(t) for t in gen.get_sequence(i)[len(r):]] for i, r in enumerate(rows)]
+
+
+def _generate(model: og.Model, rows, new: int = NEW, **search) -> list[list[int]]:
+    with _start(model, rows, new, **search) as gen:
+        return _finish(gen, rows)
+
+
+def _cache_free(model: og.Model) -> bool:
+    return all(s["groups"] == 0 and s["reserved_bytes"] == 0 and s["cache_bytes"] == 0
+               for s in model.remote.stats())
+
+
+_local: dict = {}
+
+
+def _local_model(arch: str) -> og.Model:
+    if arch not in _local:
+        _local[arch] = og.Model(model_path(arch, "optimum"), providers=["sim-gpu"])
+    return _local[arch]
+
+
+@pytest.fixture(scope="module")
+def llama(ray_session):
+    model = og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES)
+    yield model
+    model.close()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+def test_tokens_equal_the_in_process_generator_on_two_stages(ray_session, arch):
+    model = og.Model(model_path(arch, "optimum"), executor="ray", stages=2, providers=DEVICES)
+    try:
+        info = ray.get([a.info.remote() for a in model.remote.actors])
+        assert [i["layers"] for i in info] == [[0], [1]]  # one layer each
+        # only activations cross the cut: no cache name among what stage#1 receives
+        assert not [n for n in info[1]["carried_in"] if "past" in n or "present" in n]
+        for batch in (1, 3):
+            rows = prompts(batch, seed=batch)
+            want = _generate(_local_model(arch), rows)
+            assert _generate(model, rows) == want
+        assert want[0] == ort_greedy(model_path(arch, "optimum"), rows, NEW)[0]
+        assert eventually(lambda: _cache_free(model))
+    finally:
+        model.close()
+
+
+def test_a_dynamo_export_and_sampling_with_a_seed(ray_session):
+    model = og.Model(model_path("gpt2", "dynamo"), executor="ray", stages=2, providers=DEVICES)
+    local = og.Model(model_path("gpt2", "dynamo"), providers=["sim-gpu"])
+    try:
+        rows = prompts(2, seed=5)
+        assert _generate(model, rows) == _generate(local, rows)
+        search = {"do_sample": True, "top_k": 20, "temperature": 0.8, "random_seed": 7}
+        assert _generate(model, rows, **search) == _generate(local, rows, **search)
+    finally:
+        model.close()
+
+
+def test_streaming_rewind_and_append_follow_the_in_process_generator(llama):
+    rows = prompts(1, seed=11)
+    local = _start(_local_model("llama"), rows, new=20)
+    remote = _start(llama, rows, new=20)
+    streamed = []
+    for column in remote.stream():
+        streamed.append(int(column[0]))
+        if len(streamed) == 4:
+            break
+    for _ in range(4):
+        local.generate_next_token()
+    assert streamed == [int(t) for t in local.get_sequence(0)[len(rows[0]):]]
+    for gen in (local, remote):  # rewind two tokens, append three of ours, go on
+        gen.rewind_to(len(rows[0]) + 2)
+        gen.append_tokens([[5, 6, 7]])
+    assert _finish(remote, rows) == _finish(local, rows)
+    remote.close()
+    assert eventually(lambda: _cache_free(llama))
+    with pytest.raises(og.GenaiError, match="last stage samples"):
+        _start(llama, rows).get_logits()
+
+
+def test_groups_in_flight_share_the_pipeline_and_free_their_caches(llama):
+    groups = [prompts(b, seed=20 + i) for i, b in enumerate((1, 2, 1, 3))]
+    want = [_generate(_local_model("llama"), rows) for rows in groups]
+    gens = [_start(llama, rows) for rows in groups]
+    stats = llama.remote.stats()
+    assert [s["groups"] for s in stats] == [4, 4]
+    assert all(s["reserved_bytes"] > 0 for s in stats)
+    while not all(g.is_done() for g in gens):  # round robin: the ring runs them all
+        for g in gens:
+            if not g.is_done():
+                g.generate_next_token()
+    assert [[[int(t) for t in g.get_sequence(i)[len(r):]] for i, r in enumerate(rows)]
+            for g, rows in zip(gens, groups)] == want
+    assert eventually(lambda: _cache_free(llama))  # finished: freed by the stages
+
+
+def test_a_cancelled_or_abandoned_group_frees_its_cache(llama):
+    rows = prompts(2, seed=3)
+    gen = _start(llama, rows, new=400)
+    gen.generate_next_token()
+    assert all(s["groups"] == 1 and s["cache_bytes"] > 0 for s in llama.remote.stats())
+    gen.close()  # cancelled mid-generation
+    assert eventually(lambda: _cache_free(llama))
+    gen = _start(llama, rows, new=400)
+    gen.generate_next_token()
+    del gen  # abandoned: collected, its caches go
+    assert eventually(lambda: _cache_free(llama))
+
+
+def test_a_refused_group_names_its_stage_and_leaves_the_others_running(ray_session):
+    # a budget on stage#1's device only: stage#0 admits the big group, stage#1 refuses
+    # it, and what stage#0 admitted is released
+    budget = ["sim-gpu:0", ("sim-gpu", {"device_id": 1, "mem_limit": 4 << 20})]
+    model = og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=budget)
+    try:
+        rows = prompts(1, seed=9)
+        running = _start(model, rows)
+        running.generate_next_token()
+        params = og.GeneratorParams(model)
+        params.set_search_options(batch_size=8, max_length=100_000)
+        with pytest.raises(og.CacheAdmissionError, match=r"stage#1 \(sim-gpu:1\)") as refused:
+            og.Generator(model, params)
+        assert refused.value.needed > refused.value.free
+        assert _finish(running, rows) == _generate(_local_model("llama"), rows)
+        assert eventually(lambda: _cache_free(model))  # nothing left of the refused group
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize("killed", [0, 1])  # the ring's middle; the stage the driver polls
+def test_a_stage_killed_mid_generation_is_replayed_with_the_same_tokens(ray_session, killed):
+    model = og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES,
+                     max_replays=2)
+    try:
+        groups = [prompts(b, seed=40 + b) for b in (1, 2, 3)]
+        want = [_generate(_local_model("llama"), rows, new=12) for rows in groups]
+        gens = [_start(model, rows, new=12) for rows in groups]
+        for g in gens:
+            for _ in range(3):
+                g.generate_next_token()
+        before = list(model.remote.incarnations)
+        ray.kill(model.remote.actors[killed], no_restart=False)  # Ray restarts it
+        got = [_finish(g, rows) for g, rows in zip(gens, groups)]
+        assert got == want
+        assert model.remote.incarnations[killed] != before[killed]
+        assert model.remote.incarnations[1 - killed] == before[1 - killed]
+        assert all(1 <= g.replays <= 2 for g in gens)
+        assert eventually(lambda: _cache_free(model))
+    finally:
+        model.close()
+
+
+def test_three_node_cluster_runs_the_stages_on_two_nodes():
+    """In its own process (tests/ray/genai_multinode_main.py): a Cluster needs its own Ray."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-m", "tests.ray.genai_multinode_main"], cwd=root,
+                          env={**os.environ, "PYTHONPATH": root}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["nodes"] == 3
+    assert report["stage_nodes"] == 2 and report["on_head"] == 0  # one stage per GPU node
+    assert report["match"] is True
+    assert all(s["groups"] == 0 and s["reserved_bytes"] == 0 for s in report["stats"])
+
+
+def test_more_stages_than_layers_is_refused_before_any_actor_starts(ray_session):
+    with pytest.raises(og.GenaiError, match="stages=3: the decoder has 2 layers"):
+        og.Model(model_path("llama", "optimum"), executor="ray", stages=3, providers=DEVICES)
+
+
+def test_a_stage_that_fails_to_build_names_itself_and_leaves_no_actor(ray_session):
+    from ray._private import state
+
+    def generation_actors() -> int:  # from the GCS, as tests/ray/helpers.py reads it
+        return sum(1 for a in state.actors().values()
+                   if a["ActorClassName"].endswith("GenerationStage") and a["State"] != "DEAD")
+
+    before = generation_actors()
+    with pytest.raises(og.GenaiError, match=r"stage#\d \(sim-gpu:\d\) failed to build"):
+        og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES,
+                 no_such_option=1)
+    assert eventually(lambda: generation_actors() == before)
