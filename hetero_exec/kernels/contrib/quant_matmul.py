@@ -31,7 +31,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hetero_exec.kernels._int_gemm import CenteredWeight, centered_weight_hook, int_matmul
+from hetero_exec.kernels._int_gemm import (
+    CenteredWeight,
+    centered_weight_hook,
+    int_matmul,
+    native_product,
+)
 from hetero_exec.kernels._packed import PackedWeight, packed_product
 from hetero_exec.kernels._threads import matmul
 from hetero_exec.kernels.native import packed_gemm
@@ -208,10 +213,12 @@ DynamicQuantizeMatMul = kernel(
 def _scaled_product(xp, cw: CenteredWeight | None, A, B, a_zp, b_zp, scale, bias):
     """``scale * ((A - a_zp) @ (B - b_zp)) + bias`` in float32, the exact integer product
     on the weight centred at compile time when ``cw`` holds it for this B."""
-    if cw is not None and cw.serves(B, b_zp):
-        acc = int_matmul(xp, A, B, a_zp, Bf=cw.Bf, b_max=cw.b_max)
-    else:
-        acc = int_matmul(xp, A, B, a_zp, b_zp)
+    cw = cw if cw is not None and cw.serves(B, b_zp) else None
+    if bias is None or np.ndim(bias) <= 1:
+        Y = native_product(xp, A, B, a_zp, b_zp, cw, scale, bias)
+        if Y is not None:
+            return Y
+    acc = int_matmul(xp, A, B, a_zp, b_zp, cw=cw)
     Y = acc.astype(np.float32) * scale
     if bias is not None:
         Y += bias.astype(np.float32)
@@ -242,7 +249,7 @@ def _qgemm(cw: CenteredWeight | None = None):
         scale; requantized to y_zero_point's dtype when y_scale is given, else float32."""
         At = A.T if transA else A
         if cw is not None and cw.serves(B, b_zero_point):
-            acc = int_matmul(xp, At, B, a_zero_point, Bf=cw.Bf, b_max=cw.b_max)
+            acc = int_matmul(xp, At, B, a_zero_point, cw=cw)
         else:
             Bt = B.T if transB else B
             acc = int_matmul(xp, At, Bt, a_zero_point, b_zero_point)

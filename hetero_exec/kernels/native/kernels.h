@@ -100,6 +100,9 @@ HE_API int he_pool_hot(void);
 HE_API void he_half_to_float(const uint16_t *src, float *dst, long n);
 HE_API void he_float_to_half(const float *src, uint16_t *dst, long n);
 HE_API int he_cpu_features(void);
+HE_API long he_qgemm_pack_size(int K, int N);
+HE_API void he_qgemm_pack(int K, int N, const void *B, long rs, long cs, int b_signed, void *out);
+HE_API int he_qgemm_mt(int M, int N, int K, const void *A, long lda, int a_signed, const void *Bp, const int *a_zp, const int *b_zp, int *Yi, float *Yf, long ldy, const float *scale, const float *bias, int parts);
 HE_API int he_program_run(const void *ops, int first, int count, void *const *bufs, int *err);
 
 #endif
