@@ -696,6 +696,15 @@ static int run_one(const he_op *o, void *const *bufs)
     case OP_GATHER: return gather_run(o, bufs);
     case OP_KV_APPEND: return kv_append_run(o, bufs);
     case OP_GQA: return gqa_run(o, bufs);
+    case OP_NBITS: {
+        int rc = he_nbits_mt((int)o->p[0], (int)o->p[1], (int)o->p[2],
+                           (const float *)ptr_of(bufs, &o->t[1]), o->p[2], ptr_of(bufs, &o->t[2]),
+                           (const float *)ptr_of(bufs, &o->t[3]), ptr_of(bufs, &o->t[4]),
+                           (const float *)ptr_of(bufs, &o->t[5]), (int)o->p[3], (int)o->p[4],
+                           (const float *)ptr_of(bufs, &o->t[6]), (float *)ptr_of(bufs, &o->t[0]),
+                           o->p[1], o->parts);
+        return rc == -1 ? E_MEMORY : rc ? E_OP : E_NONE;
+    }
     case OP_BIAS_ACT:
         he_last_axis_mt((float *)ptr_of(bufs, &o->t[0]), (const float *)ptr_of(bufs, &o->t[1]),
                         (int)o->p[0], (int)o->p[1], (int)o->p[2], (float)o->f[0], (float)o->f[1],

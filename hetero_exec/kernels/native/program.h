@@ -59,6 +59,8 @@ enum {
     OP_BIAS_ACT,     /* t0 = act(t0 + t1) along the last axis, in place (act.c) */
     OP_RANGE,        /* t0[i] = t1 + i * t2 */
     OP_ARGMAX,       /* t0 (int64, rows) = argmax of t1's rows (first on ties) */
+    OP_NBITS,        /* t0 = t1 @ dequantize(t2 codes, t3 scales, t4/t5 zero points).T + t6
+                        (MatMulNBits, nbits.c) */
 };
 
 enum { U_NEG = 1, U_ABS, U_SQRT, U_RECIP, U_EXP, U_LOG, U_SIGMOID, U_TANH, U_COS, U_SIN,
