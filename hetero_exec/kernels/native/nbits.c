@@ -22,30 +22,53 @@ typedef struct {
     long ldy;
 } nb_args;
 
+/* VW codes as floats: bytes j..j+VW of a block, their low (or, with hi, high) nibbles,
+ * or the bytes themselves for 8 bits */
+#if defined(HE_ISA_AVX512)
+ALWAYS_INLINE __m512i bytes_vw(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+ALWAYS_INLINE vf codes_lo(__m512i b) { return _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15))); }
+ALWAYS_INLINE vf codes_hi(__m512i b) { return _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)); }
+ALWAYS_INLINE vf codes_all(__m512i b) { return _mm512_cvtepi32_ps(b); }
+typedef __m512i vbytes;
+#elif defined(HE_ISA_AVX2)
+ALWAYS_INLINE __m256i bytes_vw(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+ALWAYS_INLINE vf codes_lo(__m256i b) { return _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15))); }
+ALWAYS_INLINE vf codes_hi(__m256i b) { return _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)); }
+ALWAYS_INLINE vf codes_all(__m256i b) { return _mm256_cvtepi32_ps(b); }
+typedef __m256i vbytes;
+#else
+typedef struct { float lo[VW], hi[VW], all[VW]; } vbytes;
+ALWAYS_INLINE vbytes bytes_vw(const uint8_t *p)
+{
+    vbytes v;
+    for (int i = 0; i < VW; i++) {
+        v.lo[i] = (float)(p[i] & 15);
+        v.hi[i] = (float)(p[i] >> 4);
+        v.all[i] = (float)p[i];
+    }
+    return v;
+}
+ALWAYS_INLINE vf codes_lo(vbytes b) { return vloadu(b.lo); }
+ALWAYS_INLINE vf codes_hi(vbytes b) { return vloadu(b.hi); }
+ALWAYS_INLINE vf codes_all(vbytes b) { return vloadu(b.all); }
+#endif
+
 static void nb_task(void *p, int n0, int n1)
 {
     const nb_args *a = (const nb_args *)p;
     int bs = a->bs, half = bs / 2, M = a->M;
     long kp = (long)a->kb * bs;
-    float tmp[256] __attribute__((aligned(64)));
     float dflt = (float)(1 << (a->bits - 1));
     for (int n = n0; n < n1; n++) {
-        float yr[8];
-        for (int m0 = 0; m0 < M; m0 += 8) {
-            int R = M - m0 < 8 ? M - m0 : 8;
-            for (int r = 0; r < R; r++)
-                yr[r] = a->bias ? a->bias[n] : 0.0f;
-            for (int b = 0; b < a->kb; b++) {
+        for (int m0 = 0; m0 < M; m0 += 4) {
+            int R = M - m0 < 4 ? M - m0 : 4;
+            vf tot[4];
+            float corr[4];
+            for (int r = 0; r < 4; r++)
+                tot[r] = vzero(), corr[r] = 0.0f;
+            const float *ab = a->Ap + (long)m0 * kp;
+            for (int b = 0; b < a->kb; b++, ab += bs) {
                 const uint8_t *code = a->B + ((long)n * a->kb + b) * a->blob;
-                if (a->bits == 4) {
-                    for (int j = 0; j < half; j++) {
-                        tmp[j] = (float)(code[j] & 15);
-                        tmp[half + j] = (float)(code[j] >> 4);
-                    }
-                } else {
-                    for (int j = 0; j < bs; j++)
-                        tmp[j] = (float)code[j];
-                }
                 float z;
                 if (a->zpf)
                     z = a->zpf[(long)n * a->kb + b];
@@ -55,22 +78,48 @@ static void nb_task(void *p, int n0, int n1)
                 } else
                     z = dflt;
                 float s = a->scales[(long)n * a->kb + b];
-                for (int r = 0; r < R; r++) {
-                    const float *ar = a->Ap + (long)(m0 + r) * kp + (long)b * bs;
-                    vf acc0 = vzero(), acc1 = vzero();
-                    int j = 0;
-                    for (; j + 2 * VW <= bs; j += 2 * VW) {
-                        acc0 = vfma(vloadu(ar + j), vloadu(tmp + j), acc0);
-                        acc1 = vfma(vloadu(ar + j + VW), vloadu(tmp + j + VW), acc1);
+                vf d[4];
+                for (int r = 0; r < 4; r++)
+                    d[r] = vzero();
+                if (a->bits == 4 && half < VW) { /* 16-code blocks, 16 lanes: one vector */
+                    float t[VW] __attribute__((aligned(64)));
+                    for (int j = 0; j < half; j++)
+                        t[j] = (float)(code[j] & 15), t[half + j] = (float)(code[j] >> 4);
+                    vf c = vloadu(t);
+                    for (int r = 0; r < R; r++)
+                        d[r] = vfma(vloadu(ab + r * kp), c, d[r]);
+                } else if (a->bits == 4) {
+                    for (int j = 0; j < half; j += VW) {
+                        vbytes v = bytes_vw(code + j);
+                        vf lo = codes_lo(v), hi = codes_hi(v);
+#pragma GCC unroll 4
+                        for (int r = 0; r < 4; r++)
+                            if (r < R) {
+                                const float *ar = ab + r * kp;
+                                d[r] = vfma(vloadu(ar + j), lo, d[r]);
+                                d[r] = vfma(vloadu(ar + half + j), hi, d[r]);
+                            }
                     }
-                    for (; j < bs; j += VW)
-                        acc0 = vfma(vloadu(ar + j), vloadu(tmp + j), acc0);
-                    float d = vreduce_add(vadd(acc0, acc1));
-                    yr[r] += s * (d - z * a->asum[(long)(m0 + r) * a->kb + b]);
+                } else {
+                    for (int j = 0; j < bs; j += VW) {
+                        vf c = codes_all(bytes_vw(code + j));
+#pragma GCC unroll 4
+                        for (int r = 0; r < 4; r++)
+                            if (r < R)
+                                d[r] = vfma(vloadu(ab + r * kp + j), c, d[r]);
+                    }
                 }
+                vf sv = vset1(s);
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++)
+                    if (r < R) {
+                        tot[r] = vfma(sv, d[r], tot[r]);
+                        corr[r] += s * z * a->asum[(long)(m0 + r) * a->kb + b];
+                    }
             }
             for (int r = 0; r < R; r++)
-                a->Y[(long)(m0 + r) * a->ldy + n] = yr[r];
+                a->Y[(long)(m0 + r) * a->ldy + n] =
+                    vreduce_add(tot[r]) - corr[r] + (a->bias ? a->bias[n] : 0.0f);
         }
     }
 }
