@@ -128,6 +128,7 @@ static void q_store(const q_args *a, int m0, int R, int n0, int32_t acc[][QN])
     }
 }
 
+#if !defined(HE_ISA_AVX512) && !defined(HE_ISA_AVX2)
 /* portable: int16 layout, R <= 4 rows of a panel */
 static void tile_i16_plain(const q_args *a, int m0, int R, const int16_t *panel, int32_t acc[][QN])
 {
@@ -142,10 +143,12 @@ static void tile_i16_plain(const q_args *a, int m0, int R, const int16_t *panel,
             int32_t a0 = ar[2 * kr], a1 = ar[2 * kr + 1];
             const int16_t *b = panel + (long)kr * QN * 2;
             for (int j = 0; j < QN; j++)
-                ac[j] += a0 * b[2 * j] + a1 * b[2 * j + 1];
+                ac[j] = (int32_t)((uint32_t)ac[j] + (uint32_t)(a0 * b[2 * j] + a1 * b[2 * j + 1])); /* wraps */
         }
     }
 }
+
+#endif
 
 #if defined(HE_ISA_AVX512) || defined(HE_ISA_AVX2)
 /* AVX2: int16 layout, R <= 6 rows x 16 columns (half a panel) by vpmaddwd */
