@@ -253,7 +253,10 @@ def centered_weight_hook(b_index: int, zp_index: int, make: Callable[[], Callabl
         if B.ndim != 2 or B.dtype.kind not in "iu" or (zp is not None and zp.overridable):
             return None
         transpose = bool(transpose_attr and kwargs.get(transpose_attr, 0))
-        return make()(CenteredWeight(B, None if zp is None else zp.value,
-                                     inputs[b_index].overridable, transpose))
+        cw = CenteredWeight(B, None if zp is None else zp.value, inputs[b_index].overridable,
+                            transpose)
+        fn = make()(cw)
+        fn.centered_weight = cw  # a program's lowering reuses its packed copy
+        return fn
 
     return hook

@@ -18,6 +18,8 @@
  * A is copied (row sums, the shift, zero padding of K) into the same grouping per call.
  * VNNI is picked at run time (cpuid) and recorded in the packed buffer's header, so a
  * weight packed by one path is only ever read by it. */
+#include <math.h>
+
 #include "kernels.h"
 
 #define QN 32       /* columns a panel */
@@ -319,4 +321,27 @@ int he_qgemm_mt(int M, int N, int K, const void *Av, long lda, int a_signed, con
     he_parallel(q_task, &a, (int)items, parts);
     free(scratch);
     return 0;
+}
+
+/* DynamicQuantizeLinear of n floats: y uint8, its scale and zero point, as the operator
+ * (and kernels/quant.py) define them: range [min(0, x), max(0, x)] over 255 steps,
+ * rounding half to even */
+void he_dynamic_quantize(const float *x, long n, void *yv, float *scale, void *zpv)
+{
+    uint8_t *y = (uint8_t *)yv;
+    float mx = 0.0f, mn = 0.0f;
+    for (long i = 0; i < n; i++) {
+        mx = x[i] > mx ? x[i] : mx;
+        mn = x[i] < mn ? x[i] : mn;
+    }
+    float range = mx == mn ? 1.0f : mx - mn;
+    float s = range / 255.0f;
+    float z = -mn / s;
+    z = rintf(z < 0.0f ? 0.0f : z > 255.0f ? 255.0f : z);
+    for (long i = 0; i < n; i++) {
+        float q = rintf(x[i] / s) + z;
+        y[i] = (uint8_t)(q < 0.0f ? 0.0f : q > 255.0f ? 255.0f : q);
+    }
+    *scale = s;
+    *(uint8_t *)zpv = (uint8_t)z;
 }
