@@ -331,7 +331,7 @@ def serve_ingress_env() -> dict[str, str]:
     if real:  # its stats and metrics on loopback, its own errors as JSON
         env[HAPROXY_BINARY_ENV] = os.path.join(os.path.dirname(__file__), "haproxy_loopback.sh")
         env["HETERO_EXEC_HAPROXY_BINARY"] = real
-    for name, value in HAPROXY_RETRY_ENVS.items():
+    for name, value in {**HAPROXY_RETRY_ENVS, **REPLICA_LOOP_ENVS}.items():
         env[name] = os.environ.get(name) or value
     return env
 
@@ -344,6 +344,12 @@ HAPROXY_BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
 HAPROXY_RETRY_ENVS = {"RAY_SERVE_HAPROXY_RETRY_ON":
                       "conn-failure empty-response junk-response 502 503 504",
                       "RAY_SERVE_HAPROXY_RETRIES": "2"}
+#: the app runs on the replica's own event loop, not on a thread of its own (as Ray's
+#: throughput-optimized mode sets it): an answer's headers and body then reach the
+#: socket in one step of that loop. Passed from thread to thread, the headers could go
+#: out alone, and a replica killed before its body left the client a cut answer
+#: (IncompleteRead) that HAProxy, having forwarded the headers, can no longer retry.
+REPLICA_LOOP_ENVS = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
 
 
 def _haproxy_binary() -> str | None:

@@ -257,8 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     placement_args(g)
     g.set_defaults(fn=cmd_generate)
 
-    s = sub.add_parser("serve", help="serve a model over the Open Inference Protocol (Ray Serve)")
-    s.add_argument("model")
+    s = sub.add_parser("serve", help="serve a model over the Open Inference Protocol (Ray Serve); "
+                                     "a decoder through Triton's generate extension")
+    s.add_argument("model", help="an .onnx, or a decoder: a genai folder or an .onnx with a "
+                                 "key/value cache (served at /generate and /generate_stream)")
     s.add_argument("--name", help="the model's name in the protocol (default: the file's stem)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)

@@ -28,6 +28,7 @@ MODULES = [
     "actors.request_pool",
     "actors.reservation",
     "actors.serve.cli",
+    "actors.serve.generate_request",
     "actors.serve.replicas",
     "actors.serve.routes",
     "actors.stage_model",

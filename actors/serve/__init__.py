@@ -11,6 +11,10 @@ A file per concern:
 * ``deployment``: the deployment (`HeteroModel`: one session per replica, requests
   batched into its runs) and its counters;
 * ``routes``: the protocol's HTTP routes, and every error as a status and a JSON body;
+* ``generation``: the deployment of a decoder (`GenerativeModel`: one genai Model a
+  replica, a Generator a request) and `decoder_file`, which says what is one;
+  ``generate_routes`` its ``/generate`` and ``/generate_stream`` (Triton's generate
+  extension, server-sent events), ``generate_request`` their JSON and events;
 * ``replicas``: what a replica reserves, planned from its model;
 * ``application``: `build_app`, the model's deployment and what its replicas reserve;
 * ``cli``: the command lines: `app` (what ``serve run`` calls, with its arguments)
@@ -31,6 +35,7 @@ from actors.serve.deployment import (
     HeteroModel,
     ServeSpec,
 )
+from actors.serve.generation import GenerativeModel, decoder_file
 from actors.serve.replicas import ReplicaResources, model_name, replica_resources
 from actors.serve.routes import MODEL_VERSION, model_metadata
 
@@ -39,6 +44,7 @@ __all__ = [
     "Counts",
     "DEFAULT_MAX_BATCH_SIZE",
     "DEFAULT_MAX_REQUEST_BYTES",
+    "GenerativeModel",
     "HeteroModel",
     "LARGE_MODEL_BYTES",
     "MODEL_VERSION",
@@ -46,6 +52,7 @@ __all__ = [
     "ServeSpec",
     "app",
     "build_app",
+    "decoder_file",
     "model_metadata",
     "model_name",
     "replica_resources",

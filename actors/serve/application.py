@@ -16,6 +16,7 @@ from actors.serve.deployment import (
     HeteroModel,
     ServeSpec,
 )
+from actors.serve.generation import GenerativeModel, decoder_file
 from actors.serve.replicas import model_name, replica_resources
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,7 @@ LARGE_MODEL_BYTES = 64 << 20
 #: `build_app`'s own keywords; the others it takes are session options
 BUILD_KEYWORDS = ("name", "num_replicas", "autoscaling_config", "max_batch_size",
                   "batch_wait_timeout_s", "max_request_bytes", "max_ongoing_requests",
-                  "access_log", "num_cpus", "max_concurrent_runs")
+                  "access_log", "num_cpus", "max_concurrent_runs", "generate")
 
 
 def build_app(
@@ -41,6 +42,7 @@ def build_app(
     access_log: bool = False,
     num_cpus: float = 1,
     max_concurrent_runs: int | None = None,
+    generate: bool | None = None,
     **session_options: Any,
 ) -> Any:
     """A Serve application serving ``model`` over the Open Inference Protocol.
@@ -56,7 +58,11 @@ def build_app(
     log line per request (off: it costs a replica about a millisecond a request).
     ``num_cpus``: what the replica itself reserves, and (unless ``intra_op_num_threads``
     is given) the threads a run in it splits its work over. Other keywords are session
-    options. Building plans the model here; deploying it needs Ray Serve:
+    options. ``generate``: serve the model as a decoder, through Triton's generate
+    extension (`actors.serve.generation`); None (the default) does so when ``model`` is
+    a path to a decoder (`decoder_file`: a genai folder, or an ``.onnx`` with a
+    key/value cache), True insists (ValueError otherwise), False serves ``/infer``.
+    Building plans the model here; deploying it needs Ray Serve:
 
     >>> serve.run(build_app("mlp.onnx", providers=["cpu"]))  # doctest: +SKIP
     """
@@ -70,8 +76,12 @@ def build_app(
                     "readable where the replicas run", len(model) >> 20)
     if max_concurrent_runs is not None and int(max_concurrent_runs) < 1:
         raise ValueError(f"max_concurrent_runs must be at least 1, got {max_concurrent_runs!r}")
+    decoder = decoder_file(model) if generate is not False else None
+    if generate and decoder is None:
+        raise ValueError(f"generate=True, but {model!r:.80} is not a path to a decoder (a "
+                         "genai folder, or an .onnx with key/value cache inputs and outputs)")
     name = name or model_name(model)
-    res = replica_resources(model, providers, session_options, num_cpus)
+    res = replica_resources(decoder or model, providers, session_options, num_cpus)
     spec = ServeSpec(model, list(providers) if providers is not None else None, name,
                      int(max_batch_size), float(batch_wait_timeout_s), int(max_request_bytes),
                      res.session_options,
@@ -87,4 +97,5 @@ def build_app(
         options["num_replicas"] = num_replicas if num_replicas is not None else 1
     if res.placement_group_bundles:
         options["placement_group_bundles"] = res.placement_group_bundles
-    return serve.deployment(HeteroModel).options(**options).bind(spec)
+    return serve.deployment(GenerativeModel if decoder else HeteroModel
+                            ).options(**options).bind(spec)

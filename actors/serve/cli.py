@@ -2,6 +2,8 @@
 its arguments read by `app_arguments`), and ``hetero-exec serve`` (`serve_forever`,
 after `hetero_exec.cli` read its flags): it starts (or joins) a Ray, deploys the
 model's application, serves until SIGINT or SIGTERM, then shuts down what it started.
+A decoder (a genai folder, or an ``.onnx`` with a key/value cache: `decoder_file`) is
+served through Triton's generate extension (`actors.serve.generation`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from actors.connect import (
     token_auth_told,
 )
 from actors.serve.application import BUILD_KEYWORDS, build_app
+from actors.serve.generation import decoder_file
 from actors.serve.replicas import plan_devices
 
 log = logging.getLogger(__name__)
@@ -82,7 +85,7 @@ def logical_gpus(model: Any, build_kwargs: Mapping[str, Any]) -> int | None:
         return None
     known = set(BUILD_KEYWORDS)
     opts = {k: v for k, v in build_kwargs.items() if k not in known and k != "providers"}
-    used, _ = plan_devices(model, providers, opts)
+    used, _ = plan_devices(decoder_file(model) or model, providers, opts)
     return max(len(used), 1) * int(build_kwargs.get("num_replicas") or 1)
 
 
@@ -119,7 +122,8 @@ def serve_forever(model: Any, *, host: str = "127.0.0.1", port: int = 8000,
         serve.run(application, name=name, route_prefix="/")
         log.warning("serving %s at http://%s:%d/v2/models/%s (Ctrl-C to stop)",
                     name, host, port, name)
-        print(f"serving {name} at http://{host}:{port}/v2/models/{name}", flush=True)
+        routes = "/generate, /generate_stream" if decoder_file(model) else "/infer"
+        print(f"serving {name} at http://{host}:{port}/v2/models/{name} ({routes})", flush=True)
         stop.wait()
         print("shutting down", flush=True)
     finally:

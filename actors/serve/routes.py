@@ -2,8 +2,10 @@
 
 ``GET /v2/health/live``, ``/v2/health/ready``, ``/v2``, ``/v2/models/{name}`` (its
 metadata has the placement report), ``/v2/models/{name}/ready``, ``POST
-/v2/models/{name}/infer`` (``/versions/1`` may follow the name), and ``GET
-/v2/models/{name}/stats`` (inferences are rows, executions session runs). `respond`
+/v2/models/{name}/infer`` (``/versions/1`` may follow the name), ``GET
+/v2/models/{name}/stats`` (inferences are rows, executions session runs), and, for a
+decoder, Triton's ``/generate`` and ``/generate_stream`` (its server's ``generate``:
+`actors.serve.generate_routes`, whose streams are responses, not a Reply). `respond`
 maps every error to a status and a JSON ``{"error": ...}`` body: a bad request a 4xx
 naming what is wrong, a fault in the replica a 5xx. The tensors' encoding is
 `actors.oip`; the deployment (`actors.serve.deployment`) runs the inferences.
@@ -25,9 +27,10 @@ MODEL_VERSION = "1"
 Reply = tuple[int, bytes, dict[str, str]]
 
 
-async def respond(server: Any, request: Any) -> Reply:
+async def respond(server: Any, request: Any) -> Any:
     """The status, body and headers answering ``request`` (a Starlette request) for
-    ``server`` (a `HeteroModel`); never raises."""
+    ``server`` (a `HeteroModel` or a `GenerativeModel`), or a streaming response; never
+    raises."""
     try:
         return await route(server, request)
     except ProtocolError as e:
@@ -42,7 +45,7 @@ async def respond(server: Any, request: Any) -> Reply:
         return 500, error_body(f"{type(e).__name__}: {e}"), {"content-type": JSON}
 
 
-async def route(server: Any, request: Any) -> Reply:
+async def route(server: Any, request: Any) -> Any:
     """Dispatch ``request`` by path and method; ProtocolError (404, 405) for the rest."""
     path = request.url.path
     root = request.scope.get("root_path") or ""
@@ -55,7 +58,10 @@ async def route(server: Any, request: Any) -> Reply:
     rest = parts[1:]
     if rest in ([], ["health", "live"], ["health", "ready"]):
         want(method, "GET", path)
-        return as_json(health(rest))
+        meta = health(rest)
+        if not rest and hasattr(server, "generate"):
+            meta["extensions"].append("generate")
+        return as_json(meta)
     if rest[:1] == ["models"] and len(rest) >= 2:
         return await _model_route(server, request, method, path, rest[1], rest[2:])
     raise ProtocolError(f"no route {path!r}", 404)
@@ -76,7 +82,7 @@ def health(rest: list[str]) -> dict[str, Any]:
 
 
 async def _model_route(server: Any, request: Any, method: str, path: str, name: str,
-                       tail: list[str]) -> Reply:
+                       tail: list[str]) -> Any:
     if name != server.name:
         raise ProtocolError(f"unknown model {name!r}; this server serves {server.name!r}", 404)
     if tail[:1] == ["versions"]:
@@ -97,6 +103,14 @@ async def _model_route(server: Any, request: Any, method: str, path: str, name: 
     if tail == ["infer"]:
         want(method, "POST", path)
         return await server.infer(request)
+    if tail in (["generate"], ["generate_stream"]):
+        want(method, "POST", path)
+        generate = getattr(server, "generate", None)
+        if generate is None:
+            raise ProtocolError(f"model {name!r} is not a decoder (no key/value cache inputs "
+                                "and outputs were found), so it has no generate routes; use "
+                                "/infer", 400)
+        return await generate(request, tail == ["generate_stream"])
     raise ProtocolError(f"no route {path!r}", 404)
 
 

@@ -424,6 +424,11 @@ def FusedAttention(xp, Q, K, V, mask=None, condition=None, fill=None, scale=1.0,
     Hq / kv_groups heads, each shared by a group of query heads (repeat_kv not run);
     ``mask_groups`` > 0: the mask is added to the scores viewed (-1, mask_groups, ...);
     ``nan_to_zero``: NaN probabilities (a row that attends no key) become zeros."""
+    if xp is np and not mask_groups:
+        y = row_kernels.attention_rows(Q, K, V, mask, scale, k_transposed, kv_groups, nan_to_zero,
+                                       condition, fill)
+        if y is not None:
+            return (y,)
     n = Q.shape[0] if Q.ndim >= 3 else 0
     per_row = Q.dtype.itemsize * math.prod(Q.shape[1:-1]) * (K.shape[-1] if k_transposed else K.shape[-2])
     step = max(1, _SCORE_BLOCK // max(per_row, 1))

@@ -209,6 +209,11 @@ def test_a_replica_killed_under_load_loses_no_request(served, record_property):
     time.sleep(4)
     replicas = [p for p in process_tree(proc.pid) if comm(p).startswith("ray::ServeRepli")]
     assert len(replicas) == 2, [(p, comm(p)) for p in process_tree(proc.pid)]
+    # the app answers on the replica's own loop, so no answer's headers leave alone
+    # (actors.connect.REPLICA_LOOP_ENVS): a kill between them and the body would cut it
+    with open(f"/proc/{replicas[0]}/environ", "rb") as f:
+        environ = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    assert environ.get(b"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD") == b"0"
     before = len(answered)
     killed_at = time.monotonic()
     os.kill(replicas[0], signal.SIGKILL)

@@ -141,6 +141,27 @@ def _grouped(b, a: Place, other: Place, groups_of: int, out_example) -> Place:
     return y.reshape((B, hq, L, other.shape[-1]))
 
 
+def _attention_rows(b, Q: Place, KT: Place, V: Place, mask: Place | None, cond: Place | None,
+                    fill: Place | None, out_example, kv_groups: int, kw) -> Place:
+    """The attention a row at a time (native/attention.c, as the kernel's numpy path
+    calls it): the keys each row's mask or condition hides at either end never computed."""
+    B, hq, L, D = Q.shape
+    S = KT.shape[-1]
+    hkv = KT.shape[1] if kv_groups > 1 else hq
+    if hkv <= 0 or hq % hkv or KT.shape[2] != D or tuple(V.shape[2:]) != (S, D):
+        raise NotLowered("attention operands of other shapes")
+    K = KT.broadcast((B, hkv, D, S)).transpose((0, 1, 3, 2))  # (batch, kv head, key, dim)
+    V = V.broadcast((B, hkv, S, D))
+    mask = None if mask is None else mask.broadcast((B, hq, L, S))
+    cond = None if cond is None else cond.broadcast((B, hq, L, S))
+    out = b.like(out_example)
+    rows = B * hq * L
+    b.emit("OP_ATTENTION", tensors=[out, Q, K, V, mask, cond, fill if cond is not None else None],
+           p=[B, hq, hkv, L, S, D, int(kw.get("nan_to_zero", 0))],
+           f=[float(kw.get("scale", 1.0))], parts=b.parts(rows, 4.0 * rows * S * D))
+    return out
+
+
 @lowers("FusedAttention", domain=FUSED_DOMAIN)
 def fused_attention(b, st, ins, outs):
     """Softmax(scale * Q @ K^T [where condition else fill] [+ mask]) @ V, its scores in
@@ -154,6 +175,9 @@ def fused_attention(b, st, ins, outs):
     kv_groups = int(kw.get("kv_groups", 1))
     B, hq, L, _ = Q.shape
     S = KT.shape[-1]
+    if not int(kw.get("mask_groups", 0)) and len(KT.shape) == len(V.shape) == 4 and (
+            cond is None or (cond.dtype == np.bool_ and fill is not None and fill.size == 1)):
+        return [_attention_rows(b, Q, KT, V, mask, cond, fill, outs[0], kv_groups, kw)]
     s = _grouped(b, Q, KT, KT.shape[1] if kv_groups > 1 else 0, np.empty((B, hq, L, S), F32))
     c = b.codes
     scale = float(kw.get("scale", 1.0))

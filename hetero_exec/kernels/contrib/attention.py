@@ -24,6 +24,7 @@ from hetero_exec.kernels.attention import _grouped_matmul
 from hetero_exec.kernels.contrib import schemas
 from hetero_exec.kernels.contrib.schemas import MS_DOMAIN, define
 from hetero_exec.kernels.kv_cache import is_shared
+from hetero_exec.kernels.native import row_kernels
 from hetero_exec.kernels.registry import kernel
 
 _T3 = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
@@ -235,17 +236,26 @@ def _attend(xp, q4, present_k, present_v, past_len, total, head, heads, kv_heads
     K = present_k[:, :, :total].astype(cdt, copy=False)
     V = present_v[:, :, :total].astype(cdt, copy=False)
     alpha = scale if scale else 1.0 / math.sqrt(head)
+    at = (past_len.reshape(-1, 1) + xp.arange(seq, dtype=np.int64).reshape(1, -1))[:, None, :, None]
+    j = xp.arange(total, dtype=np.int64).reshape(1, 1, 1, -1)
+    allowed = j <= at
+    if local_window_size is not None and local_window_size > 0:
+        allowed = allowed & (j > at - local_window_size)  # the last w keys
+    if xp is np and cdt == np.float32 and not (softcap and softcap > 0) and head_sink is None \
+            and smooth_softmax != 1:
+        # each row's keys only, in C (the prompt's causal half, the decode step's filled)
+        bias = None if attention_bias is None else attention_bias[..., :total]
+        out = row_kernels.attention_rows(
+            q4.astype(cdt, copy=False), K, V, bias, alpha, False,
+            heads // kv_heads, False, allowed, np.float32(-np.inf))
+        if out is not None:
+            return out.transpose(0, 2, 1, 3).reshape(batch, seq, heads * head).astype(dtype)
     scores = _grouped_matmul(xp, q4.astype(cdt, copy=False), xp.swapaxes(K, -1, -2), kv_heads)
     scores *= cdt(alpha)
     if softcap and softcap > 0:
         scores = xp.tanh(scores / cdt(softcap)) * cdt(softcap)
     if attention_bias is not None:
         scores = scores + attention_bias[..., :total].astype(cdt, copy=False)
-    at = (past_len.reshape(-1, 1) + xp.arange(seq, dtype=np.int64).reshape(1, -1))[:, None, :, None]
-    j = xp.arange(total, dtype=np.int64).reshape(1, 1, 1, -1)
-    allowed = j <= at
-    if local_window_size is not None and local_window_size > 0:
-        allowed = allowed & (j > at - local_window_size)  # the last w keys
     xp.copyto(scores, cdt(-np.inf), where=xp.logical_not(allowed))
     probs = _softmax(xp, scores, head_sink, smooth_softmax, heads, cdt)
     out = _grouped_matmul(xp, probs, V, kv_heads)  # (B, N, S, H)

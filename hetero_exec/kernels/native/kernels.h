@@ -71,6 +71,22 @@ void tile_rows(int mr, int K, const float *a, long ars, long aks, const float *b
 /* softmax.c: softmax of one row of n floats, in place (NaN rows as numpy makes them) */
 void softmax_row(float *x, int n);
 
+/* attention.c: FusedAttention's float32 rows, softmax(where(c, scale * q . K^T, fill) +
+ * m) @ V, the keys a row hides (m <= -1e30, or c false with fill <= -1e30) at either end
+ * skipped; strides in elements, as (batch, head, row, column), K and V as (batch, kv
+ * head, key, dim); m and c (bool) may be NULL; returns nonzero when a part found no
+ * memory for its scores */
+typedef struct {
+    const float *q, *k, *v, *m;
+    const uint8_t *c;
+    float *y;
+    int64_t B, Hq, Hkv, L, S, D;
+    int64_t qs[4], ks[4], vs[4], ms[4], cs[4], ys[4];
+    float scale, fill;
+    int nan_to_zero;
+} attention_t;
+int attention_run(const attention_t *a, int parts);
+
 /* fn(args, i0, i1) over [0, n) in `parts` parts, the first on the calling thread and the
  * others on the workers (workers.c); returns when all are done */
 typedef void (*task_fn)(void *args, int i0, int i1);
@@ -100,6 +116,7 @@ HE_API int he_pool_hot(void);
 HE_API void he_half_to_float(const uint16_t *src, float *dst, long n);
 HE_API void he_float_to_half(const float *src, uint16_t *dst, long n);
 HE_API int he_cpu_features(void);
+HE_API int he_attention_mt(const float *q, const float *k, const float *v, const float *m, const void *c, float *y, const long *dims, const long *strides, float scale, float fill, int nan_to_zero, int parts);
 HE_API long he_qgemm_pack_size(int K, int N);
 HE_API void he_qgemm_pack(int K, int N, const void *B, long rs, long cs, int b_signed, void *out);
 HE_API int he_qgemm_mt(int M, int N, int K, const void *A, long lda, int a_signed, const void *Bp, const int *a_zp, const int *b_zp, int *Yi, float *Yf, long ldy, const float *scale, const float *bias, int parts);

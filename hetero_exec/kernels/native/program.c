@@ -654,6 +654,29 @@ static int argmax_run(const he_op *o, void *const *bufs)
 
 /* ------------------------------------------------------------------ the interpreter */
 
+/* OP_ATTENTION: t0 out, t1 Q, t2 K and t3 V (as batch, kv head, key, dim), t4 the mask,
+ * t5 the condition (bool) and t6 its fill (one float) (buf -1: none), each 4-d strides;
+ * p0..p5 B, Hq, Hkv, L, S, D, p6 nan_to_zero; f0 the scale */
+static int attention_record(const he_op *o, void *const *bufs)
+{
+    const float *fill = (const float *)ptr_of(bufs, &o->t[6]);
+    attention_t a = {(const float *)ptr_of(bufs, &o->t[1]), (const float *)ptr_of(bufs, &o->t[2]),
+                     (const float *)ptr_of(bufs, &o->t[3]), (const float *)ptr_of(bufs, &o->t[4]),
+                     (const uint8_t *)ptr_of(bufs, &o->t[5]), (float *)ptr_of(bufs, &o->t[0]),
+                     o->p[0], o->p[1], o->p[2], o->p[3], o->p[4], o->p[5],
+                     {0}, {0}, {0}, {0}, {0}, {0}, (float)o->f[0], fill ? *fill : 0.0f,
+                     (int)o->p[6]};
+    for (int i = 0; i < 4; i++) {
+        a.qs[i] = o->t[1].st[i];
+        a.ks[i] = o->t[2].st[i];
+        a.vs[i] = o->t[3].st[i];
+        a.ms[i] = o->t[4].st[i];
+        a.cs[i] = o->t[5].st[i];
+        a.ys[i] = o->t[0].st[i];
+    }
+    return attention_run(&a, o->parts) ? E_MEMORY : E_NONE;
+}
+
 static int run_one(const he_op *o, void *const *bufs)
 {
     switch (o->op) {
@@ -735,6 +758,7 @@ static int run_one(const he_op *o, void *const *bufs)
         return E_NONE;
     case OP_RANGE: return range_run(o, bufs);
     case OP_ARGMAX: return argmax_run(o, bufs);
+    case OP_ATTENTION: return attention_record(o, bufs);
     default: return E_OP;
     }
 }

@@ -118,3 +118,62 @@ def convert_half(a: np.ndarray, dtype: Any) -> np.ndarray | None:
         _lib().he_float_to_half(address(a), address(out), a.size)
         return out
     return None
+
+
+#: query rows from which attention_rows lays K out keys-first (a prompt, not a step)
+KEYS_ACROSS_ROWS = 8
+
+
+def attention_rows(Q: Any, K: Any, V: Any, mask: Any, scale: float, k_transposed: bool,
+                   kv_groups: int, nan_to_zero: bool, condition: Any = None,
+                   fill: Any = None) -> np.ndarray | None:
+    """FusedAttention's softmax(where(condition, scale * Q @ K^T, fill) + mask) @ V on
+    float32 4-d operands (native/attention.c: the keys each row hides at either end
+    skipped), or None where its operands are not that (the numpy path then runs). Q (B,
+    Hq, L, D); K as (B, Hkv, D, S) when ``k_transposed`` else (B, Hkv, S, D); V (B, Hkv,
+    S, D); Hkv = Hq unless ``kv_groups`` > 1; the mask and the (bool) condition broadcast
+    to (B, Hq, L, S), ``fill`` one value."""
+    ops = [x for x in (Q, K, V, mask) if x is not None]
+    if not library.available() or any(type(x) is not np.ndarray or x.dtype != np.float32
+                                       for x in ops):
+        return None
+    if Q.ndim != 4 or K.ndim != 4 or V.ndim != 4 or any(
+            x is not None and x.ndim > 4 for x in (mask, condition)):
+        return None
+    if condition is not None and (type(condition) is not np.ndarray or condition.dtype != np.bool_
+                                  or np.size(fill) != 1):
+        return None
+    B, Hq, L, D = Q.shape
+    KT = K if k_transposed else K.swapaxes(-1, -2)
+    if not k_transposed and L >= KEYS_ACROSS_ROWS:
+        # keys at unit stride: a row's scores go across keys in registers, not a dot
+        # and a horizontal sum per key (the copy is one pass over K for L rows)
+        KT = np.ascontiguousarray(KT)
+    hkv = KT.shape[1] if kv_groups > 1 else Hq
+    S = KT.shape[-1]
+    if hkv <= 0 or Hq % hkv or KT.shape[2] != D or V.shape[2:] != (S, D):
+        return None
+    try:
+        KT = np.broadcast_to(KT, (B, hkv, D, S))
+        V = np.broadcast_to(V, (B, hkv, S, D))
+        mask = None if mask is None else np.broadcast_to(mask, (B, Hq, L, S))
+        condition = None if condition is None else np.broadcast_to(condition, (B, Hq, L, S))
+    except ValueError:
+        return None
+    Y = np.empty((B, Hq, L, D), np.float32)
+    if Y.size == 0:
+        return Y
+    views = (Q, KT.swapaxes(-1, -2), V, mask, condition, Y)  # (batch, head, row, column)
+    strides = [s // x.itemsize if x is not None else 0 for x in views
+               for s in (x.strides if x is not None else (0,) * 4)]
+    if any(x is not None and any(s % x.itemsize for s in x.strides) for x in views):
+        return None
+    rows = B * Hq * L
+    if _lib().he_attention_mt(
+            address(Q), address(KT), address(V), _ptr(mask), _ptr(condition), address(Y),
+            address(np.array([B, Hq, hkv, L, S, D], np.int64)),
+            address(np.array(strides, np.int64)), float(scale),
+            float(np.asarray(fill, np.float32).reshape(-1)[0]) if condition is not None else 0.0,
+            int(bool(nan_to_zero)), _parts(rows, 4.0 * rows * S * D)):
+        raise MemoryError(f"attention_rows: no memory for a row of {S} scores")
+    return Y

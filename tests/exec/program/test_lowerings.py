@@ -279,3 +279,16 @@ def test_a_feed_with_a_zero_stride_along_a_dim_of_one_is_read():
     nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])]
     m = model(nodes, [vi("x", F, [1, 16])], [vi("y", F, [1, 16])])
     check(m, {"x": np.linspace(-1, 1, 16, dtype=np.float32)[None]})
+
+
+@pytest.mark.parametrize("variant", ["bert", "no_mask", "pre_transposed", "dynamo", "where", "gqa"])
+def test_fused_attention_chains(variant):
+    """FusedAttention lowered a row at a time (native/attention.c), GPT-2's Where
+    condition included."""
+    from tests.placement.test_fusion_patterns import attention, attention_feed
+
+    m = attention(variant)
+    sess = check(m, attention_feed(m), rtol=1e-5, atol=2e-6)
+    ops = {int(op) for seg in sess._executor.segments for plan in seg.bound._bound.values()
+           for st in plan.steps if isinstance(st.fn, Region) for op in st.fn.program.records["op"]}
+    assert library.constant("OP_ATTENTION") in ops

@@ -1,0 +1,212 @@
+/* FusedAttention's float32 rows: y = softmax(where(cond, scale * q . K^T, fill) + mask) @ V,
+ * one query row at a time, as kernels/attention.py defines it (the
+ * MatMul-Mul-[Where]-[Add]-Softmax-MatMul chain).
+ *
+ * numpy computed every score of a (rows x keys) block and then the whole softmax; a
+ * decoder's causal mask hides half of them in a prompt (and a decode step's unfilled
+ * cache positions). Here each row reads its mask first: the keys before its first and
+ * after its last visible one (mask <= -1e30, or cond false with fill <= -1e30: exp makes
+ * those an exact 0 next to any visible score) are never computed. A row with no visible key is computed whole, so it
+ * comes out as numpy's does (a uniform row, or NaN where the mask is -inf).
+ *
+ * Operands are strided views, (batch, head, row, column) in elements; K and V as (batch,
+ * kv head, key, dim), query head h reading kv head h / (Hq / Hkv). The scores of a row
+ * go across keys a vector at a time when K is given transposed (keys at unit stride),
+ * else a dot per key along its dims. Rows are dealt to the parts in turn, so a causal
+ * prompt's short and long rows spread evenly. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define MASKED (-1e30f)
+
+typedef struct {
+    const attention_t *a;
+    int parts;
+    int failed;
+} rows_args;
+
+static float dot(const float *a, const float *b, int64_t n)
+{
+    vf acc = vzero();
+    int64_t k = 0;
+    for (; k + VW <= n; k += VW)
+        acc = vfma(vloadu(a + k), vloadu(b + k), acc);
+    if (k < n) {
+        lanes_t l = first_lanes((int)(n - k));
+        acc = vfma(vload_lanes(l, a + k), vload_lanes(l, b + k), acc);
+    }
+    return vreduce_add(acc);
+}
+
+/* scores[0, n) of keys lo.. of one row: q (D values, unit stride) against K */
+static void scores_of(const attention_t *a, const float *q, const float *K, int64_t lo,
+                      int64_t n, float *sc)
+{
+    const int64_t D = a->D, key = a->ks[2], dim = a->ks[3];
+    if (dim == 1) {
+        for (int64_t j = 0; j < n; j++)
+            sc[j] = dot(q, K + (lo + j) * key, D);
+    } else if (key == 1) { /* K^T: vectors of keys held in registers over the dims */
+        const float *k0 = K + lo;
+        int64_t j = 0;
+        for (; j + 2 * VW <= n; j += 2 * VW) {
+            vf s0 = vzero(), s1 = vzero();
+            for (int64_t d = 0; d < D; d++) {
+                const vf qd = vset1(q[d]);
+                s0 = vfma(qd, vloadu(k0 + d * dim + j), s0);
+                s1 = vfma(qd, vloadu(k0 + d * dim + j + VW), s1);
+            }
+            vstoreu(sc + j, s0);
+            vstoreu(sc + j + VW, s1);
+        }
+        for (; j < n; j += VW) {
+            lanes_t l = first_lanes((int)(n - j));
+            vf s0 = vzero();
+            for (int64_t d = 0; d < D; d++)
+                s0 = vfma(vset1(q[d]), vload_lanes(l, k0 + d * dim + j), s0);
+            vstore_lanes(sc + j, l, s0);
+        }
+    } else {
+        for (int64_t j = 0; j < n; j++) {
+            float s = 0.0f;
+            for (int64_t d = 0; d < D; d++)
+                s += q[d] * K[(lo + j) * key + d * dim];
+            sc[j] = s;
+        }
+    }
+}
+
+/* y (D values at stride ys) = p[0, n) @ V's rows lo.. */
+static void weighted_values(const attention_t *a, const float *p, const float *V, int64_t lo,
+                            int64_t n, float *y, int64_t ys)
+{
+    const int64_t D = a->D, key = a->vs[2], dim = a->vs[3];
+    if (dim == 1) {
+        for (int64_t d = 0; d < D; d += VW) {
+            lanes_t l = first_lanes((int)(D - d));
+            vf sum = vzero(), odd = vzero(); /* two chains: the fma's latency halved */
+            const float *v = V + lo * key + d;
+            int64_t j = 0;
+            for (; j + 1 < n; j += 2, v += 2 * key) {
+                sum = vfma(vset1(p[j]), vload_lanes(l, v), sum);
+                odd = vfma(vset1(p[j + 1]), vload_lanes(l, v + key), odd);
+            }
+            if (j < n)
+                sum = vfma(vset1(p[j]), vload_lanes(l, v), sum);
+            sum = vadd(sum, odd);
+            if (ys == 1)
+                vstore_lanes(y + d, l, sum);
+            else {
+                float tmp[VW];
+                vstoreu(tmp, sum);
+                for (int64_t i = 0; i < VW && d + i < D; i++)
+                    y[(d + i) * ys] = tmp[i];
+            }
+        }
+        return;
+    }
+    for (int64_t d = 0; d < D; d++) {
+        float s = 0.0f;
+        for (int64_t j = 0; j < n; j++)
+            s += p[j] * V[(lo + j) * key + d * dim];
+        y[d * ys] = s;
+    }
+}
+
+static void row(const attention_t *a, int64_t r, float *sc, float *qv)
+{
+    const int64_t BH = a->B * a->Hq, l = r / BH, bh = r % BH, b = bh / a->Hq, h = bh % a->Hq;
+    const int64_t kvh = h / (a->Hq / a->Hkv), S = a->S;
+    const float *q = a->q + b * a->qs[0] + h * a->qs[1] + l * a->qs[2];
+    for (int64_t d = 0; d < a->D; d++)
+        qv[d] = q[d * a->qs[3]];
+    const float *m = a->m ? a->m + b * a->ms[0] + h * a->ms[1] + l * a->ms[2] : NULL;
+    const uint8_t *c = a->c ? a->c + b * a->cs[0] + h * a->cs[1] + l * a->cs[2] : NULL;
+    const int64_t mk = a->ms[3], ck = a->cs[3];
+    const int fill_hides = c && a->fill <= MASKED;
+#define HIDDEN(j) ((m && m[(j) * mk] <= MASKED) || (fill_hides && !c[(j) * ck]))
+    int64_t lo = 0, hi = S - 1;
+    if (m || fill_hides) {
+        while (lo < S && HIDDEN(lo))
+            lo++;
+        if (lo == S)
+            lo = 0; /* no visible key: the whole row, as numpy computes it */
+        else
+            while (hi > lo && HIDDEN(hi))
+                hi--;
+    }
+#undef HIDDEN
+    const int64_t n = hi - lo + 1;
+    scores_of(a, qv, a->k + b * a->ks[0] + kvh * a->ks[1], lo, n, sc);
+    for (int64_t j = 0; j < n; j++) {
+        float s = sc[j] * a->scale;
+        if (c && !c[(lo + j) * ck])
+            s = a->fill;
+        sc[j] = s + (m ? m[(lo + j) * mk] : 0.0f);
+    }
+    softmax_row(sc, (int)n);
+    if (a->nan_to_zero)
+        for (int64_t j = 0; j < n; j++)
+            if (sc[j] != sc[j])
+                sc[j] = 0.0f;
+    weighted_values(a, sc, a->v + b * a->vs[0] + kvh * a->vs[1], lo, n,
+                    a->y + b * a->ys[0] + h * a->ys[1] + l * a->ys[2], a->ys[3]);
+}
+
+static void rows_task(void *arg, int i0, int i1)
+{
+    rows_args *ra = (rows_args *)arg;
+    const attention_t *a = ra->a;
+    const int64_t total = a->B * a->Hq * a->L;
+    float local[2048], qlocal[256];
+    float *sc = a->S <= 2048 ? local : (float *)malloc((size_t)a->S * sizeof(float));
+    float *qv = a->D <= 256 ? qlocal : (float *)malloc((size_t)a->D * sizeof(float));
+    if (!sc || !qv) {
+        ra->failed = 1;
+    } else {
+        for (int part = i0; part < i1; part++)
+            for (int64_t r = part; r < total; r += ra->parts)
+                row(a, r, sc, qv);
+    }
+    if (sc && sc != local)
+        free(sc);
+    if (qv && qv != qlocal)
+        free(qv);
+}
+
+int attention_run(const attention_t *a, int parts)
+{
+    const int64_t total = a->B * a->Hq * a->L;
+    if (total <= 0 || a->S <= 0)
+        return 0;
+    if (parts < 1)
+        parts = 1;
+    if (parts > total)
+        parts = (int)total;
+    rows_args ra = {a, parts, 0};
+    if (parts > 1)
+        he_parallel(rows_task, &ra, parts, parts);
+    else
+        rows_task(&ra, 0, 1);
+    return ra.failed;
+}
+
+HE_API int he_attention_mt(const float *q, const float *k, const float *v, const float *m,
+                           const void *c, float *y, const long *dims, const long *strides,
+                           float scale, float fill, int nan_to_zero, int parts)
+{
+    attention_t a = {q, k, v, m, (const uint8_t *)c, y, dims[0], dims[1], dims[2], dims[3],
+                     dims[4], dims[5], {0}, {0}, {0}, {0}, {0}, {0}, scale, fill, nan_to_zero};
+    for (int i = 0; i < 4; i++) {
+        a.qs[i] = strides[i];
+        a.ks[i] = strides[4 + i];
+        a.vs[i] = strides[8 + i];
+        a.ms[i] = strides[12 + i];
+        a.cs[i] = strides[16 + i];
+        a.ys[i] = strides[20 + i];
+    }
+    return attention_run(&a, parts);
+}
