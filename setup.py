@@ -28,7 +28,7 @@ HERE = Path(__file__).parent
 NATIVE = Path("hetero_exec") / "kernels" / "native"
 SOURCES = ["gemm.c", "conv.c", "depthwise.c", "depthwise_cl.c", "softmax.c", "norm.c",
            "act.c", "blas.c", "workers.c", "half.c", "program.c", "gqa.c", "attention.c",
-           "abi.c"]
+           "qgemm.c", "nbits.c", "abi.c"]
 COMMON = ["-O3", "-std=gnu11", "-fno-strict-aliasing", "-fno-math-errno", "-pthread",
           "-fvisibility=hidden", "-Wall", "-Wno-unknown-pragmas"]
 

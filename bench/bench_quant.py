@@ -20,6 +20,12 @@ shared machine are noisy: read the ratios of one run together.
 
     python bench/bench_quant.py
     python bench/bench_quant.py --models mlp --variants dyn,nbits --batches 1,8 --runs 20
+    python bench/bench_quant.py --decode          # the 4-bit Llama decode step only
+
+``--decode``: the tiny Llama of tests/genai/models/llama_genai (GroupQueryAttention,
+fused norms) quantized to 4 bits by onnxruntime's MatMulNBitsQuantizer (block 32, zero
+points; needs onnx_ir), one decode step (one token over a past of ``--past`` tokens),
+float32 and 4-bit rows side by side.
 """
 
 from __future__ import annotations
@@ -114,6 +120,60 @@ def variant(name: str, kind: str, m: onnx.ModelProto, tmp: Path) -> onnx.ModelPr
     return onnx.load(dst)
 
 
+def llama_decode(args, so) -> list[tuple[str, float]]:
+    """The decode-step rows: (kind, ours / ort) for the float32 and the 4-bit Llama."""
+    import onnxruntime as ort
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    import hetero_exec
+
+    path = ROOT / "tests" / "genai" / "models" / "llama_genai" / "model.onnx"
+    f32 = onnx.load(path)
+    q = MatMulNBitsQuantizer(onnx.load(path), block_size=32, is_symmetric=False)
+    q.process()
+    rng = np.random.default_rng(0)
+    P = args.past
+    feed = {"input_ids": np.array([[7]], np.int64),
+            "attention_mask": np.ones((1, P + 1), np.int64)}
+    for i in range(2):
+        for kv in ("key", "value"):
+            feed[f"past_key_values.{i}.{kv}"] = rng.standard_normal((1, 2, P, 16)).astype(
+                np.float32)
+    rows = []
+    for kind, m in (("f32", f32), ("nbits", q.model.model)):
+        data = m.SerializeToString()
+        ours = hetero_exec.InferenceSession(data, providers=["cpu"])
+        theirs = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        n_mm = sum(n.op_type == "MatMulNBits" for n in m.graph.node)
+        rows.append((f"llama-{kind}({n_mm} nbits)", kind, ours, theirs))
+    out = []
+    for label, kind, ours, theirs in rows:
+        a, b = ours.run(None, feed)[0], theirs.run(None, feed)[0]
+        diff = float(np.abs(np.asarray(a, np.float64) - b).max())
+        mo, mt = _interleaved(ours, theirs, feed, args)
+        out.append((kind, mo / mt))
+        print(f"{label:18} past {P:4d} {mo * 1e3:9.3f} {mt * 1e3:9.3f} {mo / mt:6.2f} "
+              f"{diff:10.2e} {_best[-1]:6.2f}", flush=True)
+    return out
+
+
+def _interleaved(ours, theirs, feed, args) -> tuple[float, float]:
+    """Median seconds of ours and onnxruntime's runs, interleaved (the ratio of the
+    fastest runs is printed too, the steadier figure on a loaded machine)."""
+    t_ours, t_ort = [], []
+    for _ in range(args.warmup):
+        ours.run(None, feed)
+        theirs.run(None, feed)
+    for _ in range(args.runs):
+        t_ours.append(_once(lambda: ours.run(None, feed)))
+        t_ort.append(_once(lambda: theirs.run(None, feed)))
+    _best.append(min(t_ours) / min(t_ort))
+    return statistics.median(t_ours), statistics.median(t_ort)
+
+
+_best: list[float] = []  # ours / ort of the fastest runs, one per row
+
+
 def _once(fn) -> float:
     t = time.perf_counter()
     fn()
@@ -127,7 +187,17 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="threads for both sides (0: each side's default); 1 reads the "
+                         "kernels alone on a machine too loaded for a split to pay")
+    ap.add_argument("--decode", action="store_true",
+                    help="the 4-bit Llama decode step only (tests/genai's tiny Llama)")
+    ap.add_argument("--past", type=int, default=63, help="--decode: tokens already in the cache")
     args = ap.parse_args()
+    if args.threads:
+        import os
+
+        os.environ["HETERO_EXEC_INTRA_OP_THREADS"] = str(args.threads)
     import onnxruntime as ort
 
     import hetero_exec
@@ -135,9 +205,15 @@ def main() -> None:
     so = ort.SessionOptions()
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.log_severity_level = 3
+    if args.threads:
+        so.intra_op_num_threads = args.threads
+    if args.decode:
+        print(f"{'model':18} {'':9} {'ours ms':>9} {'ort ms':>9} {'ratio':>6} {'max|diff|':>10} {'best':>6}")
+        llama_decode(args, so)
+        return
     ratios = []
     print(f"{'model':10} {'variant':7} {'batch':>5} {'ours ms':>9} {'ort ms':>9} "
-          f"{'ratio':>6} {'max|diff|':>10}")
+          f"{'ratio':>6} {'max|diff|':>10} {'best':>6}")
     with tempfile.TemporaryDirectory() as tmpdir:
         for name in args.models.split(","):
             base = MODELS[name]()
@@ -150,17 +226,10 @@ def main() -> None:
                     feed = inputs(name, batch)
                     a, b = ours.run(None, feed)[0], theirs.run(None, feed)[0]
                     diff = float(np.abs(np.asarray(a, np.float64) - b).max())
-                    t_ours, t_ort = [], []
-                    for _ in range(args.warmup):
-                        ours.run(None, feed)
-                        theirs.run(None, feed)
-                    for _ in range(args.runs):  # interleaved
-                        t_ours.append(_once(lambda: ours.run(None, feed)))
-                        t_ort.append(_once(lambda: theirs.run(None, feed)))
-                    mo, mt = statistics.median(t_ours), statistics.median(t_ort)
+                    mo, mt = _interleaved(ours, theirs, feed, args)
                     ratios.append((kind, mo / mt))
                     print(f"{name:10} {kind:7} {batch:5d} {mo * 1e3:9.3f} {mt * 1e3:9.3f} "
-                          f"{mo / mt:6.2f} {diff:10.2e}", flush=True)
+                          f"{mo / mt:6.2f} {diff:10.2e} {_best[-1]:6.2f}", flush=True)
     for group, rs in (("variants", [r for k, r in ratios if k != "f32"]),
                       ("f32 anchor", [r for k, r in ratios if k == "f32"])):
         if rs:

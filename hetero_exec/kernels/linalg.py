@@ -59,7 +59,7 @@ def MatMul(xp, A, B):
 def _matmul_integer(cw: CenteredWeight | None = None):
     def MatMulInteger(xp, A, B, a_zero_point=None, b_zero_point=None):
         if cw is not None and cw.serves(B, b_zero_point):
-            return (int_matmul(xp, A, B, a_zero_point, Bf=cw.Bf, b_max=cw.b_max),)
+            return (int_matmul(xp, A, B, a_zero_point, cw=cw),)
         return (int_matmul(xp, A, B, a_zero_point, b_zero_point),)
 
     return MatMulInteger
@@ -74,7 +74,7 @@ def _qlinear_matmul(cw: CenteredWeight | None = None):
     def QLinearMatMul(xp, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,
                       y_zero_point):
         if cw is not None and cw.serves(b, b_zero_point):
-            acc = int_matmul(xp, a, b, a_zero_point, Bf=cw.Bf, b_max=cw.b_max)
+            acc = int_matmul(xp, a, b, a_zero_point, cw=cw)
         else:
             acc = int_matmul(xp, a, b, a_zero_point, b_zero_point)
         # a scales are per-tensor or per-row, b (and y) per-tensor or per-column; the

@@ -118,6 +118,16 @@ def DequantizeLinear(xp, x, x_scale, x_zero_point=None, axis=1, block_size=0, ou
 
 @kernel("DynamicQuantizeLinear", since=11)
 def DynamicQuantizeLinear(xp, x):
+    if xp is np and x.dtype == np.float32 and x.size:
+        from hetero_exec.kernels.native import library
+
+        if library.available():  # one pass for the range, one to quantize (qgemm.c)
+            xc = np.ascontiguousarray(x)
+            y = np.empty(x.shape, np.uint8)
+            scale, zp = np.empty((), np.float32), np.empty((), np.uint8)
+            library.lib().he_dynamic_quantize(library.address(xc), xc.size, library.address(y),
+                                              scale.ctypes.data, zp.ctypes.data)
+            return (y, scale, zp)
     xf = x.astype(np.float32, copy=False)
     zero = np.float32(0)
     if x.size:

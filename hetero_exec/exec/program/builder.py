@@ -94,7 +94,7 @@ class ProgramBuilder:
         """A constant's place (the array kept, C-contiguous)."""
         idx = self._const_ids.get(id(array))
         if idx is None:
-            a = np.ascontiguousarray(array)
+            a = np.ascontiguousarray(array).reshape(np.shape(array))  # a 0-d stays 0-d
             dtype_code(a.dtype)
             idx = len(self.buffers)
             self.buffers.append(Buffer("const", a.nbytes, array=a, source=array))

@@ -6,5 +6,6 @@ from hetero_exec.exec.program import (  # noqa: F401
     lower_linalg,
     lower_movement,
     lower_norm,
+    lower_quant,
     lower_reduce,
 )

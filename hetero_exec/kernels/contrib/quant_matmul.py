@@ -11,17 +11,22 @@ act-order GPTQ weights) and ``bias`` ``[N]``. The product is in float32 whatever
 dtype (float16 A is upcast, the result cast back), as onnxruntime's cpu kernel does at
 its default accuracy level.
 
-Two ways to run it:
+Three ways to run it:
 
 * the kernel (the definition, for numpy and CuPy alike) dequantizes B one tile of
   `TILE_BYTES` of float32 rows at a time inside the product, so no float copy of the
   whole weight is ever made;
-* on cpu, when B, scales and zero points are constants, the ``specialize`` hook
-  dequantizes once at compile time into a float32 ``[K, N]`` matrix and runs the product
-  on it (with the packed GEMM when available). That costs ``4 * K * N`` bytes per node,
-  8x the 4-bit weight (and the packed GEMM keeps its own packed copy of the same size on
-  first use); a node whose float copy would pass `DEQUANT_ONCE_MAX_BYTES` keeps the
-  tiled kernel.
+* on cpu with the C kernels loaded, 4- and 8-bit B without g_idx run native/nbits.c,
+  which unpacks one block of codes at a time inside the product from B as the model
+  holds it (no copy of the weight at all; a decode step reads the 4-bit weight once,
+  split over the workers by columns);
+* on cpu, when B, scales and zero points are constants and A has more than
+  `NATIVE_ROWS` rows (a prompt), the ``specialize`` hook dequantizes once into a float32
+  ``[K, N]`` matrix and runs the packed float GEMM on it. That costs ``4 * K * N`` bytes
+  per node, 8x the 4-bit weight (and the packed GEMM keeps its own packed copy of the
+  same size), made on the first such call, so a session that only decodes never pays it
+  (where the C kernels are off it is made at compile time); a node whose float copy would
+  pass `DEQUANT_ONCE_MAX_BYTES` never makes it.
 """
 
 from __future__ import annotations
@@ -31,10 +36,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hetero_exec.kernels._int_gemm import CenteredWeight, centered_weight_hook, int_matmul
+from hetero_exec.kernels._int_gemm import (
+    CenteredWeight,
+    centered_weight_hook,
+    int_matmul,
+    native_product,
+)
 from hetero_exec.kernels._packed import PackedWeight, packed_product
 from hetero_exec.kernels._threads import matmul
-from hetero_exec.kernels.native import packed_gemm
+from hetero_exec.kernels.native import library, packed_gemm
 from hetero_exec.kernels.registry import KnownInput, kernel
 
 log = logging.getLogger(__name__)
@@ -43,8 +53,11 @@ MS_DOMAIN = "com.microsoft"
 
 #: float32 bytes of B dequantized per tile by the tiled kernel
 TILE_BYTES = 1 << 22
-#: the largest float32 copy of one node's weight the cpu hook makes at compile time
+#: the largest float32 copy of one node's weight the cpu hook makes
 DEQUANT_ONCE_MAX_BYTES = 256 << 20
+#: rows of A up to which the C kernel runs even where a float32 copy of B could be made
+#: (it reads 8x fewer bytes of weight; past this, the packed float GEMM's tiles win)
+NATIVE_ROWS = 16
 
 
 def unpack_codes(xp, packed: Any, bits: int) -> Any:
@@ -116,6 +129,10 @@ def MatMulNBits(xp, A, B, scales, zero_points=None, g_idx=None, bias=None, K=0, 
     _check(A, B, K, N, bits, block_size)
     lead = A.shape[:-1]
     A2 = A.reshape(-1, K).astype(np.float32, copy=False)
+    if xp is np and g_idx is None:
+        Y = native_nbits(A2, B, scales, zero_points, bias, K, N, bits, block_size)
+        if Y is not None:
+            return (Y.reshape(lead + (N,)).astype(A.dtype, copy=False),)
     Y = xp.empty((A2.shape[0], N), dtype=np.float32)
     step = _tile_rows(K, N)
     for n0 in range(0, N, step):  # one float32 tile of B at a time, never the whole matrix
@@ -123,6 +140,39 @@ def MatMulNBits(xp, A, B, scales, zero_points=None, g_idx=None, bias=None, K=0, 
         W = dequantize_rows(xp, B, scales, zero_points, g_idx, K, N, bits, block_size, n0, n1)
         Y[:, n0:n1] = matmul(xp, A2, W.T)
     return (_finish(xp, Y, bias, A.dtype, lead),)
+
+
+def native_nbits(A2: np.ndarray, B: np.ndarray, scales: np.ndarray, zero_points: Any,
+                 bias: Any, K: int, N: int, bits: int, block_size: int) -> np.ndarray | None:
+    """float32 ``A2 @ dequantize(B).T + bias`` by native/nbits.c (A2 ``[M, K]``), or None
+    where it does not run (C kernels off, 2 bits, blocks over 256, odd shapes)."""
+    if bits not in (4, 8) or block_size > 256 or not library.available() or not A2.size:
+        return None
+    kb = -(-K // block_size)
+    sc = np.ascontiguousarray(scales, dtype=np.float32).reshape(-1)
+    zp = zpf = None
+    if zero_points is not None:
+        if zero_points.dtype == np.uint8:
+            zp = np.ascontiguousarray(zero_points).reshape(-1)
+            if zp.size != N * ((kb * bits + 7) // 8):
+                return None
+        else:
+            zpf = np.ascontiguousarray(zero_points, dtype=np.float32).reshape(-1)
+            if zpf.size != N * kb:
+                return None
+    b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
+    if sc.size != N * kb or (b is not None and b.size != N):
+        return None
+    A2 = np.ascontiguousarray(A2, dtype=np.float32)
+    Bc = np.ascontiguousarray(B)
+    M = A2.shape[0]
+    Y = np.empty((M, N), np.float32)
+    parts = library.parts(N, 2.0 * M * K * N)
+    rc = library.lib().he_nbits_mt(M, N, K, library.address(A2), K, library.address(Bc),
+                                   library.address(sc), library.pointer(zp),
+                                   library.pointer(zpf), bits, block_size,
+                                   library.pointer(b), library.address(Y), N, parts)
+    return Y if rc == 0 else None
 
 
 def _constant(known: KnownInput | None) -> bool:
@@ -145,15 +195,27 @@ def _hook(xp, kwargs: dict, inputs: Sequence[KnownInput]):
         return None
     vals = [None if k is None else k.value for k in quant[:4]]
     B = vals[0]
+    native = (library.available() and bits in (4, 8) and block_size <= 256
+              and vals[3] is None)
+    made: dict[str, Any] = {}
+
+    def dequantized() -> tuple[np.ndarray, PackedWeight | None]:
+        if "W" not in made:  # the float copy: 4 * K * N bytes, 8x a 4-bit B
+            W = np.ascontiguousarray(
+                dequantize_rows(np, B, vals[1], vals[2], vals[3], K, N, bits, block_size).T)
+            made["W"] = W
+            made["pw"] = (PackedWeight(KnownInput(value=W, overridable=True))
+                          if packed_gemm.available() else None)
+        return made["W"], made["pw"]
+
     try:
         _check(None, B, K, N, bits, block_size)
-        W = np.ascontiguousarray(
-            dequantize_rows(np, B, vals[1], vals[2], vals[3], K, N, bits, block_size).T)
+        if not native:
+            dequantized()
     except (ValueError, TypeError):
         return None  # the kernel reports the error at run time
     fed = [k is not None and k.overridable for k in quant[:4]]
     consts = vals
-    pw = PackedWeight(KnownInput(value=W, overridable=True)) if packed_gemm.available() else None
 
     def MatMulNBits_dequantized(xp, A, B, scales, zero_points=None, g_idx=None, bias=None,
                                 **attrs):
@@ -164,6 +226,11 @@ def _hook(xp, kwargs: dict, inputs: Sequence[KnownInput]):
             _check(A, B, K, N, bits, block_size)
         lead = A.shape[:-1]
         A2 = A.reshape(-1, K).astype(np.float32, copy=False)
+        if native and A2.shape[0] <= NATIVE_ROWS:
+            Y = native_nbits(A2, B, scales, zero_points, bias, K, N, bits, block_size)
+            if Y is not None:
+                return (Y.reshape(lead + (N,)).astype(A.dtype, copy=False),)
+        W, pw = dequantized()
         if pw is not None and pw.takes(A2, W):
             Y = packed_product(pw, A2, bias)
             if Y is not None:
@@ -208,10 +275,12 @@ DynamicQuantizeMatMul = kernel(
 def _scaled_product(xp, cw: CenteredWeight | None, A, B, a_zp, b_zp, scale, bias):
     """``scale * ((A - a_zp) @ (B - b_zp)) + bias`` in float32, the exact integer product
     on the weight centred at compile time when ``cw`` holds it for this B."""
-    if cw is not None and cw.serves(B, b_zp):
-        acc = int_matmul(xp, A, B, a_zp, Bf=cw.Bf, b_max=cw.b_max)
-    else:
-        acc = int_matmul(xp, A, B, a_zp, b_zp)
+    cw = cw if cw is not None and cw.serves(B, b_zp) else None
+    if bias is None or np.ndim(bias) <= 1:
+        Y = native_product(xp, A, B, a_zp, b_zp, cw, scale, bias)
+        if Y is not None:
+            return Y
+    acc = int_matmul(xp, A, B, a_zp, b_zp, cw=cw)
     Y = acc.astype(np.float32) * scale
     if bias is not None:
         Y += bias.astype(np.float32)
@@ -242,7 +311,7 @@ def _qgemm(cw: CenteredWeight | None = None):
         scale; requantized to y_zero_point's dtype when y_scale is given, else float32."""
         At = A.T if transA else A
         if cw is not None and cw.serves(B, b_zero_point):
-            acc = int_matmul(xp, At, B, a_zero_point, Bf=cw.Bf, b_max=cw.b_max)
+            acc = int_matmul(xp, At, B, a_zero_point, cw=cw)
         else:
             Bt = B.T if transB else B
             acc = int_matmul(xp, At, Bt, a_zero_point, b_zero_point)

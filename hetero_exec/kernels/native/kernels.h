@@ -119,6 +119,11 @@ HE_API void he_half_to_float(const uint16_t *src, float *dst, long n);
 HE_API void he_float_to_half(const float *src, uint16_t *dst, long n);
 HE_API int he_cpu_features(void);
 HE_API int he_attention_mt(const float *q, const float *k, const float *v, const float *m, const void *c, float *y, const long *dims, const long *strides, float scale, float fill, int nan_to_zero, int parts);
+HE_API long he_qgemm_pack_size(int K, int N);
+HE_API void he_qgemm_pack(int K, int N, const void *B, long rs, long cs, int b_signed, void *out);
+HE_API int he_qgemm_mt(int M, int N, int K, const void *A, long lda, int a_signed, const void *Bp, const int *a_zp, const int *b_zp, int *Yi, float *Yf, long ldy, const float *scale, const float *bias, int parts);
+HE_API void he_dynamic_quantize(const float *x, long n, void *y, float *scale, void *zp);
+HE_API int he_nbits_mt(int M, int N, int K, const float *A, long lda, const void *B, const float *scales, const void *zp, const float *zpf, int bits, int block_size, const float *bias, float *Y, long ldy, int parts);
 HE_API int he_program_run(const void *ops, int first, int count, void *const *bufs, int *err);
 
 #endif

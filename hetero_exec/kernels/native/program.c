@@ -719,6 +719,38 @@ static int run_one(const he_op *o, void *const *bufs)
     case OP_GATHER: return gather_run(o, bufs);
     case OP_KV_APPEND: return kv_append_run(o, bufs);
     case OP_GQA: return gqa_run(o, bufs);
+    case OP_NBITS: {
+        int rc = he_nbits_mt((int)o->p[0], (int)o->p[1], (int)o->p[2],
+                           (const float *)ptr_of(bufs, &o->t[1]), o->p[2], ptr_of(bufs, &o->t[2]),
+                           (const float *)ptr_of(bufs, &o->t[3]), ptr_of(bufs, &o->t[4]),
+                           (const float *)ptr_of(bufs, &o->t[5]), (int)o->p[3], (int)o->p[4],
+                           (const float *)ptr_of(bufs, &o->t[6]), (float *)ptr_of(bufs, &o->t[0]),
+                           o->p[1], o->parts);
+        return rc == -1 ? E_MEMORY : rc ? E_OP : E_NONE;
+    }
+    case OP_QGEMM: {
+        int M = (int)o->p[0], z = 0;
+        const he_tensor *tz = &o->t[3];
+        if (tz->buf >= 0) {
+            const char *zp = ptr_of(bufs, tz);
+            z = tz->dtype == DT_INT8 ? *(const int8_t *)zp : *(const uint8_t *)zp;
+        }
+        int *az = malloc(sizeof(int) * (size_t)(M > 0 ? M : 1));
+        if (!az)
+            return E_MEMORY;
+        for (int m = 0; m < M; m++)
+            az[m] = z;
+        int rc = he_qgemm_mt(M, (int)o->p[1], (int)o->p[2], ptr_of(bufs, &o->t[1]), o->p[2],
+                             o->t[1].dtype == DT_INT8, ptr_of(bufs, &o->t[2]), az,
+                             (const int *)ptr_of(bufs, &o->t[4]), (int *)ptr_of(bufs, &o->t[0]),
+                             NULL, o->p[1], NULL, NULL, o->parts);
+        free(az);
+        return rc == -1 ? E_MEMORY : rc ? E_OP : E_NONE;
+    }
+    case OP_DQL:
+        he_dynamic_quantize((const float *)ptr_of(bufs, &o->t[3]), o->p[0], ptr_of(bufs, &o->t[0]),
+                            (float *)ptr_of(bufs, &o->t[1]), ptr_of(bufs, &o->t[2]));
+        return E_NONE;
     case OP_BIAS_ACT:
         he_last_axis_mt((float *)ptr_of(bufs, &o->t[0]), (const float *)ptr_of(bufs, &o->t[1]),
                         (int)o->p[0], (int)o->p[1], (int)o->p[2], (float)o->f[0], (float)o->f[1],

@@ -60,6 +60,10 @@ enum {
     OP_RANGE,        /* t0[i] = t1 + i * t2 */
     OP_ARGMAX,       /* t0 (int64, rows) = argmax of t1's rows (first on ties) */
     OP_ATTENTION,    /* t0 = softmax(where(t5, f0 * t1 . t2, t6) + t4) @ t3 (attention.c) */
+    OP_NBITS,        /* t0 = t1 @ dequantize(t2 codes, t3 scales, t4/t5 zero points).T + t6
+                        (MatMulNBits, nbits.c) */
+    OP_QGEMM,        /* t0 int32 = (t1 - t3 scalar) @ (packed t2 - t4 int32 [N]) (qgemm.c) */
+    OP_DQL,          /* t0, t1, t2 = DynamicQuantizeLinear(t3) (qgemm.c) */
 };
 
 enum { U_NEG = 1, U_ABS, U_SQRT, U_RECIP, U_EXP, U_LOG, U_SIGMOID, U_TANH, U_COS, U_SIN,

@@ -15,6 +15,7 @@ from onnxruntime.capi import _pybind_state as ort_c
 import hetero_exec
 from hetero_exec.errors import HeteroExecError
 from hetero_exec.kernels.contrib import quant_matmul
+from hetero_exec.kernels.native import library
 from tests._models import init, model, vi
 from tests.kernels.contrib._quant_helpers import MS, compare
 
@@ -106,8 +107,10 @@ def test_matmul_nbits_g_idx(zp, order):
 
 
 def test_matmul_nbits_tiled_kernel_on_cpu(monkeypatch):
-    """No compile-time copy (over the limit): the kernel dequantizes tiles of a few rows."""
+    """No compile-time copy (over the limit) and no C kernel: the numpy kernel dequantizes
+    tiles of a few rows."""
     monkeypatch.setattr(quant_matmul, "DEQUANT_ONCE_MAX_BYTES", 0)
+    monkeypatch.setattr(quant_matmul, "native_nbits", lambda *a: None)
     monkeypatch.setattr(quant_matmul, "TILE_BYTES", 4 * 100 * 5)  # 5 rows of B a tile
     m = nbits_model(100, 23, 4, 32, bias=True)
     compare(m, {"x": _x(100)}, providers=["cpu"], rtol=1e-4, atol=1e-4)
@@ -153,3 +156,31 @@ def test_matmul_nbits_bad_weight_is_a_typed_error():
         sess.run(None, {"x": _x(96)})
     with pytest.raises(HeteroExecError, match="MatMulNBits: B must be uint8"):
         sess.run(None, {"x": _x(96)})  # the session still answers, with the same error
+
+
+@pytest.mark.skipif(not library.available(), reason="C kernels not built")
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("block", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("zp", ["packed", "float", "none"])
+def test_matmul_nbits_native_kernel(bits, block, zp):
+    """native/nbits.c (the C kernel unpacking a block at a time) against onnxruntime: a
+    decode step (one row), a few rows, and past NATIVE_ROWS (the float copy's GEMM), with
+    K off the blocks, N odd, bias. The CI reruns it with HETERO_EXEC_ISA=avx2 and baseline."""
+    if bits == 8 and zp == "float":
+        pytest.skip("onnxruntime's cpu runs no 8-bit MatMulNBits with float zero points")
+    K, N = 3 * block + 5, 37
+    m = nbits_model(K, N, bits, block, symmetric=zp == "none", zp=zp, bias=True, seed=block)
+    for rows in [(1, 1), (2, 3), (1, quant_matmul.NATIVE_ROWS + 3)]:
+        compare(m, {"x": _x(K, rows=rows)}, providers=["cpu"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not library.available(), reason="C kernels not built")
+def test_matmul_nbits_native_matches_definition_without_hook():
+    """The C kernel on a fed (non-constant) weight, against the numpy tiled definition."""
+    rng = np.random.default_rng(9)
+    K, N, block = 300, 70, 32
+    B, sc, zp = quantized(rng.standard_normal((K, N)).astype(np.float32), 4, block, False)
+    A = rng.standard_normal((3, K)).astype(np.float32)
+    got = quant_matmul.native_nbits(A, B, sc, zp, None, K, N, 4, block)
+    W = quant_matmul.dequantize_rows(np, B, sc, zp, None, K, N, 4, block)
+    np.testing.assert_allclose(got, A @ W.T, rtol=1e-4, atol=1e-4)

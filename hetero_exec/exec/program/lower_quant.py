@@ -1,0 +1,121 @@
+"""Quantized products as records of a program.
+
+MatMulInteger on a constant 8-bit weight (scalar zero point of A) as one record on
+native/qgemm.c's integer GEMM, reusing the weight its kernel packed; DynamicQuantizeLinear
+of float32 as one record (qgemm.c). With the element-wise lowerings, a
+``quantize_dynamic`` model's step then runs as one program.
+
+MatMulNBits (com.microsoft, 4 or 8 bits) as one record on native/nbits.c: its weight,
+scales and zero points constants of the plan, A float32 and at most
+kernels/contrib/quant_matmul.NATIVE_ROWS rows (a decode step; a prompt's product stays
+the kernel's, on the float copy's GEMM). A decoder quantized to 4 bits then runs its
+step as one program, as the float32 one does."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetero_exec.exec.program.lower_linalg import _f32, _weight
+from hetero_exec.exec.program.place import NotLowered
+from hetero_exec.exec.program.registry import lowers
+from hetero_exec.kernels import _int_gemm
+from hetero_exec.kernels.contrib import quant_matmul
+from hetero_exec.kernels.native import library
+
+_BYTES = (np.dtype(np.uint8), np.dtype(np.int8))
+
+
+@lowers("DynamicQuantizeLinear")
+def dynamic_quantize_linear(b, st, ins, outs):
+    if not library.available():
+        raise NotLowered("no C library")
+    _f32(ins[0])
+    x = b.contiguous(ins[0])
+    y, scale, zp = b.like(outs[0]), b.like(outs[1]), b.like(outs[2])
+    b.emit("OP_DQL", tensors=[y, scale, zp, x], p=[x.size])
+    return [y, scale, zp]
+
+
+@lowers("MatMulInteger")
+def matmul_integer(b, st, ins, outs):
+    if not library.available():
+        raise NotLowered("no C library")
+    A = ins[0]
+    weight = _weight(b, st, 1)
+    if A.dtype not in _BYTES or weight is None or weight.ndim != 2 or weight.dtype not in _BYTES:
+        raise NotLowered("MatMulInteger without a constant 2-D 8-bit weight")
+    azp = ins[2] if len(ins) > 2 else None
+    if azp is not None and azp.size != 1:
+        raise NotLowered("MatMulInteger with a zero point per row of A")
+    bzp = None
+    if len(ins) > 3 and ins[3] is not None:
+        bzp = _weight(b, st, 3)
+        if bzp is None:
+            raise NotLowered("MatMulInteger with a fed zero point of B")
+    K, N = weight.shape
+    if len(A.shape) < 2 or A.shape[-1] != K:
+        raise NotLowered(f"MatMulInteger of A {A.shape} and B {weight.shape}")
+    cw = getattr(st.fn, "centered_weight", None)
+    packed = cw.packed if cw is not None and cw.source is weight and not cw.transpose else None
+    if packed is None or not (bzp is None and cw.zero_point is None or bzp is not None
+                              and cw.zero_point is not None
+                              and np.array_equal(bzp, cw.zero_point)):
+        packed = _int_gemm.PackedInt8(weight, bzp)
+    if packed.zp is None:
+        raise NotLowered("MatMulInteger with a zero point of B of another shape")
+    A2 = b.contiguous(A)
+    M = A2.size // K
+    out = b.like(outs[0])
+    b.emit("OP_QGEMM", tensors=[out, A2, b.const(packed.packed),
+                                None if azp is None else b.contiguous(azp), b.const(packed.zp)],
+           p=[M, N, K], parts=b.parts(-(-N // 32) * -(-M // 64), 0.5 * M * K * N))
+    return [out]
+
+
+@lowers("MatMulNBits", domain=quant_matmul.MS_DOMAIN)
+def matmul_nbits(b, st, ins, outs):
+    if not library.available():
+        raise NotLowered("no C library")
+    kw = st.kwargs
+    K, N = int(kw.get("K", 0)), int(kw.get("N", 0))
+    bits, block = int(kw.get("bits", 4)), int(kw.get("block_size", 0))
+    if bits not in (4, 8) or not 16 <= block <= 256 or block & (block - 1):
+        raise NotLowered(f"MatMulNBits of {bits} bits, blocks of {block}")
+    if len(ins) > 4 and ins[4] is not None:
+        raise NotLowered("MatMulNBits with g_idx")
+    A = ins[0]
+    _f32(A)
+    if outs[0].dtype != np.float32 or A.shape[-1] != K:
+        raise NotLowered("MatMulNBits not float32 [.., K]")
+    M = A.size // max(K, 1)
+    if M > quant_matmul.NATIVE_ROWS or M == 0:
+        raise NotLowered(f"MatMulNBits of {M} rows")
+    B, scales = _weight(b, st, 1), _weight(b, st, 2)
+    zp = _weight(b, st, 3) if len(ins) > 3 and ins[3] is not None else None
+    if B is None or scales is None or (len(ins) > 3 and ins[3] is not None and zp is None):
+        raise NotLowered("MatMulNBits whose weight is not a constant")
+    kb = -(-K // block)
+    if B.dtype != np.uint8 or B.size != N * kb * block * bits // 8 or scales.size != N * kb:
+        raise NotLowered("MatMulNBits with a weight of the wrong size")  # the kernel says why
+    zpb = zpf = None
+    if zp is not None and zp.dtype == np.uint8:
+        if zp.size != N * ((kb * bits + 7) // 8):
+            raise NotLowered("MatMulNBits zero points of the wrong size")
+        zpb = b.const(np.ascontiguousarray(zp).reshape(-1))
+    elif zp is not None:
+        if zp.size != N * kb:
+            raise NotLowered("MatMulNBits zero points of the wrong size")
+        zpf = b.const(np.ascontiguousarray(zp, dtype=np.float32).reshape(-1))
+    bias = ins[5] if len(ins) > 5 else None
+    if bias is not None:
+        _f32(bias)
+        if bias.size != N:
+            raise NotLowered(f"a MatMulNBits bias of {bias.shape}")
+        bias = b.contiguous(bias)
+    A2 = b.contiguous(A)
+    out = b.like(outs[0])
+    b.emit("OP_NBITS", tensors=[out, A2, b.const(np.ascontiguousarray(B).reshape(-1)),
+                                b.const(np.ascontiguousarray(scales, dtype=np.float32)
+                                        .reshape(-1)), zpb, zpf, bias],
+           p=[M, N, K, bits, block], parts=b.parts(N, 2.0 * M * K * N))
+    return [out]
