@@ -7,12 +7,12 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from hetero_exec.exec.chain import SegmentChain
-from hetero_exec.exec.plan import declared_dtype, static_shape
+from hetero_exec.exec.subgraph import declared_dtype, static_shape
 from hetero_exec.ir.graph import Graph
 
 
 class PlacedSubgraph:
-    """Duck-types exec.plan.Subgraph: ``run(scope, inputs) -> outputs``."""
+    """Duck-types exec.subgraph.Subgraph: ``run(scope, inputs) -> outputs``."""
 
     def __init__(self, body: Graph, outer_slots: dict[str, int], providers: Sequence[Any],
                  fold_constants: bool = True):

@@ -1,4 +1,4 @@
-"""If, Loop and Scan: kernels that run compiled bodies (`exec.plan.Subgraph`).
+"""If, Loop and Scan: kernels that run compiled bodies (`exec.subgraph.Subgraph`).
 
 ``scope`` is the enclosing run's slot list; bodies read their outer-scope captures
 from it, so concurrent runs never share state.
