@@ -339,8 +339,10 @@ def serve_ingress_env() -> dict[str, str]:
 HAPROXY_BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
 #: a request whose replica died under it (no answer, a cut connection, a gateway
 #: error) is sent again to another replica (Serve's template has ``option redispatch
-#: 1``), at most twice; an answer the app gave, a 500 included, is never retried.
-#: Inference is idempotent. HAProxy retries only requests that fit in its buffer.
+#: 1``), at most twice. Of the app's own answers only its 503s are retried (a stage
+#: actor lost, a generation's cache refused for now: nothing was run or sent); a 500 or
+#: a 4xx is the answer. Inference is idempotent. HAProxy retries only requests that fit
+#: in its buffer.
 HAPROXY_RETRY_ENVS = {"RAY_SERVE_HAPROXY_RETRY_ON":
                       "conn-failure empty-response junk-response 502 503 504",
                       "RAY_SERVE_HAPROXY_RETRIES": "2"}
