@@ -23,7 +23,7 @@ import ray
 from actors.generation.group import GroupSpec, Job
 from hetero_exec.errors import ActorError
 from hetero_exec.genai.errors import GenaiError, GenerationInputError
-from hetero_exec.genai.widths import check_rows, leading
+from hetero_exec.genai.widths import TokenRows, check_rows, leading
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 POLL_S = 1.0
 
 
-class RemoteGenerator:
+class RemoteGenerator(TokenRows):
     def __init__(self, model: Any, params: Any, capacity: int):
         from hetero_exec.genai.search import SearchOptions
 
@@ -180,17 +180,7 @@ class RemoteGenerator:
             self.generate_next_token()
             yield self.get_next_tokens()
 
-    def is_done(self) -> bool:
-        return self._length >= self.capacity or bool((self._end >= 0).all())
 
-    def get_next_tokens(self) -> np.ndarray:
-        return self._ids[:, self._length - 1].copy() if self._length else np.zeros(0, np.int64)
-
-    def get_sequence(self, index: int) -> np.ndarray:
-        if not 0 <= index < self.batch:
-            raise GenerationInputError(f"sequence {index} of a batch of {self.batch}")
-        end = self._end[index] if self._end[index] >= 0 else self._length
-        return self._ids[index, self._start[index]:end].copy()
 
     def get_logits(self) -> np.ndarray:
         raise GenaiError("get_logits is not available on executor='ray': the last stage "

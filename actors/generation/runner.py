@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from hetero_exec.exec.chain import move_value
 from hetero_exec.genai.runner import StepRunner
 from hetero_exec.kernels._threads import intra_op_threads, run_threads
 
@@ -27,17 +26,5 @@ class StageRunner(StepRunner):
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:  # type: ignore[override]
         with intra_op_threads(self.threads), run_threads():
-            env = dict(feeds)
-            where: dict[str, Any] = dict(self._resident)
-            for prov, plan, bound in self.segments:
-                args = []
-                for name, _slot in plan.input_slots:
-                    v = env.get(name)
-                    if v is not None and name not in self._passthrough and where.get(name) is not prov:
-                        v = move_value(v, where.get(name), prov)
-                    args.append(v)
-                outs = bound.run(args)
-                for name, v in zip(plan.output_names, outs):
-                    env[name] = v
-                    where[name] = prov
+            env = self.values(feeds)
             return {n: env[n] for n in self.outputs}

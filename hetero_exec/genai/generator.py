@@ -23,6 +23,7 @@ from hetero_exec.genai.search import Sampler, SearchOptions
 from hetero_exec.genai.widths import (  # noqa: F401  (MIN_WIDTH..: public here before)
     MIN_WIDTH,
     WIDTHS_PER_DOUBLING,
+    TokenRows,
     check_rows,
     decode_width,
     leading,
@@ -45,7 +46,7 @@ class GeneratorParams:
         """onnxruntime-genai's (deprecated) call: every step here is bound already."""
 
 
-class Generator:
+class Generator(TokenRows):
     def __new__(cls, model: Model, params: GeneratorParams):
         if getattr(model, "remote", None) is not None:  # executor="ray": the stage actors'
             opts = params.search
@@ -230,19 +231,9 @@ class Generator:
             return None
         return [(e, short) for e in self.model.eos_token_ids]
 
-    def is_done(self) -> bool:
-        return self._length >= self.capacity or bool((self._end >= 0).all())
 
     # -- tokens out ------------------------------------------------------------------
 
-    def get_next_tokens(self) -> np.ndarray:
-        return self._ids[:, self._length - 1].copy() if self._length else np.zeros(0, np.int64)
-
-    def get_sequence(self, index: int) -> np.ndarray:
-        if not 0 <= index < self.batch:
-            raise GenerationInputError(f"sequence {index} of a batch of {self.batch}")
-        end = self._end[index] if self._end[index] >= 0 else self._length
-        return self._ids[index, self._start[index]:end].copy()
 
     def get_logits(self) -> np.ndarray:
         """The logits for the next token, [batch, vocab], on the host (the last token is

@@ -70,6 +70,11 @@ class StepRunner:
         return step
 
     def _run(self, feeds: Mapping[str, Any]) -> Any:
+        return self.values(feeds)[self.output]
+
+    def values(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        """Every value of a step by name (the feeds and each segment's outputs), each on
+        the provider that made it; call within `run`'s thread settings."""
         env = dict(feeds)
         where: dict[str, Any] = dict(self._resident)
         passthrough = self._passthrough
@@ -84,7 +89,7 @@ class StepRunner:
             for name, v in zip(plan.output_names, outs):
                 env[name] = v
                 where[name] = prov
-        return env[self.output]
+        return env
 
 
 def _direct(plan: Any, args: list[Any], out_slot: int) -> Callable[[], Any] | None:

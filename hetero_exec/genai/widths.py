@@ -1,5 +1,6 @@
 """The generator's shape rules, shared by the in-process generator and the stage
-actors of `executor="ray"` (Ray-free, no model): decode widths, token rows."""
+actors of `executor="ray"` (Ray-free, no model): decode widths, token rows, and the
+token bookkeeping both generators answer from (`TokenRows`)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,28 @@ def check_rows(tokens: Any, batch: int, vocab: int | None, pad: int, first: bool
         raise GenerationInputError(f"token id {int(arr[i, j])} (sequence {i}, position {j}) "
                                    f"is outside the vocabulary [0, {vocab})")
     return arr.astype(np.int64)
+
+
+class TokenRows:
+    """What a generator answers from its token rows: ``_ids`` [batch, capacity], the
+    ``_length`` filled, each row's first real position ``_start`` and its end ``_end``
+    (-1 while it runs)."""
+
+    _ids: np.ndarray
+    _length: int
+    _start: np.ndarray
+    _end: np.ndarray
+    capacity: int
+    batch: int
+
+    def is_done(self) -> bool:
+        return self._length >= self.capacity or bool((self._end >= 0).all())
+
+    def get_next_tokens(self) -> np.ndarray:
+        return self._ids[:, self._length - 1].copy() if self._length else np.zeros(0, np.int64)
+
+    def get_sequence(self, index: int) -> np.ndarray:
+        if not 0 <= index < self.batch:
+            raise GenerationInputError(f"sequence {index} of a batch of {self.batch}")
+        end = self._end[index] if self._end[index] >= 0 else self._length
+        return self._ids[index, self._start[index]:end].copy()

@@ -28,19 +28,6 @@ typedef struct {
     int failed;
 } rows_args;
 
-static float dot(const float *a, const float *b, int64_t n)
-{
-    vf acc = vzero();
-    int64_t k = 0;
-    for (; k + VW <= n; k += VW)
-        acc = vfma(vloadu(a + k), vloadu(b + k), acc);
-    if (k < n) {
-        lanes_t l = first_lanes((int)(n - k));
-        acc = vfma(vload_lanes(l, a + k), vload_lanes(l, b + k), acc);
-    }
-    return vreduce_add(acc);
-}
-
 /* scores[0, n) of keys lo.. of one row: q (D values, unit stride) against K */
 static void scores_of(const attention_t *a, const float *q, const float *K, int64_t lo,
                       int64_t n, float *sc)
@@ -48,7 +35,7 @@ static void scores_of(const attention_t *a, const float *q, const float *K, int6
     const int64_t D = a->D, key = a->ks[2], dim = a->ks[3];
     if (dim == 1) {
         for (int64_t j = 0; j < n; j++)
-            sc[j] = dot(q, K + (lo + j) * key, D);
+            sc[j] = vdot(q, K + (lo + j) * key, D);
     } else if (key == 1) { /* K^T: vectors of keys held in registers over the dims */
         const float *k0 = K + lo;
         int64_t j = 0;

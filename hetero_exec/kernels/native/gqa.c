@@ -52,19 +52,6 @@ static void rotate(const float *x, float *y, int64_t H, int64_t rd, int interlea
             y[i] = x[i];
 }
 
-static float dot(const float *a, const float *b, int64_t n)
-{
-    vf acc = vzero();
-    int64_t k = 0;
-    for (; k + VW <= n; k += VW)
-        acc = vfma(vloadu(a + k), vloadu(b + k), acc);
-    if (k < n) {
-        lanes_t l = first_lanes((int)(n - k));
-        acc = vfma(vload_lanes(l, a + k), vload_lanes(l, b + k), acc);
-    }
-    return vreduce_add(acc);
-}
-
 /* query rows of (b, h) pairs [i0, i1): scores, softmax, the weighted values */
 static void attend_task(void *arg, int i0, int i1)
 {
@@ -98,7 +85,7 @@ static void attend_task(void *arg, int i0, int i1)
                 lo = 0;
             const int n = (int)(hi - lo + 1);
             for (int64_t j = lo; j <= hi; j++) {
-                float sc = dot(q, K + j * H, H) * alpha;
+                float sc = vdot(q, K + j * H, H) * alpha;
                 if (softcap > 0.0f)
                     sc = tanhf(sc / softcap) * softcap;
                 scores[j - lo] = sc;

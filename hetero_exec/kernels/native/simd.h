@@ -325,4 +325,18 @@ ALWAYS_INLINE void vscatter(float *p, vidx stride, int n, vf v)
 }
 #endif
 
+/* a . b over n floats (unit strides), a vector at a time, the tail by a lane mask */
+ALWAYS_INLINE float vdot(const float *a, const float *b, int64_t n)
+{
+    vf acc = vzero();
+    int64_t k = 0;
+    for (; k + VW <= n; k += VW)
+        acc = vfma(vloadu(a + k), vloadu(b + k), acc);
+    if (k < n) {
+        lanes_t l = first_lanes((int)(n - k));
+        acc = vfma(vload_lanes(l, a + k), vload_lanes(l, b + k), acc);
+    }
+    return vreduce_add(acc);
+}
+
 #endif
