@@ -221,6 +221,15 @@ static void pad_task(void *args, int p0, int p1)
                         _mm512_storeu_ps(op + q, _mm512_permutex2var_ps(lo, even, hi));
                     }
                 }
+#elif defined(HE_ISA_AVX2)
+                if (a->sw == 2) { /* 8 columns of a phase from 16 of the row */
+                    for (; q + 8 <= q_hi; q += 8) {
+                        long col = 2L * q + p - a->pl;
+                        int left = a->W - (int)col;
+                        vstoreu(op + q, even_lanes(vload_lanes(first_lanes(left), xr + col),
+                                                   vload_lanes(first_lanes(left - 8), xr + col + 8)));
+                    }
+                }
 #endif
                 for (; q < q_hi; q++)
                     op[q] = xr[q * a->sw + p - a->pl];

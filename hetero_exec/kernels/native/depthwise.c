@@ -189,6 +189,11 @@ static inline void pad_plane(const dw_args *a, const chunk_t *chunks, int n, con
                 v = _mm512_mask_i32gather_ps(fill, m, col, xr, 4);
             }
 #else
+#if defined(HE_ISA_AVX2)
+            else if (sw == 2)
+                v = even_lanes(vload_lanes_or(fill, c.mask & 0xFF, xr + c.col0),
+                               vload_lanes_or(fill, (c.mask >> 8) & 0xFF, xr + c.col0 + 8));
+#endif
             else {
                 float t[VW];
                 for (int i = 0; i < VW; i++) {

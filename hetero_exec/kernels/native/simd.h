@@ -209,6 +209,13 @@ ALWAYS_INLINE float vreduce_add(vf a)
     return _mm_cvtss_f32(s);
 }
 ALWAYS_INLINE vf vround(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* the even lanes of lo then of hi (a stride-2 row's one phase): one shuffle within the
+ * 128-bit halves, one permute across them */
+ALWAYS_INLINE vf even_lanes(vf lo, vf hi)
+{
+    __m256 e = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)); /* l0 l2 h0 h2 l4 l6 h4 h6 */
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
+}
 ALWAYS_INLINE vf vscale2(vf p, vf n)
 {
     return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p),
