@@ -14,8 +14,8 @@ from hetero_exec.exec.program.place import NotLowered, Place, coalesce
 from hetero_exec.exec.program.registry import lowers
 from hetero_exec.kernels import _threads
 from hetero_exec.kernels.fused import FUSED_DOMAIN
-from hetero_exec.kernels.native import ACT_CODES, ACT_DEFAULTS, library, packed_gemm
-from hetero_exec.kernels.native.activation import activation_args
+from hetero_exec.kernels.native import library, packed_gemm
+from hetero_exec.kernels.native.activation import NO_ACTIVATION, activation_args
 
 F32 = np.dtype(np.float32)
 #: a product of this many FLOPs or more goes to OpenBLAS (below, the loops' own cost
@@ -27,14 +27,6 @@ def _f32(*places) -> None:
     for p in places:
         if p is None or p.dtype != F32:
             raise NotLowered(f"a product of {None if p is None else p.dtype}")
-
-
-def _act(activation: str, params) -> tuple[int, float, float]:
-    code = ACT_CODES.get(activation or "")
-    if code is None:
-        raise NotLowered(f"activation {activation!r}")
-    p0, p1 = params if params else ACT_DEFAULTS.get(activation, (0.0, 0.0))
-    return code, float(p0), float(p1)
 
 
 def packed(b, weight: np.ndarray, shared=None) -> Place:
@@ -59,7 +51,10 @@ def product(b, A: Place, B: Place, out_example: np.ndarray, bias: Place | None =
         if bias.size != out_example.shape[-1] or len(bias.shape) > 1 and bias.size != bias.shape[-1]:
             raise NotLowered(f"a bias of {bias.shape}")
         bias = b.contiguous(bias)
-    code, p0, p1 = _act(activation, params)
+    full = activation_args(activation or "", params)
+    if full is None:
+        raise NotLowered(f"activation {activation!r}")
+    code, p0, p1 = full
     out = b.like(out_example)
     if len(A.shape) < 2 or len(B.shape) < 2:
         raise NotLowered("a product of vectors")
@@ -68,8 +63,7 @@ def product(b, A: Place, B: Place, out_example: np.ndarray, bias: Place | None =
         A2 = b.contiguous(A)
         M = A2.size // K
         store = activation_args(activation, params, store_only=True)
-        c = b.codes
-        act, lo, hi = store if store is not None else (c["ACT_NONE"], 0.0, 0.0)
+        act, lo, hi = store if store is not None else NO_ACTIVATION
         items = -(-M // packed_gemm.MR_RIGHT) if M >= 8 * packed_gemm.MR_RIGHT else -(-N // packed_gemm.NR)
         b.emit("OP_GEMM_PACKED", tensors=[out, A2, packed(b, weight, shared), bias, None],
                p=[M, N, K, K, N, act, N], f=[lo, hi],
