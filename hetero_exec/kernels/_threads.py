@@ -1,7 +1,10 @@
 """Our threads and the BLAS's for a run, on machines with few cores: how many cores a
 run may use, how runs nest and overlap, which pool splits a lone run's products, and
-the helper pool that splits products and kernels' blocks. The BLAS library itself
-(discovery, its thread count, OpenBLAS's spin, its CBLAS addresses) is kernels/_blas.py.
+how products and kernels' blocks are split. Apart, each a concern of its own: the BLAS
+library (discovery, its thread count, OpenBLAS's spin, its CBLAS addresses) in
+kernels/_blas.py, the core count in _cores.py, the helper pool and its hand-off in
+_helper_pool.py, and whether a lone run's BLAS products split on the C workers in
+_c_workers_split.py.
 
 OpenBLAS splits each GEMM statically over its workers, and its workers spin-wait for a
 while after every call. On a 2-core machine shared with other processes both hurt: a
@@ -48,11 +51,11 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
-from hetero_exec.kernels import _blas
+from hetero_exec.kernels import _blas, _c_workers_split
 from hetero_exec.kernels._blas import (  # noqa: F401 (the BLAS's, re-exported for callers)
     DEFAULT_SPIN_EXPONENT,
     SPIN_ENV,
@@ -61,6 +64,13 @@ from hetero_exec.kernels._blas import (  # noqa: F401 (the BLAS's, re-exported f
     blas_libs,
     blas_threads,
 )
+from hetero_exec.kernels._c_workers_split import (  # noqa: F401 (re-exported for callers)
+    SPLIT_ENV,
+    blas_split_on_c_workers,
+    register_c_blas_split,
+)
+from hetero_exec.kernels._cores import cores
+from hetero_exec.kernels._helper_pool import helper_pool, run_parts
 
 log = logging.getLogger(__name__)
 
@@ -71,32 +81,21 @@ PARALLEL_FLOPS = 16e6
 ALONE_FLOPS = 4e6
 #: least rows (or columns) per part when a product is split
 _MIN_PART = 16
-#: "0" (or "false", "off", "no"): a lone run's products split on the BLAS's own threads
-SPLIT_ENV = "HETERO_EXEC_BLAS_SPLIT"
-
 _LOCK = threading.Lock()
 _depth = 0  # runs inside run_threads or single_blas_thread, all threads together
 _single_thread_holders = 0  # of them, single_blas_thread's
 _held = False  # the BLAS at one thread now (our pool splits)
 _blas_on_c_workers = False  # a run alone now: its BLAS products split on the C workers
-_split_on_c_workers: bool | None = None
-#: native/blas_split.blas_matmul, once `blas_split_on_c_workers` says yes
-_blas_matmul: Callable[..., Any] | None = None
 _NESTED = threading.local()  # a thread's own depth: only its outermost entry counts
 _saved: list[int] = []
-_pool: ThreadPoolExecutor | None = None
-_pool_free: threading.Semaphore | None = None
 
 
 def _after_fork_in_child() -> None:
-    """A forked child has none of the parent's threads: a fresh lock and pool (the old
-    pool's threads do not exist there, so a split would wait for ever), no run inside,
-    and the BLAS count a run of the parent was holding given back."""
-    global _LOCK, _depth, _single_thread_holders, _held, _pool, _pool_free, _NESTED, _affinity
-    global _blas_on_c_workers
+    """A forked child has none of the parent's threads: a fresh lock, no run inside, and
+    the BLAS count a run of the parent was holding given back (the helper pool and the
+    core count reset themselves: _helper_pool.py, _cores.py)."""
+    global _LOCK, _depth, _single_thread_holders, _held, _NESTED, _blas_on_c_workers
     _LOCK = threading.Lock()
-    _affinity = None
-    _pool, _pool_free = None, None
     if _depth and _blas._libs:
         for lib, n in zip(_blas._libs, _saved):
             lib.set_num_threads(n)
@@ -106,30 +105,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def cores() -> int:
-    """Threads a product or a kernel's blocks are split over: the cores this process may
-    use, at most HETERO_EXEC_INTRA_OP_THREADS when set (1: never split). The affinity is
-    read once per process (and again in a forked child): every split asks, and reading it
-    cost 2.5 us a call."""
-    global _affinity
-    cap = os.environ.get("HETERO_EXEC_INTRA_OP_THREADS", "")
-    if _affinity is None:
-        try:
-            _affinity = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            _affinity = os.cpu_count() or 1
-    n = _affinity
-    if cap.strip():
-        try:
-            n = min(n, max(1, int(cap)))
-        except ValueError:
-            log.warning("HETERO_EXEC_INTRA_OP_THREADS=%r is not a number: ignored", cap)
-    return n
-
-
-_affinity: int | None = None  # the cores of this process's affinity mask, once read
 
 
 _WIDTH = threading.local()  # a run's own cap on its split (intra_op_threads)
@@ -227,49 +202,9 @@ def _entered(hold: bool) -> Iterator[None]:
                 _held = _blas_on_c_workers = False
 
 
-#: (blas_matmul, available) of native/blas_split.py, which registers them when imported
-#: (`register_c_blas_split`): this module imports nothing of native/, which imports it
-_c_workers_blas_split: tuple[Callable[..., Any], Callable[[], bool]] | None = None
-
-
-def register_c_blas_split(matmul: Callable[..., Any], available: Callable[[], bool]) -> None:
-    """The C workers' BLAS split (native/blas_split.blas_matmul) and whether the library
-    is loaded: what `blas_split_on_c_workers` decides from."""
-    global _c_workers_blas_split
-    _c_workers_blas_split = (matmul, available)
-
-
-def blas_split_on_c_workers() -> bool:
-    """Whether a run alone splits its BLAS products on gemm.c's workers (native/blas.c),
-    with the BLAS at one thread, rather than on the BLAS's own threads: numpy's OpenBLAS
-    and the C kernels available, and ``HETERO_EXEC_BLAS_SPLIT`` not off. Decided once per
-    process."""
-    global _split_on_c_workers
-    if _split_on_c_workers is None:
-        split = _c_workers_blas_split
-        off = os.environ.get(SPLIT_ENV, "").strip().lower() in ("0", "false", "off", "no")
-        _split_on_c_workers = bool(not off and _blas.blas_gemm() is not None and split is not None
-                         and split[1]())
-        if _split_on_c_workers:
-            global _blas_matmul
-            _blas_matmul = split[0]
-        log.debug("BLAS products of a lone run split on %s",
-                  "gemm.c's workers" if _split_on_c_workers else "the BLAS's own threads")
-    return _split_on_c_workers
-
-
 def _helpers() -> tuple[ThreadPoolExecutor, threading.Semaphore] | None:
-    """The pool that takes the other parts of a split product (cores - 1 threads)."""
-    global _pool, _pool_free
-    if _pool is None:
-        n = cores() - 1
-        if n < 1:
-            return None
-        with _LOCK:
-            if _pool is None:
-                _pool_free = threading.Semaphore(n)
-                _pool = ThreadPoolExecutor(n, thread_name_prefix="hetero_exec-gemm")
-    return _pool, _pool_free
+    """The pool that takes the other parts of a split (cores - 1 threads)."""
+    return helper_pool(cores() - 1)
 
 
 def matmul(xp, a, b, out=None):
@@ -288,8 +223,9 @@ def matmul(xp, a, b, out=None):
     if xp is not np or a.ndim < 2 or b.ndim < 2:
         return xp.matmul(a, b, out=out)
     if not _single_thread_holders:
-        if _blas_on_c_workers and _blas_matmul is not None:
-            y = _blas_matmul(a, b, out)
+        split = _c_workers_split.blas_matmul
+        if _blas_on_c_workers and split is not None:
+            y = split(a, b, out)
             if y is not None:
                 return y
         return xp.matmul(a, b, out=out)
@@ -305,20 +241,9 @@ def matmul(xp, a, b, out=None):
     helpers = _helpers() if width > 1 else None
     if helpers is None:
         return np.matmul(a, b, out=out)
-    pool, free = helpers
     parts = min(width, n // _MIN_PART)
-    bounds = [n * i // parts for i in range(parts + 1)]
-    pieces = list(zip(bounds[:-1], bounds[1:]))
-    mine, futures = [pieces[0]], []
-    for piece in pieces[1:]:
-        if free.acquire(blocking=False):
-            futures.append(pool.submit(_part, free, a, b, out, by_rows, *piece))
-        else:
-            mine.append(piece)
-    for p0, p1 in mine:
-        _product(a, b, out, by_rows, p0, p1)
-    for f in futures:
-        f.result()
+    run_parts(helpers, [n * i // parts for i in range(parts + 1)],
+              lambda p0, p1: _product(a, b, out, by_rows, p0, p1))
     return out
 
 
@@ -339,26 +264,7 @@ def parallel_for(xp, n: int, work: Callable[[int, int], None], flops: float,
     if helpers is None:
         work(0, n)
         return
-    pool, free = helpers
-    bounds = [n * i // parts for i in range(parts + 1)]
-    pieces = list(zip(bounds[:-1], bounds[1:]))
-    mine, futures = [pieces[0]], []
-    for piece in pieces[1:]:
-        if free.acquire(blocking=False):
-            futures.append(pool.submit(_run_part, free, work, *piece))
-        else:
-            mine.append(piece)
-    for i0, i1 in mine:
-        work(i0, i1)
-    for f in futures:
-        f.result()
-
-
-def _run_part(free: threading.Semaphore, work: Callable[[int, int], None], i0: int, i1: int):
-    try:
-        work(i0, i1)
-    finally:
-        free.release()
+    run_parts(helpers, [n * i // parts for i in range(parts + 1)], work)
 
 
 def split_parts(n: int, flops: float, least: int = 1, alone: bool = True,
@@ -380,10 +286,3 @@ def _product(a, b, out, by_rows: bool, p0: int, p1: int) -> None:
         np.matmul(a[..., p0:p1, :], b, out=out[..., p0:p1, :])
     else:
         np.matmul(a, b[..., p0:p1], out=out[..., p0:p1])
-
-
-def _part(free: threading.Semaphore, a, b, out, by_rows: bool, p0: int, p1: int) -> None:
-    try:
-        _product(a, b, out, by_rows, p0, p1)
-    finally:
-        free.release()

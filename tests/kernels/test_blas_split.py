@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from hetero_exec.kernels import _threads
+from hetero_exec.kernels import _c_workers_split, _threads
 from hetero_exec.kernels.native import blas_split
 from hetero_exec.kernels.native import packed_gemm as pg
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 def split_on_c_workers(monkeypatch):
     """One pool on, every product worth a split."""
-    monkeypatch.setattr(_threads, "_split_on_c_workers", None)
+    monkeypatch.setattr(_c_workers_split, "_split_on_c_workers", None)
     monkeypatch.delenv(_threads.SPLIT_ENV, raising=False)
     assert _threads.blas_split_on_c_workers()
     monkeypatch.setattr(blas_split, "BLAS_SPLIT_FLOPS", 0.0)
@@ -102,7 +102,7 @@ def test_products_it_does_not_take(split_on_c_workers):
 
 
 def test_small_products_stay_on_the_calling_thread(monkeypatch):
-    monkeypatch.setattr(_threads, "_split_on_c_workers", True)
+    monkeypatch.setattr(_c_workers_split, "_split_on_c_workers", True)
     a = np.ones((8, 8), np.float32)
     with _threads.run_threads():
         assert blas_split.blas_matmul(a, a) is None  # below BLAS_SPLIT_FLOPS: one thread
@@ -153,7 +153,7 @@ def test_a_run_alone_holds_the_blas_at_one_thread_and_splits_on_the_workers(spli
 
 def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setenv(_threads.SPLIT_ENV, "0")
-    monkeypatch.setattr(_threads, "_split_on_c_workers", None)
+    monkeypatch.setattr(_c_workers_split, "_split_on_c_workers", None)
     assert _threads.blas_split_on_c_workers() is False
     with _threads.run_threads():
         assert not _threads._blas_on_c_workers

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from hetero_exec.kernels import _threads
+from hetero_exec.kernels import _c_workers_split, _threads
 from hetero_exec.kernels._threads import blas_threads, matmul, single_blas_thread
 
 
@@ -204,7 +204,7 @@ def test_a_run_alone_gives_the_blas_its_width_and_overlapping_runs_hold_it(monke
         pytest.skip("no BLAS thread control here")
     monkeypatch.setattr(_threads, "cores", lambda: 2)
     # (with one pool a lone run holds the BLAS at one thread too: tests/kernels/test_blas_split.py)
-    monkeypatch.setattr(_threads, "_split_on_c_workers", False)
+    monkeypatch.setattr(_c_workers_split, "_split_on_c_workers", False)
     with run_threads():
         assert blas_threads() == 2  # alone: the BLAS splits the run's products itself
     with intra_op_threads(1), run_threads():

@@ -1,5 +1,5 @@
 """numpy's own BLAS GEMM, held at one thread, split over the C library's workers
-(native/blas.c): one pool of threads for a whole run (kernels/_threads.py's `blas_split_on_c_workers`).
+(native/blas.c): one pool of threads for a whole run (kernels/_c_workers_split.py).
 In a run alone the workers take the products that stay on OpenBLAS too, as one-thread
 BLAS calls, instead of OpenBLAS's own spinning pool beside ours.
 """
@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from hetero_exec.kernels import _threads
+from hetero_exec.kernels import _c_workers_split, _threads
 from hetero_exec.kernels.native import library
 from hetero_exec.kernels.native.library import address
 from hetero_exec.kernels.native.library import lib as _lib
@@ -124,4 +124,4 @@ def blas_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> 
 _BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-_threads.register_c_blas_split(blas_matmul, library.available)
+_c_workers_split.register_c_blas_split(blas_matmul, library.available)
