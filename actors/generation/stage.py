@@ -30,6 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 import ray
 
+from actors.generation.channel import LINKS, StageLink, socket_name
 from actors.generation.group import GroupSpec, Job, StageGroup
 from actors.generation.runner import StageRunner
 from actors.generation.split import StagePart
@@ -61,6 +62,7 @@ class GenerationStage:
         self.groups: dict[str, StageGroup] = {}
         self.reserved: dict[str, int] = {}  # group -> bytes admitted
         self.ring: list[Any] = []  # every stage's handle, by index
+        self.link = StageLink(self.label, self.step)  # to the next stage (channel.py)
         self.changed = asyncio.Event()
         self.steps = 0
         self.step_s = 0.0  # seconds computing steps (the rest of a token's time is Ray)
@@ -68,12 +70,17 @@ class GenerationStage:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    async def load(self, box: list[Any]) -> str:
+    async def load(self, box: list[Any], ring_id: str = "", link: str = "socket") -> str:
         """Compile the stage from ``box[0]`` (a ref in a list: fetched here), unless
-        loaded; returns this incarnation."""
+        loaded, and listen for steps (``link``: "socket" where the next stage shares
+        the node, or "ray" calls only); returns this incarnation."""
+        if link not in LINKS:
+            raise ValueError(f"stage_link must be one of {LINKS}, got {link!r}")
         if self.part is None:
             part = await box[0]
             self._compile(part)
+        self.link.enabled = self.link.enabled and link == "socket"
+        await self.link.listen(socket_name(ring_id or "ring", self.index, self.incarnation))
         return self.incarnation
 
     def _compile(self, part: StagePart) -> None:
@@ -109,8 +116,17 @@ class GenerationStage:
         log.info("%s loaded: layers %s on %s", self.label, part.layers,
                  sorted({p.name for p in self.cache_providers.values()}))
 
-    def connect(self, ring: list[Any]) -> None:
+    def address(self) -> list[str]:
+        """[node id, socket address] ("" when this stage takes steps by Ray calls only)."""
+        return [ray.get_runtime_context().get_node_id(), self.link.address]
+
+    async def connect(self, ring: list[Any], addresses: list[list[str]] | None = None) -> bool:
+        """Every stage's handle (by index) and, from their `address`es, the link to the
+        next stage; returns whether that link is a socket."""
         self.ring = list(ring)
+        nxt = (self.index + 1) % self.count
+        node, address = addresses[nxt] if addresses else ("", "")
+        return await self.link.connect(ray.get_runtime_context().get_node_id(), node, address)
 
     def ping(self) -> str:
         """This incarnation; "" while restarted and not loaded again."""
@@ -175,6 +191,7 @@ class GenerationStage:
                 "reserved_bytes": sum(self.reserved.values()),
                 "cache_bytes": sum(g.cache_bytes for g in self.groups.values()),
                 "steps": self.steps, "step_s": self.step_s,
+                "sent_socket": self.link.sent_socket, "sent_ray": self.link.sent_ray,
                 "decode_ms": self.decode_s / max(self.decodes, 1) * 1e3}
 
     # -- the ring -----------------------------------------------------------------------
@@ -208,7 +225,7 @@ class GenerationStage:
                              for n in self.part.carried_out})
         if self.index < self.count - 1:
             self._count(job, time.perf_counter() - started)
-            self.ring[self.index + 1].step.remote(gid, epoch, job, outs)
+            self.link.send(self.ring[self.index + 1], gid, epoch, job, outs)
             return
         self._choose(gid, g, epoch, last)
         self._count(job, time.perf_counter() - started)
@@ -234,8 +251,8 @@ class GenerationStage:
             for k in range(self.count - 1):
                 self.ring[k].close.remote(gid)
             return
-        self.ring[0].step.remote(gid, epoch, Job(at, g.ids[:, at:at + 1].copy(), [(at, at + 1)]),
-                                 [{}])
+        self.link.send(self.ring[0], gid, epoch,
+                       Job(at, g.ids[:, at:at + 1].copy(), [(at, at + 1)]), [{}])
 
     async def tokens(self, gid: str, epoch: int, have: int, timeout: float = 1.0
                      ) -> dict[str, Any]:

@@ -67,10 +67,12 @@ def test_tokens_equal_the_in_process_generator_on_two_stages(ray_session, arch):
         assert [i["layers"] for i in info] == [[0], [1]]  # one layer each
         # only activations cross the cut: no cache name among what stage#1 receives
         assert not [n for n in info[1]["carried_in"] if "past" in n or "present" in n]
+        assert model.remote.sockets == [True, True]  # one node: the ring's hops are sockets
         for batch in (1, 3):
             rows = prompts(batch, seed=batch)
             want = _generate(_local_model(arch), rows)
             assert _generate(model, rows) == want
+        assert all(s["sent_socket"] > 0 and s["sent_ray"] == 0 for s in model.remote.stats())
         assert want[0] == ort_greedy(model_path(arch, "optimum"), rows, NEW)[0]
         assert eventually(lambda: _cache_free(model))
     finally:
@@ -177,6 +179,7 @@ def test_a_stage_killed_mid_generation_is_replayed_with_the_same_tokens(ray_sess
         assert got == want
         assert model.remote.incarnations[killed] != before[killed]
         assert model.remote.incarnations[1 - killed] == before[1 - killed]
+        assert model.remote.sockets == [True, True]  # the survivor's link to the new actor too
         assert all(1 <= g.replays <= 2 for g in gens)
         assert eventually(lambda: _cache_free(model))
     finally:
@@ -199,7 +202,47 @@ def test_three_node_cluster_runs_the_stages_on_two_nodes():
     assert report["nodes"] == 3
     assert report["stage_nodes"] == 2 and report["on_head"] == 0  # one stage per GPU node
     assert report["match"] is True
+    # all "nodes" are this host, but the link is chosen by node id: Ray calls, not sockets
+    assert report["sockets"] == [False, False]
+    assert all(s["sent_ray"] > 0 and s["sent_socket"] == 0 for s in report["stats"])
     assert all(s["groups"] == 0 and s["reserved_bytes"] == 0 for s in report["stats"])
+
+
+def test_the_ray_call_link_gives_the_same_tokens(ray_session):
+    """stage_link="ray": every hop of the ring a Ray actor call (the path across nodes,
+    and the fallback when a socket is down)."""
+    with pytest.raises(og.GenaiError, match="stage_link must be one of"):
+        og.Model(model_path("gpt2", "optimum"), executor="ray", stages=2, providers=DEVICES,
+                 stage_link="pipe")
+    model = og.Model(model_path("gpt2", "optimum"), executor="ray", stages=2, providers=DEVICES,
+                     stage_link="ray")
+    try:
+        assert model.remote.sockets == [False, False]
+        rows = prompts(2, seed=6)
+        assert _generate(model, rows) == _generate(_local_model("gpt2"), rows)
+        assert all(s["sent_ray"] > 0 and s["sent_socket"] == 0 for s in model.remote.stats())
+        assert eventually(lambda: _cache_free(model))
+    finally:
+        model.close()
+
+
+def test_a_malformed_frame_on_a_stage_socket_drops_that_connection_only(llama):
+    import socket
+    import struct
+
+    _, address = ray.get(llama.remote.actors[1].address.remote())
+    assert address.startswith("\0")  # abstract namespace: no file left behind
+    frames = [struct.pack("<I", 3) + b"\x93\x01\x02",  # a list of 3, not a step's 10
+              struct.pack("<I", 18) + b"not msgpack at all",
+              struct.pack("<I", 1 << 31)]  # a length over the limit
+    for frame in frames:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(10)
+            s.connect(address)
+            s.sendall(frame)
+            assert s.recv(1) == b""  # the stage closed it
+    rows = prompts(1, seed=13)
+    assert _generate(llama, rows) == _generate(_local_model("llama"), rows)
 
 
 def test_more_stages_than_layers_is_refused_before_any_actor_starts(ray_session):
