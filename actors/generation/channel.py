@@ -75,7 +75,7 @@ def encode_step(gid: str, epoch: int, job: Job, carried: list[dict[str, Any]]) -
         [gid, int(epoch), int(job.at), tensor_to_map(job.ids), [[int(p), int(t)] for p, t in job.pieces],
          None if job.rewind is None else [int(job.rewind[0]), int(job.rewind[1])],
          None if job.draws is None else int(job.draws), _opt(job.end), _opt(job.start),
-         [{name: tensor_to_map(v) for name, v in c.items()} for c in carried]],
+         [{name: tensor_to_map(v) for name, v in c.items()} for c in carried], bool(job.logits)],
         use_bin_type=True)
     return _HEADER.pack(len(body)) + body
 
@@ -95,16 +95,17 @@ def _pair(v: Any, what: str) -> tuple[int, int]:
 def decode_step(body: bytes) -> tuple[str, int, Job, list[dict[str, Any]]]:
     """The (gid, epoch, job, carried) of a frame's body; WireFormatError when malformed."""
     obj = unpack_frame(body, MAX_FRAME_BYTES)
-    if not isinstance(obj, list) or len(obj) != 10:
-        raise WireFormatError("a step frame is a list of 10 fields")
-    gid, epoch, at, ids, pieces, rewind, draws, end, start, carried = obj
-    if not isinstance(gid, str) or not isinstance(pieces, list) or not isinstance(carried, list):
-        raise WireFormatError("step frame: gid, pieces or carried of the wrong type")
+    if not isinstance(obj, list) or len(obj) != 11:
+        raise WireFormatError("a step frame is a list of 11 fields")
+    gid, epoch, at, ids, pieces, rewind, draws, end, start, carried, logits = obj
+    if not isinstance(gid, str) or not isinstance(pieces, list) or not isinstance(carried, list) \
+            or not isinstance(logits, bool):
+        raise WireFormatError("step frame: gid, pieces, carried or logits of the wrong type")
     job = Job(_int(at, "at"), tensor_from_map(ids), [_pair(p, "piece") for p in pieces],
               rewind=None if rewind is None else _pair(rewind, "rewind"),
               draws=None if draws is None else _int(draws, "draws"),
               end=None if end is None else tensor_from_map(end),
-              start=None if start is None else tensor_from_map(start))
+              start=None if start is None else tensor_from_map(start), logits=logits)
     values: list[dict[str, Any]] = []
     for c in carried:
         if not isinstance(c, dict):

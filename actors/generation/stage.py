@@ -227,7 +227,7 @@ class GenerationStage:
             self._count(job, time.perf_counter() - started)
             self.link.send(self.ring[self.index + 1], gid, epoch, job, outs)
             return
-        self._choose(gid, g, epoch, last)
+        self._choose(gid, g, epoch, last, job.logits)
         self._count(job, time.perf_counter() - started)
 
     def _count(self, job: Job, seconds: float) -> None:
@@ -236,23 +236,58 @@ class GenerationStage:
             self.decodes += 1
             self.decode_s += seconds
 
-    def _choose(self, gid: str, g: StageGroup, epoch: int, logits: Any) -> None:
+    def _choose(self, gid: str, g: StageGroup, epoch: int, logits: Any, keep: bool = False
+                ) -> None:
         """The last stage: sample the next token, keep it for the driver, start the next
-        step at stage 0 (or, when the group is done, free its cache everywhere)."""
+        step at stage 0 (or, when the group is done, free its cache everywhere); with
+        ``keep``, first keep the logits on the host for the driver's `logits`."""
         logits = logits[:, -1, :] if logits.ndim == 3 else logits
+        if keep:
+            g.logits = (epoch, np.array(self.runner.output_provider.to_host(logits)))
+            self._notify()
+            if g.done():  # asked at max_length or after every row's eos: nothing to sample
+                self._finish(gid, g)
+                return
         o = g.sampler.options
         chosen = g.sampler.choose(logits, g.banned(o.min_length, g.spec.eos),
                                   g.ids[:, :g.length])
         at = g.take(chosen, np.asarray(g.spec.eos, dtype=np.int64))
         self._notify()
         if g.done():
-            g.free()  # the bookkeeping stays for the driver to read; the cache goes
-            self.reserved.pop(gid, None)
-            for k in range(self.count - 1):
-                self.ring[k].close.remote(gid)
+            self._finish(gid, g)
             return
         self.link.send(self.ring[0], gid, epoch,
                        Job(at, g.ids[:, at:at + 1].copy(), [(at, at + 1)]), [{}])
+
+    def _finish(self, gid: str, g: StageGroup) -> None:
+        g.free()  # the bookkeeping stays for the driver to read; the cache goes
+        self.reserved.pop(gid, None)
+        for k in range(self.count - 1):
+            self.ring[k].close.remote(gid)
+
+    async def logits(self, gid: str, epoch: int, timeout: float = 1.0) -> dict[str, Any]:
+        """The logits kept by a ``logits`` step of ``epoch`` once there (or after
+        ``timeout``): ``{"logits": [batch, vocab] or None}``; ``{"freed": True}`` when
+        the group's cache was freed (that step was dropped); ``{"missing": True}`` when
+        the group is unknown here (a restarted actor)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            g = self.groups.get(gid)
+            if g is None:
+                return {"missing": True}
+            if g.logits is not None and g.logits[0] == epoch:
+                return {"logits": g.logits[1]}
+            if not g.caches:  # the ring had ended the group: the step was dropped
+                return {"freed": True}
+            left = deadline - loop.time()
+            if left <= 0:
+                return {"logits": None}
+            self.changed.clear()
+            try:
+                await asyncio.wait_for(self.changed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
 
     async def tokens(self, gid: str, epoch: int, have: int, timeout: float = 1.0
                      ) -> dict[str, Any]:

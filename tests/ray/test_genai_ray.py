@@ -109,8 +109,52 @@ def test_streaming_rewind_and_append_follow_the_in_process_generator(llama):
     assert _finish(remote, rows) == _finish(local, rows)
     remote.close()
     assert eventually(lambda: _cache_free(llama))
-    with pytest.raises(og.GenaiError, match="last stage samples"):
-        _start(llama, rows).get_logits()
+
+
+def _logits_along(model: og.Model, rows, steps: list[int], new: int = 6, **search):
+    """get_logits after the prompt and after each count of tokens in ``steps`` (the
+    last: after is_done), then the tokens."""
+    import numpy as np
+
+    got = []
+    with _start(model, rows, new, **search) as gen:
+        got.append(np.array(gen.get_logits()))
+        made = 0
+        for k in steps:
+            while made < k and not gen.is_done():
+                gen.generate_next_token()
+                made += 1
+            got.append(np.array(gen.get_logits()))
+        return got, _finish(gen, rows)
+
+
+def test_get_logits_follows_the_in_process_generator(llama):
+    import numpy as np
+
+    with pytest.raises(og.GenerationInputError, match="no logits yet"):
+        params = og.GeneratorParams(llama)
+        params.set_search_options(batch_size=1, max_length=8)
+        with og.Generator(llama, params) as gen:
+            gen.get_logits()
+    rows = prompts(2, seed=17)
+    for search in ({}, {"do_sample": True, "top_k": 5, "random_seed": 3}):
+        want, want_tokens = _logits_along(_local_model("llama"), rows, [1, 3, 6], **search)
+        got, tokens = _logits_along(llama, rows, [1, 3, 6], **search)
+        assert tokens == want_tokens  # asking for logits changes no token
+        assert [g.shape for g in got] == [w.shape for w in want]
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    after_rewind = []  # a rewind halts the ring: the logits come from all the tokens again
+    for model in (_local_model("llama"), llama):
+        with _start(model, rows) as gen:
+            for _ in range(3):
+                gen.generate_next_token()
+            gen.rewind_to(len(rows[0]) + 1)
+            after_rewind.append(np.array(gen.get_logits()))
+            after_rewind.append(_finish(gen, rows))
+    np.testing.assert_allclose(after_rewind[2], after_rewind[0], rtol=1e-5, atol=1e-5)
+    assert after_rewind[3] == after_rewind[1]
+    assert eventually(lambda: _cache_free(llama))
 
 
 def test_groups_in_flight_share_the_pipeline_and_free_their_caches(llama):
@@ -168,8 +212,9 @@ def test_a_stage_killed_mid_generation_is_replayed_with_the_same_tokens(ray_sess
                      max_replays=2)
     try:
         groups = [prompts(b, seed=40 + b) for b in (1, 2, 3)]
-        want = [_generate(_local_model("llama"), rows, new=12) for rows in groups]
-        gens = [_start(model, rows, new=12) for rows in groups]
+        # long enough that the ring (running ahead of the driver) is mid-way at the kill
+        want = [_generate(_local_model("llama"), rows, new=60) for rows in groups]
+        gens = [_start(model, rows, new=60) for rows in groups]
         for g in gens:
             for _ in range(3):
                 g.generate_next_token()
