@@ -4,10 +4,12 @@ against the in-process generator and onnxruntime's loop, interleaved in one run.
 Figures per model:
 * decode ms per token at batch 1, prompts 32 and 512 (after the first token: the ring
   runs ahead of the driver, so a single ``generate_next_token`` call is no measure;
-  (time of the last token - time of the first) / (tokens - 1) is);
+  (time of the last token - time of the first) / (tokens - 1) is), with the ring's hops
+  over the stages' Unix sockets (the default on one node) and as Ray actor calls
+  (``stage_link="ray"``, the path across nodes);
 * 4 groups in flight (batch 1 each, round robin) on two single-threaded stages:
   tokens/s against an in-process single-threaded generator running the same 4
-  sequences one after the other.
+  sequences one after the other; and the same with default threads on both sides.
 """
 
 from __future__ import annotations
@@ -116,27 +118,31 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
     names = [m for m in args.models if not m.endswith("_genai")]
     if names == ["llama_optimum", "llama_dynamo", "gpt2_optimum", "gpt2_dynamo"]:
         names = ["llama_optimum", "gpt2_optimum"]  # the default list: one export each
-    print(f"{'model':14} {'P':>4} {'ray 2 stages':>12} {'in process':>10} {'ort loop':>9} "
-          f"{'ray/in-proc':>11}   (decode ms per token, batch 1, medians of {args.rounds})")
+    print(f"{'model':14} {'P':>4} {'ray 2 stages':>12} {'ray calls':>9} {'in process':>10} "
+          f"{'ort loop':>9} {'ray/in-proc':>11} {'calls/in-proc':>13}   (decode ms per token, "
+          f"batch 1, medians of {args.rounds}; 'ray calls': stage_link=\"ray\")")
     throughput = []
     try:
         for name in names:
             path = os.path.join(models_dir, f"{name}.onnx")
             remote = hg.Model(path, executor="ray", stages=2, providers=DEVICES)
+            calls = hg.Model(path, executor="ray", stages=2, providers=DEVICES, stage_link="ray")
             local = hg.Model(path, providers=["sim-gpu:0"])
             sess, layout = ort_session(path), discover(onnx.load(path))
             per_prompt = {}
             for plen in args.prompt:
                 rows = prompt_rows(1, plen)
-                res: dict[str, list[float]] = {"ray": [], "local": [], "ort": []}
+                res: dict[str, list[float]] = {"ray": [], "calls": [], "local": [], "ort": []}
                 for _ in range(args.rounds):
                     res["ray"].append(decode_ms(remote, rows, args.new))
+                    res["calls"].append(decode_ms(calls, rows, args.new))
                     res["local"].append(decode_ms(local, rows, args.new))
                     res["ort"].append(time_ort_loop(sess, layout, rows, args.new)[1])
                 med = {k: statistics.median(v) for k, v in res.items()}
                 per_prompt[plen] = med
-                print(f"{name:14} {plen:4d} {med['ray']:12.3f} {med['local']:10.3f} "
-                      f"{med['ort']:9.3f} {med['ray'] / med['local']:10.2f}x", flush=True)
+                print(f"{name:14} {plen:4d} {med['ray']:12.3f} {med['calls']:9.3f} "
+                      f"{med['local']:10.3f} {med['ort']:9.3f} {med['ray'] / med['local']:10.2f}x "
+                      f"{med['calls'] / med['local']:12.2f}x", flush=True)
             if len(per_prompt) > 1:
                 lo, hi = min(per_prompt), max(per_prompt)
                 print(f"{name:14} growth P{hi}/P{lo}: ray {per_prompt[hi]['ray'] / per_prompt[lo]['ray']:.2f}x, "
@@ -145,8 +151,8 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
             stats = remote.remote.stats()
             print(f"{name:14} compute per decode step: " + ", ".join(
                 f"{st['stage']} {st['decode_ms']:.3f} ms" for st in stats)
-                + " (the rest of a token's time: the two Ray hops of the ring)", flush=True)
-            remote.close()
+                + " (the rest of a token's time: the ring's two hops)", flush=True)
+            calls.close()
             # 4 groups in flight on two single-threaded stages vs one thread in process
             remote1 = hg.Model(path, executor="ray", stages=2, providers=DEVICES,
                                intra_op_num_threads=1)
@@ -157,12 +163,21 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
                 r.append(tokens_per_s(remote1, prompts, args.new, in_flight=True))
                 lo_.append(tokens_per_s(local1, prompts, args.new, in_flight=False))
             remote1.close()
-            throughput.append((name, statistics.median(r), statistics.median(lo_)))
+            throughput.append((name, "1 thread per stage", "1 thread",
+                               statistics.median(r), statistics.median(lo_)))
+            # the same with default threads on both sides
+            r, lo_ = [], []
+            for _ in range(args.rounds):
+                r.append(tokens_per_s(remote, prompts, args.new, in_flight=True))
+                lo_.append(tokens_per_s(local, prompts, args.new, in_flight=False))
+            remote.close()
+            throughput.append((name, "default threads", "default threads",
+                               statistics.median(r), statistics.median(lo_)))
         print(f"bare two-actor Ray ring on this host (no compute): {ring_floor_ms():.3f} ms per "
-              "round, the floor of a token on two stages", flush=True)
-        for name, r, lo_ in throughput:
-            print(f"{name:14} 4 groups in flight, 1 thread per stage: ray {r:7.1f} tok/s, "
-                  f"in process (1 thread, one after another) {lo_:7.1f} tok/s: {r / lo_:.2f}x",
+              "round, the floor of a token on two stages with stage_link=\"ray\"", flush=True)
+        for name, ours, theirs, r, lo_ in throughput:
+            print(f"{name:14} 4 groups in flight, {ours}: ray {r:7.1f} tok/s, "
+                  f"in process ({theirs}, one after another) {lo_:7.1f} tok/s: {r / lo_:.2f}x",
                   flush=True)
     finally:
         if ray.is_initialized():

@@ -22,7 +22,7 @@ import ray
 
 from actors.generation.group import GroupSpec, Job
 from hetero_exec.errors import ActorError
-from hetero_exec.genai.errors import GenaiError, GenerationInputError
+from hetero_exec.genai.errors import GenerationInputError
 from hetero_exec.genai.widths import TokenRows, check_rows, leading
 
 log = logging.getLogger(__name__)
@@ -183,8 +183,47 @@ class RemoteGenerator(TokenRows):
 
 
     def get_logits(self) -> np.ndarray:
-        raise GenaiError("get_logits is not available on executor='ray': the last stage "
-                         "samples, and only token ids come back")
+        """The logits for the next token, [batch, vocab], on the host: once the live epoch
+        has got through every stage (their caches hold the tokens before the last), the
+        group runs its last token again through the ring (after a rewind or its end: all
+        its tokens), and the last stage keeps the logits of that step for the driver
+        before it samples and goes on as before (its sampler skips the earlier draws)."""
+        self._check_open()
+        if self._length == 0:
+            raise GenerationInputError("no logits yet: call append_tokens first")
+        while True:
+            if self._seen != self.decoder.incarnations:
+                self._replay()
+            live = self._running and not self._finished and not self.is_done()
+            while live and self._got <= self._length and not self._finished:
+                self._collect()  # the live epoch got through every stage: keep its cache
+            n = self._length
+            if live and not self._finished:  # run the last token again
+                job = Job(n - 1, self._ids[:, n - 1:n].copy(), [(n - 1, n)], rewind=(n, n - 1),
+                          end=self._end.copy(), draws=self._draws, logits=True)
+            else:  # rewound (a halted epoch may not have reached every stage), or ended
+                self.decoder.open(self.gid, self._spec(), self.epoch + 1)
+                job = Job(0, self._ids[:, :n].copy(), [(0, n)], rewind=(0, 0), end=self._end.copy(),
+                          draws=self._draws, start=self._start.copy(), logits=True)
+            self._send(job)
+            self._filled = n
+            while True:
+                try:
+                    got = ray.get(self.decoder.last.logits.remote(self.gid, self.epoch, POLL_S),
+                                  timeout=POLL_S + 30)
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
+                        ray.exceptions.ActorUnavailableError):
+                    got = {"missing": True}
+                if got.get("logits") is not None:
+                    if self.is_done():  # the last stage freed the group's cache again
+                        self._finished, self._running = True, False
+                    return got["logits"]
+                if got.get("freed"):  # the ring had ended the group: all the tokens again
+                    self._finished = True
+                    break
+                if got.get("missing") or not self.decoder.check():
+                    self.decoder.recover(self._seen)
+                    break  # replayed above, then asked again
 
     def rewind_to(self, new_length: int) -> None:
         self._check_open()

@@ -37,7 +37,8 @@ class GroupSpec:
 class Job:
     """What a step message asks of every stage, in order: rewind the sequences to
     (length, filled) when given, write token columns ``ids`` from position ``at``, then
-    run each piece [p, t) of positions. The last stage then samples the next token;
+    run each piece [p, t) of positions. The last stage then samples the next token (and
+keeps the logits it sampled from for the driver when ``logits`` is set);
     ``draws``, when given, is how many samples came before (a replay's sampler skips
     them) and ``end`` each row's eos position + 1 so far (-1: running)."""
 
@@ -48,6 +49,7 @@ class Job:
     draws: int | None = None
     end: np.ndarray | None = None
     start: np.ndarray | None = None  # the left padding, with a group's first prompt
+    logits: bool = False  # the last stage keeps this step's logits for `get_logits`
 
 
 class StageGroup:
@@ -68,6 +70,7 @@ class StageGroup:
         self.live = -1  # the epoch of the last step run
         self.need: dict[str, int] = {}  # bytes admitted, by provider
         self.sampler: Any = None  # the last stage's
+        self.logits: tuple[int, np.ndarray] | None = None  # (epoch, [batch, vocab]) on request
         self.ids = np.full((self.batch, self.capacity), spec.pad, dtype=np.int64)
         self.mask = np.zeros((self.batch, self.capacity), dtype=np.int64)
         self.start = np.asarray(spec.start, dtype=np.int64)

@@ -13,6 +13,9 @@ died or was restarted, every live group is replayed (`recover`): the restarted a
 loads its stage again, each group opens again there and runs a prefill over its
 tokens so far through the whole ring (the surviving stages rewrite the same values),
 then goes on. ``max_replays`` bounds the replays of one group.
+
+The ring's hops go over a Unix socket between stages on one node and by Ray calls
+across nodes (`channel.py`); ``stage_link="ray"`` makes every hop a Ray call.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from typing import Any
 
 import ray
@@ -27,6 +31,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.connect import close_at_exit, ensure_ray, ray_usable
+from actors.generation.channel import LINKS
 from actors.generation.split import split_decoder
 from actors.generation.stage import remote_class
 from actors.options import RayOptions
@@ -69,6 +74,10 @@ class RayDecoder:
         stages = options.pop("stages", 2)
         if isinstance(stages, bool) or not isinstance(stages, int):
             raise GenaiError(f"stages must be an int for generation on Ray, got {stages!r}")
+        self.link = options.pop("stage_link", "socket")
+        if self.link not in LINKS:
+            raise GenaiError(f"stage_link must be one of {LINKS}, got {self.link!r}")
+        self.ring_id = uuid.uuid4().hex[:12]
         self.opts = RayOptions.parse({k: options.pop(k) for k in list(options) if k in _RAY_KEYS})
         self.layout = layout
         self.parts = split_decoder(rewritten, layout, stages)
@@ -91,7 +100,7 @@ class RayDecoder:
             self.boxes = [[ray.put(p)] for p in self.parts]
             self.actors = [self._new_actor(k, options) for k in range(stages)]
             self.incarnations = self._load(range(stages), self.opts.actor_start_timeout_s)
-            ray.get([a.connect.remote(self.actors) for a in self.actors])
+            self.sockets = self._connect()
         except BaseException:
             self.close()
             raise
@@ -113,7 +122,8 @@ class RayDecoder:
         ).remote(k, len(self.parts), self.layout, self.providers[k], session_options)
 
     def _load(self, indices: Any, timeout: float) -> list[str]:
-        refs = {k: self.actors[k].load.remote(self.boxes[k]) for k in indices}
+        refs = {k: self.actors[k].load.remote(self.boxes[k], self.ring_id, self.link)
+                for k in indices}
         out = getattr(self, "incarnations", [""] * len(self.actors))
         for k, ref in refs.items():
             try:
@@ -122,6 +132,11 @@ class RayDecoder:
                 raise GenaiError(f"stage#{k} ({self.devices[k]}) failed to build: "
                                  f"{getattr(e, 'cause', e)}") from None
         return out
+
+    def _connect(self) -> list[bool]:
+        """Tell every stage the ring and its successor's address; which hops are sockets."""
+        addresses = ray.get([a.address.remote() for a in self.actors])
+        return ray.get([a.connect.remote(self.actors, addresses) for a in self.actors])
 
     # -- groups ---------------------------------------------------------------------------
 
@@ -199,7 +214,7 @@ class RayDecoder:
             log.warning("generation stage(s) %s restarted: their groups replay",
                         [f"stage#{k}" for k in lost])
             self.incarnations = list(self._load(lost, self.opts.recovery_timeout_s))
-            ray.get([self.actors[k].connect.remote(self.actors) for k in lost])
+            self.sockets = self._connect()  # the survivors' links to the restarted ones too
             self.replays += 1
 
     def close(self) -> None:

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 import ray
 
+from actors.generation.channel import LINKS, StageLink, socket_name
 from actors.generation.group import GroupSpec, Job, StageGroup
 from actors.generation.runner import StageRunner
 from actors.generation.split import StagePart
@@ -61,6 +62,7 @@ class GenerationStage:
         self.groups: dict[str, StageGroup] = {}
         self.reserved: dict[str, int] = {}  # group -> bytes admitted
         self.ring: list[Any] = []  # every stage's handle, by index
+        self.link = StageLink(self.label, self.step)  # to the next stage (channel.py)
         self.changed = asyncio.Event()
         self.steps = 0
         self.step_s = 0.0  # seconds computing steps (the rest of a token's time is Ray)
@@ -68,12 +70,17 @@ class GenerationStage:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    async def load(self, box: list[Any]) -> str:
+    async def load(self, box: list[Any], ring_id: str = "", link: str = "socket") -> str:
         """Compile the stage from ``box[0]`` (a ref in a list: fetched here), unless
-        loaded; returns this incarnation."""
+        loaded, and listen for steps (``link``: "socket" where the next stage shares
+        the node, or "ray" calls only); returns this incarnation."""
+        if link not in LINKS:
+            raise ValueError(f"stage_link must be one of {LINKS}, got {link!r}")
         if self.part is None:
             part = await box[0]
             self._compile(part)
+        self.link.enabled = self.link.enabled and link == "socket"
+        await self.link.listen(socket_name(ring_id or "ring", self.index, self.incarnation))
         return self.incarnation
 
     def _compile(self, part: StagePart) -> None:
@@ -109,8 +116,17 @@ class GenerationStage:
         log.info("%s loaded: layers %s on %s", self.label, part.layers,
                  sorted({p.name for p in self.cache_providers.values()}))
 
-    def connect(self, ring: list[Any]) -> None:
+    def address(self) -> list[str]:
+        """[node id, socket address] ("" when this stage takes steps by Ray calls only)."""
+        return [ray.get_runtime_context().get_node_id(), self.link.address]
+
+    async def connect(self, ring: list[Any], addresses: list[list[str]] | None = None) -> bool:
+        """Every stage's handle (by index) and, from their `address`es, the link to the
+        next stage; returns whether that link is a socket."""
         self.ring = list(ring)
+        nxt = (self.index + 1) % self.count
+        node, address = addresses[nxt] if addresses else ("", "")
+        return await self.link.connect(ray.get_runtime_context().get_node_id(), node, address)
 
     def ping(self) -> str:
         """This incarnation; "" while restarted and not loaded again."""
@@ -175,6 +191,7 @@ class GenerationStage:
                 "reserved_bytes": sum(self.reserved.values()),
                 "cache_bytes": sum(g.cache_bytes for g in self.groups.values()),
                 "steps": self.steps, "step_s": self.step_s,
+                "sent_socket": self.link.sent_socket, "sent_ray": self.link.sent_ray,
                 "decode_ms": self.decode_s / max(self.decodes, 1) * 1e3}
 
     # -- the ring -----------------------------------------------------------------------
@@ -208,9 +225,9 @@ class GenerationStage:
                              for n in self.part.carried_out})
         if self.index < self.count - 1:
             self._count(job, time.perf_counter() - started)
-            self.ring[self.index + 1].step.remote(gid, epoch, job, outs)
+            self.link.send(self.ring[self.index + 1], gid, epoch, job, outs)
             return
-        self._choose(gid, g, epoch, last)
+        self._choose(gid, g, epoch, last, job.logits)
         self._count(job, time.perf_counter() - started)
 
     def _count(self, job: Job, seconds: float) -> None:
@@ -219,23 +236,58 @@ class GenerationStage:
             self.decodes += 1
             self.decode_s += seconds
 
-    def _choose(self, gid: str, g: StageGroup, epoch: int, logits: Any) -> None:
+    def _choose(self, gid: str, g: StageGroup, epoch: int, logits: Any, keep: bool = False
+                ) -> None:
         """The last stage: sample the next token, keep it for the driver, start the next
-        step at stage 0 (or, when the group is done, free its cache everywhere)."""
+        step at stage 0 (or, when the group is done, free its cache everywhere); with
+        ``keep``, first keep the logits on the host for the driver's `logits`."""
         logits = logits[:, -1, :] if logits.ndim == 3 else logits
+        if keep:
+            g.logits = (epoch, np.array(self.runner.output_provider.to_host(logits)))
+            self._notify()
+            if g.done():  # asked at max_length or after every row's eos: nothing to sample
+                self._finish(gid, g)
+                return
         o = g.sampler.options
         chosen = g.sampler.choose(logits, g.banned(o.min_length, g.spec.eos),
                                   g.ids[:, :g.length])
         at = g.take(chosen, np.asarray(g.spec.eos, dtype=np.int64))
         self._notify()
         if g.done():
-            g.free()  # the bookkeeping stays for the driver to read; the cache goes
-            self.reserved.pop(gid, None)
-            for k in range(self.count - 1):
-                self.ring[k].close.remote(gid)
+            self._finish(gid, g)
             return
-        self.ring[0].step.remote(gid, epoch, Job(at, g.ids[:, at:at + 1].copy(), [(at, at + 1)]),
-                                 [{}])
+        self.link.send(self.ring[0], gid, epoch,
+                       Job(at, g.ids[:, at:at + 1].copy(), [(at, at + 1)]), [{}])
+
+    def _finish(self, gid: str, g: StageGroup) -> None:
+        g.free()  # the bookkeeping stays for the driver to read; the cache goes
+        self.reserved.pop(gid, None)
+        for k in range(self.count - 1):
+            self.ring[k].close.remote(gid)
+
+    async def logits(self, gid: str, epoch: int, timeout: float = 1.0) -> dict[str, Any]:
+        """The logits kept by a ``logits`` step of ``epoch`` once there (or after
+        ``timeout``): ``{"logits": [batch, vocab] or None}``; ``{"freed": True}`` when
+        the group's cache was freed (that step was dropped); ``{"missing": True}`` when
+        the group is unknown here (a restarted actor)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            g = self.groups.get(gid)
+            if g is None:
+                return {"missing": True}
+            if g.logits is not None and g.logits[0] == epoch:
+                return {"logits": g.logits[1]}
+            if not g.caches:  # the ring had ended the group: the step was dropped
+                return {"freed": True}
+            left = deadline - loop.time()
+            if left <= 0:
+                return {"logits": None}
+            self.changed.clear()
+            try:
+                await asyncio.wait_for(self.changed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
 
     async def tokens(self, gid: str, epoch: int, have: int, timeout: float = 1.0
                      ) -> dict[str, Any]:

@@ -54,6 +54,7 @@ def main() -> int:
             rows = prompts(2, seed=4)
             report["match"] = _generate(model, rows) == _generate(local, rows)
             report["stats"] = model.remote.stats()
+            report["sockets"] = model.remote.sockets  # the hops cross nodes: Ray calls
         finally:
             model.close()
     finally:

@@ -67,10 +67,12 @@ def test_tokens_equal_the_in_process_generator_on_two_stages(ray_session, arch):
         assert [i["layers"] for i in info] == [[0], [1]]  # one layer each
         # only activations cross the cut: no cache name among what stage#1 receives
         assert not [n for n in info[1]["carried_in"] if "past" in n or "present" in n]
+        assert model.remote.sockets == [True, True]  # one node: the ring's hops are sockets
         for batch in (1, 3):
             rows = prompts(batch, seed=batch)
             want = _generate(_local_model(arch), rows)
             assert _generate(model, rows) == want
+        assert all(s["sent_socket"] > 0 and s["sent_ray"] == 0 for s in model.remote.stats())
         assert want[0] == ort_greedy(model_path(arch, "optimum"), rows, NEW)[0]
         assert eventually(lambda: _cache_free(model))
     finally:
@@ -107,8 +109,52 @@ def test_streaming_rewind_and_append_follow_the_in_process_generator(llama):
     assert _finish(remote, rows) == _finish(local, rows)
     remote.close()
     assert eventually(lambda: _cache_free(llama))
-    with pytest.raises(og.GenaiError, match="last stage samples"):
-        _start(llama, rows).get_logits()
+
+
+def _logits_along(model: og.Model, rows, steps: list[int], new: int = 6, **search):
+    """get_logits after the prompt and after each count of tokens in ``steps`` (the
+    last: after is_done), then the tokens."""
+    import numpy as np
+
+    got = []
+    with _start(model, rows, new, **search) as gen:
+        got.append(np.array(gen.get_logits()))
+        made = 0
+        for k in steps:
+            while made < k and not gen.is_done():
+                gen.generate_next_token()
+                made += 1
+            got.append(np.array(gen.get_logits()))
+        return got, _finish(gen, rows)
+
+
+def test_get_logits_follows_the_in_process_generator(llama):
+    import numpy as np
+
+    with pytest.raises(og.GenerationInputError, match="no logits yet"):
+        params = og.GeneratorParams(llama)
+        params.set_search_options(batch_size=1, max_length=8)
+        with og.Generator(llama, params) as gen:
+            gen.get_logits()
+    rows = prompts(2, seed=17)
+    for search in ({}, {"do_sample": True, "top_k": 5, "random_seed": 3}):
+        want, want_tokens = _logits_along(_local_model("llama"), rows, [1, 3, 6], **search)
+        got, tokens = _logits_along(llama, rows, [1, 3, 6], **search)
+        assert tokens == want_tokens  # asking for logits changes no token
+        assert [g.shape for g in got] == [w.shape for w in want]
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    after_rewind = []  # a rewind halts the ring: the logits come from all the tokens again
+    for model in (_local_model("llama"), llama):
+        with _start(model, rows) as gen:
+            for _ in range(3):
+                gen.generate_next_token()
+            gen.rewind_to(len(rows[0]) + 1)
+            after_rewind.append(np.array(gen.get_logits()))
+            after_rewind.append(_finish(gen, rows))
+    np.testing.assert_allclose(after_rewind[2], after_rewind[0], rtol=1e-5, atol=1e-5)
+    assert after_rewind[3] == after_rewind[1]
+    assert eventually(lambda: _cache_free(llama))
 
 
 def test_groups_in_flight_share_the_pipeline_and_free_their_caches(llama):
@@ -166,8 +212,9 @@ def test_a_stage_killed_mid_generation_is_replayed_with_the_same_tokens(ray_sess
                      max_replays=2)
     try:
         groups = [prompts(b, seed=40 + b) for b in (1, 2, 3)]
-        want = [_generate(_local_model("llama"), rows, new=12) for rows in groups]
-        gens = [_start(model, rows, new=12) for rows in groups]
+        # long enough that the ring (running ahead of the driver) is mid-way at the kill
+        want = [_generate(_local_model("llama"), rows, new=60) for rows in groups]
+        gens = [_start(model, rows, new=60) for rows in groups]
         for g in gens:
             for _ in range(3):
                 g.generate_next_token()
@@ -177,6 +224,7 @@ def test_a_stage_killed_mid_generation_is_replayed_with_the_same_tokens(ray_sess
         assert got == want
         assert model.remote.incarnations[killed] != before[killed]
         assert model.remote.incarnations[1 - killed] == before[1 - killed]
+        assert model.remote.sockets == [True, True]  # the survivor's link to the new actor too
         assert all(1 <= g.replays <= 2 for g in gens)
         assert eventually(lambda: _cache_free(model))
     finally:
@@ -199,7 +247,47 @@ def test_three_node_cluster_runs_the_stages_on_two_nodes():
     assert report["nodes"] == 3
     assert report["stage_nodes"] == 2 and report["on_head"] == 0  # one stage per GPU node
     assert report["match"] is True
+    # all "nodes" are this host, but the link is chosen by node id: Ray calls, not sockets
+    assert report["sockets"] == [False, False]
+    assert all(s["sent_ray"] > 0 and s["sent_socket"] == 0 for s in report["stats"])
     assert all(s["groups"] == 0 and s["reserved_bytes"] == 0 for s in report["stats"])
+
+
+def test_the_ray_call_link_gives_the_same_tokens(ray_session):
+    """stage_link="ray": every hop of the ring a Ray actor call (the path across nodes,
+    and the fallback when a socket is down)."""
+    with pytest.raises(og.GenaiError, match="stage_link must be one of"):
+        og.Model(model_path("gpt2", "optimum"), executor="ray", stages=2, providers=DEVICES,
+                 stage_link="pipe")
+    model = og.Model(model_path("gpt2", "optimum"), executor="ray", stages=2, providers=DEVICES,
+                     stage_link="ray")
+    try:
+        assert model.remote.sockets == [False, False]
+        rows = prompts(2, seed=6)
+        assert _generate(model, rows) == _generate(_local_model("gpt2"), rows)
+        assert all(s["sent_ray"] > 0 and s["sent_socket"] == 0 for s in model.remote.stats())
+        assert eventually(lambda: _cache_free(model))
+    finally:
+        model.close()
+
+
+def test_a_malformed_frame_on_a_stage_socket_drops_that_connection_only(llama):
+    import socket
+    import struct
+
+    _, address = ray.get(llama.remote.actors[1].address.remote())
+    assert address.startswith("\0")  # abstract namespace: no file left behind
+    frames = [struct.pack("<I", 3) + b"\x93\x01\x02",  # a list of 3, not a step's 10
+              struct.pack("<I", 18) + b"not msgpack at all",
+              struct.pack("<I", 1 << 31)]  # a length over the limit
+    for frame in frames:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(10)
+            s.connect(address)
+            s.sendall(frame)
+            assert s.recv(1) == b""  # the stage closed it
+    rows = prompts(1, seed=13)
+    assert _generate(llama, rows) == _generate(_local_model("llama"), rows)
 
 
 def test_more_stages_than_layers_is_refused_before_any_actor_starts(ray_session):

@@ -1,0 +1,241 @@
+"""StageLink: the ring's stage-to-stage hop over a Unix socket when two stage actors
+share a node, and the Ray actor call otherwise.
+
+Why a socket: a Ray actor call costs ~1.5-2 ms a hop on a loaded 2-core host (the
+caller's submit, the raylet-free direct call, the callee's task queue and event-loop
+hand-off), which is most of a decode step of a small decoder. A step message is small
+(the group id, the epoch, a `Job` of a few ids, and the hidden states of one token), so
+what matters is the fixed cost per message, not bandwidth: shared memory
+(`actors/transport/shared_memory.py`) still needs a wake-up per message, and a Compiled
+Graph fixes the topology at compile time (no per-group epochs, no actor restart without
+tearing it down). A stream socket gives both the bytes and the wake-up in one syscall.
+
+How: each stage listens on a Linux abstract-namespace Unix socket (the name starts with
+"\\0", so no file is ever left behind; it names the pipeline, the stage index and the
+actor's incarnation, so a restarted actor never answers for its predecessor), served by
+an `asyncio.Protocol` on the actor's own event loop: a received step runs on the same
+loop as the actor's methods (open/close/halt/tokens), one at a time, with no new locking.
+A frame is a 4-byte length and a msgpack list (gid, epoch, the Job's fields, the carried
+arrays as `actors.transport.wire` tensor maps: never pickle, anything on the host can
+connect to an abstract socket). A frame that does not decode drops its connection.
+
+The sender keeps one connection to its successor (stage i+1, the last stage's is stage
+0), made by `connect` only when the successor's node id is this actor's; otherwise, when
+the link is off (``stage_link="ray"``), or when a send finds the connection gone (the
+peer died), the step goes by ``.remote()``. A message to a dead peer is lost either way;
+the driver sees no progress and replays the groups (`RayDecoder.recover`), which
+connects every stage again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+import sys
+from typing import Any, Callable
+
+import msgpack
+
+from actors.generation.group import Job
+from actors.transport.wire import WireFormatError, tensor_from_map, tensor_to_map, unpack_frame
+
+log = logging.getLogger(__name__)
+
+#: the largest step frame a stage accepts (a prefill's hidden states at batch x prompt)
+MAX_FRAME_BYTES = 1 << 30
+_HEADER = struct.Struct("<I")
+#: the ways a stage passes a step on: the socket where it can, or always the Ray call
+LINKS = ("socket", "ray")
+
+Step = Callable[[str, int, Job, list[dict[str, Any]]], None]
+
+
+def socket_name(ring_id: str, index: int, incarnation: str) -> str:
+    """The abstract-namespace address of one stage actor's incarnation."""
+    return f"\0hetero_exec/generation/{ring_id}/{index}/{incarnation}"
+
+
+def supported() -> bool:
+    """Abstract Unix sockets are Linux's."""
+    return sys.platform.startswith("linux")
+
+
+# -- frames ---------------------------------------------------------------------------------
+
+
+def _opt(arr: Any) -> Any:
+    return None if arr is None else tensor_to_map(arr)
+
+
+def encode_step(gid: str, epoch: int, job: Job, carried: list[dict[str, Any]]) -> bytes:
+    """One step message as a length-prefixed msgpack frame."""
+    body = msgpack.packb(
+        [gid, int(epoch), int(job.at), tensor_to_map(job.ids), [[int(p), int(t)] for p, t in job.pieces],
+         None if job.rewind is None else [int(job.rewind[0]), int(job.rewind[1])],
+         None if job.draws is None else int(job.draws), _opt(job.end), _opt(job.start),
+         [{name: tensor_to_map(v) for name, v in c.items()} for c in carried], bool(job.logits)],
+        use_bin_type=True)
+    return _HEADER.pack(len(body)) + body
+
+
+def _int(v: Any, what: str) -> int:
+    if type(v) is not int:
+        raise WireFormatError(f"step frame {what} must be an int, got {type(v).__name__}")
+    return v
+
+
+def _pair(v: Any, what: str) -> tuple[int, int]:
+    if not isinstance(v, list) or len(v) != 2:
+        raise WireFormatError(f"step frame {what} must be a pair of ints")
+    return _int(v[0], what), _int(v[1], what)
+
+
+def decode_step(body: bytes) -> tuple[str, int, Job, list[dict[str, Any]]]:
+    """The (gid, epoch, job, carried) of a frame's body; WireFormatError when malformed."""
+    obj = unpack_frame(body, MAX_FRAME_BYTES)
+    if not isinstance(obj, list) or len(obj) != 11:
+        raise WireFormatError("a step frame is a list of 11 fields")
+    gid, epoch, at, ids, pieces, rewind, draws, end, start, carried, logits = obj
+    if not isinstance(gid, str) or not isinstance(pieces, list) or not isinstance(carried, list) \
+            or not isinstance(logits, bool):
+        raise WireFormatError("step frame: gid, pieces, carried or logits of the wrong type")
+    job = Job(_int(at, "at"), tensor_from_map(ids), [_pair(p, "piece") for p in pieces],
+              rewind=None if rewind is None else _pair(rewind, "rewind"),
+              draws=None if draws is None else _int(draws, "draws"),
+              end=None if end is None else tensor_from_map(end),
+              start=None if start is None else tensor_from_map(start), logits=logits)
+    values: list[dict[str, Any]] = []
+    for c in carried:
+        if not isinstance(c, dict):
+            raise WireFormatError("step frame: carried values are maps")
+        values.append({name: tensor_from_map(m) for name, m in c.items()})
+    if len(values) != len(job.pieces):
+        raise WireFormatError(f"step frame: {len(values)} carried maps for {len(job.pieces)} pieces")
+    return gid, _int(epoch, "epoch"), job, values
+
+
+# -- the two ends ---------------------------------------------------------------------------
+
+
+class _Receiver(asyncio.Protocol):
+    """One incoming connection: frames in, each run as a step on the actor's loop."""
+
+    def __init__(self, step: Step, label: str):
+        self.step, self.label = step, label
+        self.buffer = bytearray()
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while len(self.buffer) >= _HEADER.size:
+            (n,) = _HEADER.unpack_from(self.buffer)
+            if n > MAX_FRAME_BYTES:
+                return self._refuse(f"frame of {n} bytes over {MAX_FRAME_BYTES}")
+            if len(self.buffer) < _HEADER.size + n:
+                return
+            body = bytes(self.buffer[_HEADER.size:_HEADER.size + n])
+            del self.buffer[:_HEADER.size + n]
+            try:
+                message = decode_step(body)
+            except WireFormatError as e:
+                return self._refuse(str(e))
+            try:
+                self.step(*message)
+            except Exception:  # a step's failure is the step's: the link stays
+                log.exception("%s: a step received over its socket failed", self.label)
+
+    def _refuse(self, why: str) -> None:
+        log.warning("%s: dropped a stage link connection: %s", self.label, why)
+        self.buffer.clear()
+        self.transport.close()
+
+
+class _Sender(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.lost = False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+
+
+class StageLink:
+    """A stage's listening socket and its connection to its successor."""
+
+    def __init__(self, label: str, step: Step, enabled: bool = True):
+        self.label, self.step = label, step
+        self.enabled = enabled and supported()
+        self.address = ""
+        self.server: Any = None
+        self.transport: Any = None
+        self.sender: _Sender | None = None
+        self.sent_socket = 0
+        self.sent_ray = 0
+
+    async def listen(self, address: str) -> str:
+        """Serve ``address`` on the running loop (once); returns it, or "" when off."""
+        if not self.enabled or self.server is not None:
+            return self.address
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:  # bound here: an event loop's own path handling may not know abstract names
+            sock.bind(address)
+            sock.listen(64)
+            self.server = await loop.create_unix_server(lambda: _Receiver(self.step, self.label),
+                                                        sock=sock)
+            self.address = address
+        except OSError as e:
+            sock.close()
+            log.warning("%s: no stage link socket (%s): steps go by Ray calls", self.label, e)
+        return self.address
+
+    async def connect(self, own_node: str, node: str, address: str) -> bool:
+        """Connect to the successor at ``address`` when it runs on this node; returns
+        whether steps now go over the socket."""
+        self._drop()
+        if not (self.enabled and address and node == own_node):
+            return False
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:  # a listening Unix socket accepts at once: a blocking connect does not wait
+            sock.connect(address)
+            sock.setblocking(False)
+            self.transport, self.sender = await loop.create_unix_connection(_Sender, sock=sock)
+        except OSError as e:
+            sock.close()
+            log.warning("%s: cannot connect to its successor's socket (%s): steps go by Ray "
+                        "calls", self.label, e)
+            return False
+        return True
+
+    def send(self, successor: Any, gid: str, epoch: int, job: Job,
+             carried: list[dict[str, Any]]) -> None:
+        """Pass a step on: over the socket while it is up, else by ``successor.step.remote``."""
+        if self.transport is not None and not (self.sender.lost or self.transport.is_closing()):
+            try:
+                self.transport.write(encode_step(gid, epoch, job, carried))
+                self.sent_socket += 1
+                return
+            except (OSError, RuntimeError) as e:
+                log.warning("%s: its stage link failed (%s): Ray calls until reconnected",
+                            self.label, e)
+        if self.transport is not None:
+            self._drop()
+        self.sent_ray += 1
+        successor.step.remote(gid, epoch, job, carried)
+
+    def _drop(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        self.transport, self.sender = None, None
+
+    def close(self) -> None:
+        self._drop()
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
