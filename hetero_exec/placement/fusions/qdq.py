@@ -10,7 +10,7 @@ onnxruntime's QDQ transformer does the same (its MatMulIntegerToFloat / QLinearM
 selectors), so results move by float rounding of the scale only. Matched when x's scale
 and zero point are scalars and W's are scalars or one per column (axis 1), the
 DequantizeLinear of x is read by the MatMul alone, and nothing is blocked (opset 21's
-block_size)."""
+block_size). x's DequantizeLinear may have other readers: it then stays for them.""" 
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def _matmul(rw: Rewriter, node: Node) -> None:
     trans_b = gemm and attr(node, "transB", 0)
     dq_a, dq_w = rw.producer(a), rw.producer(w)
     pa, pw = _dq_parts(rw, dq_a), _dq_parts(rw, dq_w)
-    if pa is None or pw is None or not rw.feeds_only(dq_a, node):
+    if pa is None or pw is None:
         return
     xq, xs, xz = pa
     wq, ws, wz = pw
@@ -100,7 +100,10 @@ def _matmul(rw: Rewriter, node: Node) -> None:
         return
     if trans_b:
         wq = rw.add_const(f"{wq}_t", wv)
-    rw.fuse([dq_a, node] + bias[1], "MatMulIntegerToFloat", MS_DOMAIN,
+    # x's DequantizeLinear goes with the product when it is its only reader; otherwise it
+    # stays for the others (quantize_static shares one for Q, K and V) until none is left
+    head = [dq_a] if rw.feeds_only(dq_a, node) else []
+    rw.fuse(head + [node] + bias[1], "MatMulIntegerToFloat", MS_DOMAIN,
             [xq, wq, xs, ws, xz, wz, bias[0]], node.outputs[0], {})
 
 
