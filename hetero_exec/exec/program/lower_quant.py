@@ -160,30 +160,3 @@ def matmul_nbits(b, st, ins, outs):
            p=[M, N, K, bits, block], parts=b.parts(N, 2.0 * M * K * N))
     return [out]
 
-
-@lowers("DequantizeLinear")
-def dequantize_linear(b, st, ins, outs):
-    """8-bit x by a constant scale and zero point (one, or one per index of ``axis``) as
-    cast, subtract and multiply records: the arithmetic of kernels/quant.py, in float32."""
-    x = ins[0]
-    if x.dtype not in _BYTES or outs[0].dtype != np.float32 or st.kwargs.get("block_size", 0):
-        raise NotLowered("DequantizeLinear not of 8 bits to float32")
-    scale = _weight(b, st, 1)
-    zp = _weight(b, st, 2) if len(ins) > 2 and ins[2] is not None else None
-    if scale is None or scale.dtype != np.float32 or (len(ins) > 2 and ins[2] is not None
-                                                       and zp is None):
-        raise NotLowered("DequantizeLinear with fed parameters")
-    shape = [1] * len(x.shape)
-    if scale.size != 1:
-        axis = int(st.kwargs.get("axis", 1))
-        axis = axis + len(x.shape) if axis < 0 else axis
-        if not 0 <= axis < len(x.shape) or x.shape[axis] != scale.size:
-            raise NotLowered(f"DequantizeLinear scale of {scale.shape} for {x.shape}")
-        shape[axis] = scale.size
-    out = b.like(outs[0], [x])
-    b.elementwise("OP_CAST", 0, out, [x])
-    if zp is not None:
-        b.elementwise("OP_BINARY", b.codes["B_SUB"], out,
-                      [out, b.const(zp.astype(np.float32).reshape(shape))])
-    b.elementwise("OP_BINARY", b.codes["B_MUL"], out, [out, b.const(scale.reshape(shape))])
-    return [out]
