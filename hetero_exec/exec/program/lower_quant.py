@@ -2,8 +2,9 @@
 
 MatMulInteger on a constant 8-bit weight (scalar zero point of A) as one record on
 native/qgemm.c's integer GEMM, reusing the weight its kernel packed; DynamicQuantizeLinear
-of float32 as one record (qgemm.c). With the element-wise lowerings, a
-``quantize_dynamic`` model's step then runs as one program.
+of float32 as one record (qgemm.c); MatMulIntegerToFloat (what placement/fusions/qdq.py
+makes of a QDQ model's products) as that record and its cast, scale and bias. With the
+element-wise lowerings, a ``quantize_dynamic`` model's step then runs as one program.
 
 MatMulNBits (com.microsoft, 4 or 8 bits) as one record on native/nbits.c: its weight,
 scales and zero points constants of the plan, A float32 and at most
@@ -38,23 +39,64 @@ def dynamic_quantize_linear(b, st, ins, outs):
 
 @lowers("MatMulInteger")
 def matmul_integer(b, st, ins, outs):
+    out = b.like(outs[0])
+    _integer_product(b, st, ins, out, zp_slots=(2, 3), what="MatMulInteger")
+    return [out]
+
+
+@lowers("MatMulIntegerToFloat", domain=quant_matmul.MS_DOMAIN)
+def matmul_integer_to_float(b, st, ins, outs):
+    """The integer product into an int32 scratch, then cast, scale (a_scale * b_scale,
+    constants folded here) and bias as element-wise records: a QDQ model's products
+    (placement/fusions/qdq.py) inside the program, threaded as MatMulInteger is."""
+    a_scale, b_scale = _weight(b, st, 2), _weight(b, st, 3)
+    if a_scale is None or b_scale is None or a_scale.size != 1 \
+            or a_scale.dtype != np.float32 or b_scale.dtype != np.float32:
+        raise NotLowered("MatMulIntegerToFloat with scales that are not float32 constants")
+    if outs[0].dtype != np.float32:
+        raise NotLowered("MatMulIntegerToFloat not float32")
+    N = outs[0].shape[-1]
+    if b_scale.size not in (1, N):
+        raise NotLowered(f"MatMulIntegerToFloat b_scale of {b_scale.shape}")
+    bias = ins[6] if len(ins) > 6 else None
+    if bias is not None:
+        _f32(bias)
+        if bias.size != N:
+            raise NotLowered(f"MatMulIntegerToFloat bias of {bias.shape}")
+    acc = b.scratch(outs[0].shape, np.int32)
+    _integer_product(b, st, ins, acc, zp_slots=(4, 5), what="MatMulIntegerToFloat")
+    out = b.like(outs[0])
+    b.elementwise("OP_CAST", 0, out, [acc])
+    # as the kernel computes it: the float32 product of the two scales, then one multiply
+    scale = (a_scale.reshape(()) * b_scale.reshape(-1 if b_scale.size > 1 else ())) \
+        .astype(np.float32)
+    b.elementwise("OP_BINARY", b.codes["B_MUL"], out, [out, b.const(scale)])
+    if bias is not None:
+        b.elementwise("OP_BINARY", b.codes["B_ADD"], out, [out, bias.reshape((N,))
+                                                         if bias.shape != (N,) else bias])
+    return [out]
+
+
+def _integer_product(b, st, ins, out, zp_slots: tuple[int, int], what: str) -> None:
+    """``out`` int32 = (A - a_zp) @ (B - b_zp) on qgemm.c, B the constant weight of slot 1
+    (packed once, or reused from the kernel's CenteredWeight)."""
     if not library.available():
         raise NotLowered("no C library")
     A = ins[0]
     weight = _weight(b, st, 1)
     if A.dtype not in _BYTES or weight is None or weight.ndim != 2 or weight.dtype not in _BYTES:
-        raise NotLowered("MatMulInteger without a constant 2-D 8-bit weight")
-    azp = ins[2] if len(ins) > 2 else None
+        raise NotLowered(f"{what} without a constant 2-D 8-bit weight")
+    azp = ins[zp_slots[0]] if len(ins) > zp_slots[0] else None
     if azp is not None and azp.size != 1:
-        raise NotLowered("MatMulInteger with a zero point per row of A")
+        raise NotLowered(f"{what} with a zero point per row of A")
     bzp = None
-    if len(ins) > 3 and ins[3] is not None:
-        bzp = _weight(b, st, 3)
+    if len(ins) > zp_slots[1] and ins[zp_slots[1]] is not None:
+        bzp = _weight(b, st, zp_slots[1])
         if bzp is None:
-            raise NotLowered("MatMulInteger with a fed zero point of B")
+            raise NotLowered(f"{what} with a fed zero point of B")
     K, N = weight.shape
     if len(A.shape) < 2 or A.shape[-1] != K:
-        raise NotLowered(f"MatMulInteger of A {A.shape} and B {weight.shape}")
+        raise NotLowered(f"{what} of A {A.shape} and B {weight.shape}")
     cw = getattr(st.fn, "centered_weight", None)
     packed = cw.packed if cw is not None and cw.source is weight and not cw.transpose else None
     if packed is None or not (bzp is None and cw.zero_point is None or bzp is not None
@@ -62,14 +104,12 @@ def matmul_integer(b, st, ins, outs):
                               and np.array_equal(bzp, cw.zero_point)):
         packed = _int_gemm.PackedInt8(weight, bzp)
     if packed.zp is None:
-        raise NotLowered("MatMulInteger with a zero point of B of another shape")
+        raise NotLowered(f"{what} with a zero point of B of another shape")
     A2 = b.contiguous(A)
     M = A2.size // K
-    out = b.like(outs[0])
     b.emit("OP_QGEMM", tensors=[out, A2, b.const(packed.packed),
                                 None if azp is None else b.contiguous(azp), b.const(packed.zp)],
            p=[M, N, K], parts=b.parts(-(-N // 32) * -(-M // 64), 0.5 * M * K * N))
-    return [out]
 
 
 @lowers("MatMulNBits", domain=quant_matmul.MS_DOMAIN)
@@ -119,3 +159,4 @@ def matmul_nbits(b, st, ins, outs):
                                         .reshape(-1)), zpb, zpf, bias],
            p=[M, N, K, bits, block], parts=b.parts(N, 2.0 * M * K * N))
     return [out]
+

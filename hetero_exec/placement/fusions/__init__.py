@@ -12,6 +12,7 @@ One module per family, run in this order by `fuse`:
 * norm: LayerNorm and RMSNorm written out as primitives;
 * rotary: Llama's rotate_half rotary embedding;
 * attention: MatMul-[scale]-[Where]-[Add mask]-Softmax-MatMul;
+* qdq: MatMul of two DequantizeLinear (a QDQ model's product) -> MatMulIntegerToFloat;
 * matmul: MatMul + bias [+ activation], Gemm [+ activation].
 
 A chain is fused only when each intermediate value has the next node as its only
@@ -39,6 +40,7 @@ from hetero_exec.placement.fusions.gelu import fuse_gelu
 from hetero_exec.placement.fusions.layout import cancel_layout
 from hetero_exec.placement.fusions.matmul import fuse_matmul
 from hetero_exec.placement.fusions.norm import fuse_norms
+from hetero_exec.placement.fusions.qdq import fuse_qdq
 from hetero_exec.placement.fusions.rewriter import Region, domain_used, fused_identities
 from hetero_exec.placement.fusions.rotary import fuse_rotary
 
@@ -49,10 +51,11 @@ Fusion = Callable[[Graph, "Region | None"], "Graph | None"]
 #: in order: layout first (it exposes the others' chains); the BatchNormalization fold
 #: must see plain Convs; gelu before conv and matmul (its FusedGelu becomes their
 #: activation); rotary before attention (Q and K come out of it); matmul last
-#: (attention's MatMuls are not bias products)
+#: (attention's MatMuls are not bias products), qdq just before it (its MatMuls are
+#: integer products, not float ones)
 FUSIONS: tuple[Fusion, ...] = (
     cancel_layout, fold_batchnorm, fuse_gelu, fuse_conv, fuse_norms, fuse_rotary,
-    fuse_attention, fuse_matmul)
+    fuse_attention, fuse_qdq, fuse_matmul)
 
 
 def fuse(graph: Graph, region: Region | None = None) -> Graph | None:
@@ -107,4 +110,4 @@ def _restore(graph: Graph, region: Region | None, saved: tuple) -> None:
 
 __all__ = ["FUSED_DOMAIN", "FUSIONS", "Region", "fuse", "fuse_cpu", "fused_identities",
            "domain_used", "cancel_layout", "fold_batchnorm", "fuse_conv", "fuse_norms",
-           "fuse_gelu", "fuse_rotary", "fuse_attention", "fuse_matmul"]
+           "fuse_gelu", "fuse_rotary", "fuse_attention", "fuse_qdq", "fuse_matmul"]

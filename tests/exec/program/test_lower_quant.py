@@ -66,3 +66,34 @@ def test_matmul_integer_in_the_program(a_t, b_t):
               [init("B", B), init("azp", np.array(a_t(5))),
                init("bzp", _ints(rng, b_t, (N,), False))])
     check(m, {"A": _ints(rng, a_t, (2, 3, K), True)}, rtol=0, atol=0)
+
+
+
+@pytest.mark.parametrize("per_column", [False, True])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_qdq_product_runs_in_the_program(per_column, rows):
+    """DequantizeLinear(x_q) @ DequantizeLinear(W_q) + bias, Relu: fused into
+    MatMulIntegerToFloat (placement/fusions/qdq.py), then a qgemm.c record with its cast,
+    scale and bias records, and the Add and Relu after it: no Python step."""
+    from onnx import TensorProto, helper
+
+    from tests._models import F, init, model, vi
+
+    rng = np.random.default_rng(rows)
+    K, N = 70, 33
+    w = rng.integers(-127, 128, (K, N)).astype(np.int8)
+    ws = (rng.random(N) * 0.01 + 1e-3).astype(np.float32) if per_column \
+        else np.array(0.004, np.float32)
+    nodes = [helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=1),
+             helper.make_node("MatMul", ["xd", "wd"], ["p"]),
+             helper.make_node("Add", ["p", "bias"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    m = model(nodes, [vi("xq", TensorProto.UINT8, [rows, K])], [vi("y", F, [rows, N])],
+              [init("xs", np.array(0.02, np.float32)), init("xz", np.array(120, np.uint8)),
+               init("w", w), init("ws", ws), init("wz", np.zeros(ws.shape, np.int8)),
+               init("bias", rng.standard_normal(N).astype(np.float32))])
+    feed = {"xq": rng.integers(0, 256, (rows, K)).astype(np.uint8)}
+    sess = check(m, feed, rtol=1e-5, atol=1e-5)
+    ops = [n.op_type for seg in sess.placement.segments for n in seg.nodes]
+    assert "MatMulIntegerToFloat" in ops and "MatMul" not in ops
