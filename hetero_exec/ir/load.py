@@ -84,12 +84,67 @@ def _contrib_failure(model: onnx.ModelProto, message: str) -> str | None:
     return None
 
 
+#: initializers from this many bytes on are held apart while onnx's checker and shape
+#: inference run: each serializes the whole model (a weight-heavy model's build was
+#: mostly that), and neither needs a weight's values, only its type and shape
+DETACH_BYTES = 16 * 1024
+
+
+def _detach_weights(model: onnx.ModelProto) -> tuple[list[onnx.TensorProto], int]:
+    """Take the large initializers (raw data of exactly their size: the checker would
+    find nothing to say about them) out of ``model``'s graph, each standing in as a
+    graph input of its type and shape; returns them and how many inputs were added."""
+    g = model.graph
+    inputs = {i.name for i in g.input}
+    kept, detached = [], []
+    for t in g.initializer:
+        size = _itemsize(t.data_type)
+        if size and t.data_location != onnx.TensorProto.EXTERNAL and t.raw_data \
+                and len(t.raw_data) >= DETACH_BYTES \
+                and len(t.raw_data) == size * int(np.prod(t.dims, dtype=np.int64)):
+            detached.append(t)
+        else:
+            kept.append(t)
+    if not detached:
+        return [], 0
+    del g.initializer[:]
+    g.initializer.extend(kept)
+    added = [t for t in detached if t.name not in inputs]
+    g.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                   for t in added)
+    return detached, len(added)
+
+
+def _itemsize(data_type: int) -> int:
+    """Bytes an element of ``data_type`` takes in raw data; 0 where that is not fixed."""
+    if data_type in _UNSIZED:
+        return 0
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type)).itemsize
+    except Exception:  # a type this onnx maps to no numpy dtype
+        return 0
+
+
+def _attach_weights(model: onnx.ModelProto, detached: list[onnx.TensorProto],
+                    added: int) -> None:
+    if added:
+        del model.graph.input[len(model.graph.input) - added:]
+    model.graph.initializer.extend(detached)
+
+
+#: element types without a fixed byte size (strings, 4-bit and sub-byte packings)
+_UNSIZED = {onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED}
+_UNSIZED |= {getattr(onnx.TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2",
+                                                    "UINT2") if hasattr(onnx.TensorProto, n)}
+
+
 def prepare_model(model: onnx.ModelProto) -> onnx.ModelProto:
     """Inline local functions, check, and infer shapes (symbolic dims kept)."""
     model = copy.deepcopy(model)
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
     _register_contrib_schemas()
+    detached, added = _detach_weights(model)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
@@ -99,10 +154,12 @@ def prepare_model(model: onnx.ModelProto) -> onnx.ModelProto:
         log.warning("onnx's checker refused %s (%s); its kernel checks the node instead",
                     contrib, str(e).strip().splitlines()[0])
     try:
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception as e:  # inference is advisory: run-time shapes still work
         log.warning("shape inference failed, continuing without it: %s", e)
-        return model
+        inferred = model
+    _attach_weights(inferred, detached, added)
+    return inferred
 
 
 def load(source: ModelSource, base_dir: str | None = None) -> tuple[onnx.ModelProto, Graph]:
@@ -135,7 +192,11 @@ def build_graph(g: onnx.GraphProto, opsets: dict[str, int], scope: str,
         values[vi.name] = value_from_type(vi.name, vi.type)
     initializers: dict[str, np.ndarray] = {}
     for t in g.initializer:
-        arr = numpy_helper.to_array(t)
+        try:
+            arr = numpy_helper.to_array(t)
+        except (ValueError, TypeError) as e:  # data that does not fill its dims, say
+            raise ModelLoadError(f"invalid ONNX model: initializer {t.name!r} "
+                                 f"(dims {list(t.dims)}): {e}") from None
         initializers[t.name] = arr
         values.setdefault(t.name, Value(t.name, "tensor", t.data_type, tuple(arr.shape)))
     for sp in g.sparse_initializer:

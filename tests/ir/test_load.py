@@ -406,3 +406,40 @@ def test_nested_if_in_loop_body_capture_reaches_the_loop_body():
         feed = {"n": np.array(n, np.int64), "x": np.array([1.0, 2.0], np.float32)}
         # (onnx's ReferenceEvaluator gets this Loop wrong: it returns x * w for every n)
         assert_outputs(sess.run(None, feed), ort_run(m, feed))
+
+
+# --- weights held apart from onnx's checker and shape inference ------------------
+
+
+def _weighted_model(w: onnx.TensorProto) -> onnx.ModelProto:
+    """x (2, 64) @ w (64, 128), reshaped by a shape tensor: inference needs w's shape
+    and the shape tensor's values, never w's values."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+             helper.make_node("Reshape", ["h", "shape"], ["y"], name="rs")]
+    return model(nodes, [vi("x", F, [2, 64])], [vi("y", F, [4, 64])],
+                 [w, init("shape", np.array([4, 64], np.int64))])
+
+
+def test_a_large_weight_keeps_its_values_and_the_inferred_shapes():
+    from hetero_exec.ir.load import DETACH_BYTES
+
+    w = np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)
+    assert w.nbytes >= DETACH_BYTES
+    m = _weighted_model(init("w", w))
+    loaded, g = load(m)
+    assert [i.name for i in loaded.graph.input] == ["x"]
+    assert {t.name for t in loaded.graph.initializer} == {"w", "shape"}
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in loaded.graph.value_info}
+    assert shapes["h"] == [2, 128]
+    np.testing.assert_array_equal(g.initializers["w"], w)
+    x = np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)
+    assert_outputs(InferenceSession(m).run(None, {"x": x}), ort_run(m, {"x": x}))
+
+
+def test_a_large_weight_of_the_wrong_size_is_still_a_load_error():
+    w = init("w", np.ones((64, 128), np.float32))
+    w.raw_data = w.raw_data[:-4]  # one element short
+    with pytest.raises(ModelLoadError, match="initializer 'w'") as ei:
+        load(_weighted_model(w))
+    _check_load_error(ei.value)
