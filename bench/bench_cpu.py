@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import dataclasses
 import json
 import math
 import os
@@ -262,33 +261,30 @@ def reference_speedup(runs: int) -> dict[str, Any]:
 
 
 def op_times(sess, feed, runs: int) -> tuple[dict[str, float], float]:
-    """Seconds per run spent in each op type's kernel (by wrapping the compiled steps),
-    and the mean seconds per run of those runs.
+    """Seconds per run spent in each op type's kernel, stepping the cpu session's one
+    compiled plan node by node (exec/profiling.timed_execute: the steps in Python, no
+    program), and the mean seconds per run of those runs.
 
-    Reads the executor's compiled plans (bench-only introspection); bodies of
-    If/Loop/functions count under the node that runs them.
+    Bodies of If/Loop/functions count under the node that runs them.
     """
+    from hetero_exec.exec.profiling import timed_execute
+
+    segments = sess._executor.segments
+    if len(segments) != 1:
+        raise RuntimeError(f"op timing steps one plan; this session has {len(segments)} segments")
+    plan = segments[0].plan
+    inputs = [feed.get(name) for name, _slot in plan.input_slots]
+    timed_execute(plan, inputs)  # warm-up
     totals: dict[str, float] = {}
-
-    def timed(fn, op):
-        def run(*args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                totals[op] = totals.get(op, 0.0) + time.perf_counter() - t
-        return run
-
-    for seg in sess._executor.segments:
-        # a new plan, so whatever the run loop derives from the steps is derived again
-        steps = [dataclasses.replace(s, fn=timed(s.fn, s.node.op_type)) for s in seg.plan.steps]
-        seg.plan = dataclasses.replace(seg.plan, steps=steps)
-    sess.run(None, feed)
+    t0 = time.perf_counter()
+    for _ in range(runs):
+        _outs, timings = timed_execute(plan, inputs)
+        for node, seconds in timings:
+            totals[node.op_type] = totals.get(node.op_type, 0.0) + seconds
+    wall = time.perf_counter() - t0
     if not totals:
-        raise RuntimeError("op timing saw no kernel calls: the executor's plan layout changed")
-    totals.clear()  # drop the warm-up run
-    wall = interleaved([lambda: sess.run(None, feed)], runs, 0)[0]
-    return {op: t / runs for op, t in totals.items()}, sum(wall) / runs
+        raise RuntimeError("op timing saw no kernel calls")
+    return {op: t / runs for op, t in totals.items()}, wall / runs
 
 
 def profile_model(name: str, batch: int, runs: int, seq: int, top: int = 12) -> dict[str, Any]:
