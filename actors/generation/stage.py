@@ -25,7 +25,7 @@ import logging
 import os
 import time
 import uuid
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import ray
@@ -270,42 +270,49 @@ class GenerationStage:
         ``timeout``): ``{"logits": [batch, vocab] or None}``; ``{"freed": True}`` when
         the group's cache was freed (that step was dropped); ``{"missing": True}`` when
         the group is unknown here (a restarted actor)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            g = self.groups.get(gid)
-            if g is None:
-                return {"missing": True}
+        def ready(g: StageGroup) -> dict[str, Any] | None:
             if g.logits is not None and g.logits[0] == epoch:
                 return {"logits": g.logits[1]}
             if not g.caches:  # the ring had ended the group: the step was dropped
                 return {"freed": True}
-            left = deadline - loop.time()
-            if left <= 0:
-                return {"logits": None}
-            self.changed.clear()
-            try:
-                await asyncio.wait_for(self.changed.wait(), left)
-            except asyncio.TimeoutError:
-                pass
+            return None
+
+        return await self._long_poll(gid, ready, lambda g: {"logits": None}, timeout)
 
     async def tokens(self, gid: str, epoch: int, have: int, timeout: float = 1.0
                      ) -> dict[str, Any]:
         """The ids of positions ``have``.. once there are any (or after ``timeout``):
         ``{"epoch", "at", "ids", "done"}``; ``{"missing": True}`` when the group is
         unknown here (a restarted actor)."""
+        def ready(g: StageGroup) -> dict[str, Any] | None:
+            if g.live == epoch and (g.length > have or g.done()):
+                return {"epoch": g.live, "at": have, "ids": g.ids[:, have:g.length].copy(),
+                        "done": g.done()}
+            return None
+
+        def expired(g: StageGroup) -> dict[str, Any]:
+            return {"epoch": g.live, "at": have, "ids": g.ids[:, have:have], "done": False}
+
+        return await self._long_poll(gid, ready, expired, timeout)
+
+    async def _long_poll(self, gid: str, ready: Callable[[StageGroup], dict[str, Any] | None],
+                         expired: Callable[[StageGroup], dict[str, Any]], timeout: float
+                         ) -> dict[str, Any]:
+        """``ready(group)`` once it answers (it is asked again at each change here), or
+        ``expired(group)`` after ``timeout``; ``{"missing": True}`` when ``gid`` is
+        unknown here."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             g = self.groups.get(gid)
             if g is None:
                 return {"missing": True}
-            if g.live == epoch and (g.length > have or g.done()):
-                return {"epoch": g.live, "at": have, "ids": g.ids[:, have:g.length].copy(),
-                        "done": g.done()}
+            reply = ready(g)
+            if reply is not None:
+                return reply
             left = deadline - loop.time()
             if left <= 0:
-                return {"epoch": g.live, "at": have, "ids": g.ids[:, have:have], "done": False}
+                return expired(g)
             self.changed.clear()
             try:
                 await asyncio.wait_for(self.changed.wait(), left)
