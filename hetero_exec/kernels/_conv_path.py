@@ -143,14 +143,16 @@ def conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp, Z=None, ac
                                     group, out_sp, path, W if key_w is None else key_w)
         if Y is not None:
             return Y
+    def products(bias):
+        if kind == "pointwise":
+            return conv_numpy.pointwise(xp, X, W, bias, strides, group, out_sp)
+        if kind == "shift":
+            return conv_numpy.shift(xp, X, W, bias, pb, pe, out_sp, path, key_w, key_b)
+        return conv_numpy.im2col(xp, X, W, bias, strides, dilations, pb, pe, group, out_sp)
+
     if kind in ("pointwise", "im2col", "shift") and compiled and (B is not None or Z is not None):
         # the bias, residual (and activation, when compiled) in one pass after the products
-        if kind == "pointwise":
-            Y = conv_numpy.pointwise(xp, X, W, None, strides, group, out_sp)
-        elif kind == "shift":
-            Y = conv_numpy.shift(xp, X, W, None, pb, pe, out_sp, path, key_w, key_b)
-        else:
-            Y = conv_numpy.im2col(xp, X, W, None, strides, dilations, pb, pe, group, out_sp)
+        Y = products(None)
         conv_native.channels_epilogue(Y, B, Z, NO_ACTIVATION if act is None else act)
         if act is None:
             conv_numpy.epilogue(xp, Y, None, activation)
@@ -160,12 +162,8 @@ def conv_core(xp, X, W, B, strides, dilations, pb, pe, group, out_sp, Z=None, ac
                                       W if key_w is None else key_w, B if key_b is None else key_b)
     elif kind == "depthwise_taps":
         Y = conv_numpy.depthwise_taps(xp, X, W, B, strides, dilations, pb, pe, out_sp, group)
-    elif kind == "pointwise":
-        Y = conv_numpy.pointwise(xp, X, W, B, strides, group, out_sp)
-    elif kind == "shift":
-        Y = conv_numpy.shift(xp, X, W, B, pb, pe, out_sp, path, key_w, key_b)
     else:
-        Y = conv_numpy.im2col(xp, X, W, B, strides, dilations, pb, pe, group, out_sp)
+        Y = products(B)
     conv_numpy.epilogue(xp, Y, Z, activation)
     return Y
 
