@@ -36,6 +36,7 @@ from hetero_exec.ir.graph import Graph
 from hetero_exec.kernels.fused import FUSED_DOMAIN
 from hetero_exec.placement.fusions.attention import fuse_attention
 from hetero_exec.placement.fusions.conv import fold_batchnorm, fuse_conv
+from hetero_exec.placement.fusions.float16 import float16_in_float32
 from hetero_exec.placement.fusions.gelu import fuse_gelu
 from hetero_exec.placement.fusions.layout import cancel_layout
 from hetero_exec.placement.fusions.matmul import fuse_matmul
@@ -82,8 +83,11 @@ def fuse(graph: Graph, region: Region | None = None) -> Graph | None:
 
 
 def fuse_cpu(graph: Graph) -> Graph | None:
-    """The cpu provider's pass (placement/passes.py): `fuse` over the whole graph."""
-    return fuse(graph)
+    """The cpu provider's pass (placement/passes.py): a float16 graph's float32 chains
+    kept in float32 (`float16.py`), then `fuse` over the whole graph."""
+    halves = float16_in_float32(graph) is not None
+    fused = fuse(graph)
+    return graph if halves or fused is not None else None
 
 
 def _snapshot(graph: Graph, region: Region | None) -> tuple:
