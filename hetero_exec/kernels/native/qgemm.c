@@ -409,8 +409,17 @@ int he_qgemm_mt(int M, int N, int K, const void *Av, long lda, int a_signed, con
 void he_dynamic_quantize(const float *x, long n, void *yv, float *scale, void *zpv)
 {
     uint8_t *y = (uint8_t *)yv;
-    float mx = 0.0f, mn = 0.0f;
-    for (long i = 0; i < n; i++) {
+    /* the range a vector at a time; a NaN is skipped, as the scalar `x > mx ? x : mx`
+     * skips it (vmax returns its second operand when the first is NaN) */
+    vf vmx = vzero(), vnm = vzero(); /* max(x) and max(-x): both from 0, as the range is */
+    long i = 0;
+    for (; i + VW <= n; i += VW) {
+        const vf v = vloadu(x + i);
+        vmx = vmax(v, vmx);
+        vnm = vmax(vsub(vzero(), v), vnm);
+    }
+    float mx = vreduce_max(vmx), mn = -vreduce_max(vnm);
+    for (; i < n; i++) {
         mx = x[i] > mx ? x[i] : mx;
         mn = x[i] < mn ? x[i] : mn;
     }
@@ -418,9 +427,19 @@ void he_dynamic_quantize(const float *x, long n, void *yv, float *scale, void *z
     float s = range / 255.0f;
     float z = -mn / s;
     z = rintf(z < 0.0f ? 0.0f : z > 255.0f ? 255.0f : z);
-    for (long i = 0; i < n; i++) {
-        float q = rintf(x[i] / s) + z;
-        y[i] = (uint8_t)(q < 0.0f ? 0.0f : q > 255.0f ? 255.0f : q);
+    /* rint(x / s) + z, clamped to [0, 255]: the same division and rounding (half to even)
+     * as the scalar tail */
+    const vf vs = vset1(s), vz = vset1(z), top = vset1(255.0f);
+    float q[VW];
+    for (i = 0; i + VW <= n; i += VW) {
+        vf v = vadd(vround(vdiv(vloadu(x + i), vs)), vz);
+        vstoreu(q, vmin(vmax(v, vzero()), top));
+        for (int j = 0; j < VW; j++)
+            y[i + j] = (uint8_t)q[j];
+    }
+    for (; i < n; i++) {
+        float v = rintf(x[i] / s) + z;
+        y[i] = (uint8_t)(v < 0.0f ? 0.0f : v > 255.0f ? 255.0f : v);
     }
     *scale = s;
     *(uint8_t *)zpv = (uint8_t)z;
