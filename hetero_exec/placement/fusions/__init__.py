@@ -13,6 +13,8 @@ One module per family, run in this order by `fuse`:
 * rotary: Llama's rotate_half rotary embedding;
 * attention: MatMul-[scale]-[Where]-[Add mask]-Softmax-MatMul;
 * qdq: MatMul of two DequantizeLinear (a QDQ model's product) -> MatMulIntegerToFloat;
+* integer: MatMulInteger -> Cast -> Mul(scale) [-> Add(bias)] (a quantize_dynamic
+  model's product) -> MatMulIntegerToFloat;
 * matmul: MatMul + bias [+ activation], Gemm [+ activation].
 
 A chain is fused only when each intermediate value has the next node as its only
@@ -38,6 +40,7 @@ from hetero_exec.placement.fusions.attention import fuse_attention
 from hetero_exec.placement.fusions.conv import fold_batchnorm, fuse_conv
 from hetero_exec.placement.fusions.float16 import float16_in_float32
 from hetero_exec.placement.fusions.gelu import fuse_gelu
+from hetero_exec.placement.fusions.integer import fuse_integer_scale
 from hetero_exec.placement.fusions.layout import cancel_layout
 from hetero_exec.placement.fusions.matmul import fuse_matmul
 from hetero_exec.placement.fusions.norm import fuse_norms
@@ -56,7 +59,7 @@ Fusion = Callable[[Graph, "Region | None"], "Graph | None"]
 #: integer products, not float ones)
 FUSIONS: tuple[Fusion, ...] = (
     cancel_layout, fold_batchnorm, fuse_gelu, fuse_conv, fuse_norms, fuse_rotary,
-    fuse_attention, fuse_qdq, fuse_matmul)
+    fuse_attention, fuse_qdq, fuse_integer_scale, fuse_matmul)
 
 
 def fuse(graph: Graph, region: Region | None = None) -> Graph | None:
