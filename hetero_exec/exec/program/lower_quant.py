@@ -60,12 +60,7 @@ def matmul_integer_to_float(b, st, ins, outs):
         raise NotLowered("MatMulIntegerToFloat with scales that are not float32")
     if a_scale.size != 1 or b_scale.size not in (1, N) or len(b_scale.shape) > 1:
         raise NotLowered(f"MatMulIntegerToFloat scales of {a_scale.shape} and {b_scale.shape}")
-    bias = ins[6] if len(ins) > 6 else None
-    if bias is not None:
-        _f32(bias)
-        if bias.size != N:
-            raise NotLowered(f"MatMulIntegerToFloat bias of {bias.shape}")
-        bias = b.contiguous(bias)
+    bias = _bias(b, ins, 6, N, "MatMulIntegerToFloat")
     ca, cb = _weight(b, st, 2), _weight(b, st, 3)
     if ca is not None and cb is not None:
         scale = b.const(np.ascontiguousarray(np.broadcast_to(
@@ -78,6 +73,17 @@ def matmul_integer_to_float(b, st, ins, outs):
     _integer_product(b, st, ins, out, zp_slots=(4, 5), what="MatMulIntegerToFloat",
                      epilogue=(scale, bias))
     return [out]
+
+
+def _bias(b, ins, at: int, N: int, what: str):
+    """Input ``at`` as a contiguous float32 bias of N values, or None when not given."""
+    bias = ins[at] if len(ins) > at else None
+    if bias is None:
+        return None
+    _f32(bias)
+    if bias.size != N:
+        raise NotLowered(f"{what} bias of {bias.shape}")
+    return b.contiguous(bias)
 
 
 def _integer_product(b, st, ins, out, zp_slots: tuple[int, int], what: str,
@@ -153,12 +159,7 @@ def matmul_nbits(b, st, ins, outs):
         if zp.size != N * kb:
             raise NotLowered("MatMulNBits zero points of the wrong size")
         zpf = b.const(np.ascontiguousarray(zp, dtype=np.float32).reshape(-1))
-    bias = ins[5] if len(ins) > 5 else None
-    if bias is not None:
-        _f32(bias)
-        if bias.size != N:
-            raise NotLowered(f"a MatMulNBits bias of {bias.shape}")
-        bias = b.contiguous(bias)
+    bias = _bias(b, ins, 5, N, "MatMulNBits")
     A2 = b.contiguous(A)
     out = b.like(outs[0])
     b.emit("OP_NBITS", tensors=[out, A2, b.const(np.ascontiguousarray(B).reshape(-1)),
