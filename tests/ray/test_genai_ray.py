@@ -161,8 +161,10 @@ def test_get_logits_follows_the_in_process_generator(llama):
 
 def test_groups_in_flight_share_the_pipeline_and_free_their_caches(llama):
     groups = [prompts(b, seed=20 + i) for i, b in enumerate((1, 2, 1, 3))]
-    want = [_generate(_local_model("llama"), rows) for rows in groups]
-    gens = [_start(llama, rows) for rows in groups]
+    # long enough that no group ends before the last one starts (the ring runs ahead)
+    new = 200
+    want = [_generate(_local_model("llama"), rows, new) for rows in groups]
+    gens = [_start(llama, rows, new) for rows in groups]
     stats = llama.remote.stats()
     assert [s["groups"] for s in stats] == [4, 4]
     assert all(s["reserved_bytes"] > 0 for s in stats)
