@@ -41,6 +41,53 @@ def decode_ms(model, rows: np.ndarray, new: int) -> float:
         return (time.perf_counter() - t0) / max(n, 1) * 1e3
 
 
+def _cpu_s(pid: int) -> float:
+    """A process's user + system CPU seconds (Linux /proc)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ms_per_token(model, rows: np.ndarray, new: int) -> list[float]:
+    """CPU ms per decoded token: [the driver, each stage actor] (the stages' from /proc:
+    one node), or [the process] in process."""
+    import ray
+
+    pids = []
+    if model.remote is not None:
+        pids = [i["pid"] for i in ray.get([a.info.remote() for a in model.remote.actors])]
+    params = hg.GeneratorParams(model)
+    params.set_search_options(batch_size=rows.shape[0], max_length=rows.shape[1] + new)
+    with hg.Generator(model, params) as gen:
+        gen.append_tokens(rows)
+        gen.generate_next_token()
+        before, own, n = [_cpu_s(p) for p in pids], time.process_time(), 0
+        while not gen.is_done():
+            gen.generate_next_token()
+            n += 1
+        # the ring ran ahead of the driver: the stages' CPU is spent by now
+        spent = [time.process_time() - own] + [_cpu_s(p) - b for p, b in zip(pids, before)]
+    return [s / max(n, 1) * 1e3 for s in spent]
+
+
+def _sched_s(pid: int) -> tuple[float, float]:
+    """A process's (seconds on a core, seconds runnable but waiting for one), all its
+    threads (Linux /proc/<pid>/task/*/schedstat)."""
+    on = wait = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = open(f"/proc/{pid}/task/{tid}/schedstat").read().split()
+        except OSError:  # the thread ended
+            continue
+        on, wait = on + int(fields[0]), wait + int(fields[1])
+    return on / 1e9, wait / 1e9
+
+
+def stage_pids(model) -> list[int]:
+    import ray
+
+    return [i["pid"] for i in ray.get([a.info.remote() for a in model.remote.actors])]
+
+
 def tokens_per_s(model, prompts: list[np.ndarray], new: int, in_flight: bool) -> float:
     """Tokens/s over ``prompts`` (batch 1 each): all in flight, round robin, or one after
     the other."""
@@ -152,6 +199,12 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
             print(f"{name:14} compute per decode step: " + ", ".join(
                 f"{st['stage']} {st['decode_ms']:.3f} ms" for st in stats)
                 + " (the rest of a token's time: the ring's two hops)", flush=True)
+            rows = prompt_rows(1, 32)
+            ray_cpu = cpu_ms_per_token(remote, rows, max(args.new, 64))
+            local_cpu = cpu_ms_per_token(local, rows, max(args.new, 64))
+            print(f"{name:14} CPU ms per token: driver {ray_cpu[0]:.3f}, " + ", ".join(
+                f"stage#{k} {c:.3f}" for k, c in enumerate(ray_cpu[1:]))
+                + f" (sum {sum(ray_cpu):.3f}); in process {local_cpu[0]:.3f}", flush=True)
             calls.close()
             # 4 groups in flight on two single-threaded stages vs one thread in process
             remote1 = hg.Model(path, executor="ray", stages=2, providers=DEVICES,
@@ -159,9 +212,18 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
             local1 = hg.Model(path, providers=["sim-gpu:0"], intra_op_num_threads=1)
             prompts = [prompt_rows(1, 32) + i for i in range(4)]
             r, lo_ = [], []
+            pids = stage_pids(remote1)
             for _ in range(args.rounds):
+                before, t0 = [_sched_s(p) for p in pids], time.perf_counter()
                 r.append(tokens_per_s(remote1, prompts, args.new, in_flight=True))
+                wall = time.perf_counter() - t0
                 lo_.append(tokens_per_s(local1, prompts, args.new, in_flight=False))
+            # the last round's: a full pipeline keeps each stage on a core or waiting for one
+            print(f"{name:14} 4 groups in flight, 1 thread per stage, share of the time each "
+                  "stage was on a core / runnable but waiting for one: " + ", ".join(
+                      f"stage#{k} {(a[0] - b[0]) / wall:.2f} / {(a[1] - b[1]) / wall:.2f}"
+                      for k, (a, b) in enumerate(zip([_sched_s(p) for p in pids], before))),
+                  flush=True)
             remote1.close()
             throughput.append((name, "1 thread per stage", "1 thread",
                                statistics.median(r), statistics.median(lo_)))

@@ -21,6 +21,7 @@ import numpy as np
 import ray
 
 from actors.generation.group import GroupSpec, Job
+from actors.generation.inbox import TokenInbox, inbox_name
 from hetero_exec.errors import ActorError
 from hetero_exec.genai.errors import GenerationInputError
 from hetero_exec.genai.widths import TokenRows, check_rows, leading
@@ -57,14 +58,27 @@ class RemoteGenerator(TokenRows):
         self._finished = False  # the ring ended it (eos, max_length): its cache is freed
         self._closed = False
         self._seen = list(self.decoder.incarnations)
-        self._open()  # admission: before any token, as in process
+        # the last stage pushes each token column here when it runs on this node (inbox.py)
+        self._inbox = TokenInbox.open(inbox_name(self.decoder.ring_id, self.gid)) \
+            if self.decoder.link == "socket" else None
+        self._pushing = False
+        try:
+            self._open(self.epoch)  # admission: before any token, as in process
+        except BaseException:
+            self._close_inbox()
+            raise
 
     def _spec(self) -> GroupSpec:
+        inbox = None
+        if self._inbox is not None:
+            inbox = (ray.get_runtime_context().get_node_id(), self._inbox.address)
         return GroupSpec(self.batch, self.capacity, self._pad, self._start.copy(),
-                         dict(vars(self.options)), tuple(int(e) for e in self._eos))
+                         dict(vars(self.options)), tuple(int(e) for e in self._eos), inbox)
 
-    def _open(self) -> None:
-        self.decoder.open(self.gid, self._spec(), self.epoch)
+    def _open(self, epoch: int) -> None:
+        self._pushing = self.decoder.open(self.gid, self._spec(), epoch)
+        if self._pushing and self._inbox is not None:
+            self._inbox.ended = False  # a new connection waits to be accepted
 
     # -- tokens in -------------------------------------------------------------------
 
@@ -135,6 +149,9 @@ class RemoteGenerator(TokenRows):
         within a poll, and replays the group after a fault."""
         if self._seen != self.decoder.incarnations:
             self._replay()  # a stage restarted since this group last ran
+        if self._pushing and self._inbox is not None and not self._inbox.ended \
+                and self._take_pushed():
+            return
         try:
             got = ray.get(self.decoder.last.tokens.remote(self.gid, self.epoch, self._got, POLL_S),
                           timeout=POLL_S + 30)
@@ -148,14 +165,30 @@ class RemoteGenerator(TokenRows):
             return
         if got["epoch"] != self.epoch:
             return
-        ids = got["ids"]
+        self._columns(got["ids"], got["done"])
+
+    def _columns(self, ids: np.ndarray, done: bool) -> None:
         n = ids.shape[1]
         self._ids[:, self._got:self._got + n] = ids
         self._got += n
-        if got["done"]:
+        if done:
             self._finished = True
             if self._got <= self._length:
                 raise ActorError(f"group {self.gid}: the ring ended at position {self._got}")
+
+    def _take_pushed(self) -> bool:
+        """The columns pushed since ``_got`` (every one that came, waiting up to a poll
+        for the first); False when none follows on (a lost column, a silent socket):
+        then the Ray poll answers, and finds a fault."""
+        took = False
+        for epoch, at, ids, done in self._inbox.columns(POLL_S):
+            if epoch != self.epoch or self._finished or at + ids.shape[1] <= self._got:
+                continue  # an older epoch's, or collected by a poll already
+            if at != self._got:
+                return took  # a gap: the poll fills it from ``_got``
+            self._columns(ids, done)
+            took = True
+        return took
 
     def _replay(self) -> None:
         """Open the group again where it was lost and run a prefill over the tokens so
@@ -169,7 +202,7 @@ class RemoteGenerator(TokenRows):
 
     def _resume(self) -> None:
         n = self._length
-        self.decoder.open(self.gid, self._spec(), self.epoch + 1)
+        self._open(self.epoch + 1)
         self._send(Job(0, self._ids[:, :n].copy(), [(0, n)], rewind=(0, 0),
                        end=self._end.copy(), draws=self._draws, start=self._start.copy()))
         self._filled = n
@@ -202,7 +235,7 @@ class RemoteGenerator(TokenRows):
                 job = Job(n - 1, self._ids[:, n - 1:n].copy(), [(n - 1, n)], rewind=(n, n - 1),
                           end=self._end.copy(), draws=self._draws, logits=True)
             else:  # rewound (a halted epoch may not have reached every stage), or ended
-                self.decoder.open(self.gid, self._spec(), self.epoch + 1)
+                self._open(self.epoch + 1)
                 job = Job(0, self._ids[:, :n].copy(), [(0, n)], rewind=(0, 0), end=self._end.copy(),
                           draws=self._draws, start=self._start.copy(), logits=True)
             self._send(job)
@@ -257,7 +290,13 @@ class RemoteGenerator(TokenRows):
         if not self._closed:
             self._closed = True
             self._running = False
+            self._close_inbox()
             self.decoder.close_group(self.gid)
+
+    def _close_inbox(self) -> None:
+        if getattr(self, "_inbox", None) is not None:
+            self._inbox.close()
+            self._inbox = None
 
     def __enter__(self) -> "RemoteGenerator":
         return self

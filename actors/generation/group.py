@@ -31,6 +31,8 @@ class GroupSpec:
     start: np.ndarray  # left padding per row
     search: dict[str, Any] = field(default_factory=dict)  # SearchOptions' fields
     eos: tuple[int, ...] = ()
+    #: (node id, address) of the driver's token socket (`inbox.py`), or None: it polls
+    inbox: tuple[str, str] | None = None
 
 
 @dataclass
@@ -70,6 +72,7 @@ class StageGroup:
         self.live = -1  # the epoch of the last step run
         self.need: dict[str, int] = {}  # bytes admitted, by provider
         self.sampler: Any = None  # the last stage's
+        self.outlet: Any = None  # the last stage's token socket to the driver (inbox.py)
         self.logits: tuple[int, np.ndarray] | None = None  # (epoch, [batch, vocab]) on request
         self.ids = np.full((self.batch, self.capacity), spec.pad, dtype=np.int64)
         self.mask = np.zeros((self.batch, self.capacity), dtype=np.int64)
@@ -90,6 +93,9 @@ class StageGroup:
         return sum(int(getattr(c, "nbytes", 0)) for c in self.caches.values())
 
     def free(self) -> None:
+        if self.outlet is not None:
+            self.outlet.close()
+            self.outlet = None
         self.caches = {}
         self._placeholders = {}
         self._decode = {}

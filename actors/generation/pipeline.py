@@ -148,12 +148,13 @@ class RayDecoder:
     def last(self) -> Any:
         return self.actors[-1]
 
-    def open(self, gid: str, spec: Any, epoch: int) -> None:
+    def open(self, gid: str, spec: Any, epoch: int) -> bool:
         """Admit ``gid`` on every stage, or raise the first stage's CacheAdmissionError
-        (what the others admitted is released first)."""
+        (what the others admitted is released first); returns whether the last stage
+        writes the group's tokens to the driver's socket (``spec.inbox``)."""
         refs = [a.open.remote(gid, spec, epoch) for a in self.actors]
         try:
-            ray.get(refs)
+            return bool(ray.get(refs)[-1]["pushing"])
         except ray.exceptions.RayTaskError as e:
             self.close_group(gid)
             cause = getattr(e, "cause", None)

@@ -32,6 +32,7 @@ import ray
 
 from actors.generation.channel import LINKS, StageLink, socket_name
 from actors.generation.group import GroupSpec, Job, StageGroup
+from actors.generation.inbox import TokenOutlet
 from actors.generation.runner import StageRunner
 from actors.generation.split import StagePart
 from hetero_exec.exec.chain import move_value
@@ -65,6 +66,7 @@ class GenerationStage:
         self.link = StageLink(self.label, self.step)  # to the next stage (channel.py)
         self.changed = asyncio.Event()
         self.steps = 0
+        self.pushed = 0  # token columns written to a driver's socket (inbox.py)
         self.step_s = 0.0  # seconds computing steps (the rest of a token's time is Ray)
         self.decodes, self.decode_s = 0, 0.0  # one-token steps only (no prompt, no replay)
 
@@ -141,9 +143,10 @@ class GenerationStage:
 
     # -- groups -----------------------------------------------------------------------
 
-    def open(self, gid: str, spec: GroupSpec, epoch: int) -> int:
+    def open(self, gid: str, spec: GroupSpec, epoch: int) -> dict[str, Any]:
         """Admit and allocate ``gid``'s cache for this stage's layers (a group already
-        open keeps its cache); returns the bytes reserved for it."""
+        open keeps its cache); returns ``{"reserved": bytes reserved for it, "pushing":
+        whether this (last) stage writes its tokens to the driver's socket}``."""
         self._loaded()
         g = self.groups.get(gid)
         if g is not None and not g.caches:  # finished: its cache went; a new one comes
@@ -169,12 +172,21 @@ class GenerationStage:
             self.reserved[gid] = sum(need.values())
             if self.index == self.count - 1:
                 g.sampler = Sampler(SearchOptions(**spec.search), *self._sampler_args())
+                if spec.inbox is not None and self.link.enabled \
+                        and spec.inbox[0] == ray.get_runtime_context().get_node_id():
+                    g.outlet = TokenOutlet.connect(spec.inbox[1], self.label)
         g.epoch = max(g.epoch, epoch)
-        return self.reserved.get(gid, 0)
+        return {"reserved": self.reserved.get(gid, 0),
+                "pushing": g.outlet is not None and g.outlet.up}
 
-    def close(self, gid: str) -> None:
-        """Free ``gid``'s cache and admission (finished, cancelled, dropped)."""
-        g = self.groups.pop(gid, None)
+    def close(self, gid: str, epoch: int | None = None) -> None:
+        """Free ``gid``'s cache and admission (finished, cancelled, dropped); with
+        ``epoch`` (the last stage ending that epoch), only while the group is not open
+        at a later one: the driver, told of the end first, may have opened it again."""
+        g = self.groups.get(gid)
+        if g is not None and epoch is not None and g.epoch > epoch:
+            return
+        self.groups.pop(gid, None)
         self.reserved.pop(gid, None)
         if g is not None:
             g.free()
@@ -192,6 +204,7 @@ class GenerationStage:
                 "cache_bytes": sum(g.cache_bytes for g in self.groups.values()),
                 "steps": self.steps, "step_s": self.step_s,
                 "sent_socket": self.link.sent_socket, "sent_ray": self.link.sent_ray,
+                "pushed": self.pushed,
                 "decode_ms": self.decode_s / max(self.decodes, 1) * 1e3}
 
     # -- the ring -----------------------------------------------------------------------
@@ -246,24 +259,27 @@ class GenerationStage:
             g.logits = (epoch, np.array(self.runner.output_provider.to_host(logits)))
             self._notify()
             if g.done():  # asked at max_length or after every row's eos: nothing to sample
-                self._finish(gid, g)
+                self._finish(gid, g, epoch)
                 return
         o = g.sampler.options
         chosen = g.sampler.choose(logits, g.banned(o.min_length, g.spec.eos),
                                   g.ids[:, :g.length])
         at = g.take(chosen, np.asarray(g.spec.eos, dtype=np.int64))
+        done = g.done()
+        if not done:  # the next step first: the ring, not the driver, bounds a token
+            self.link.send(self.ring[0], gid, epoch,
+                           Job(at, g.ids[:, at:at + 1].copy(), [(at, at + 1)]), [{}])
+        if g.outlet is not None and g.outlet.send(epoch, at, g.ids[:, at:at + 1], done):
+            self.pushed += 1
         self._notify()
-        if g.done():
-            self._finish(gid, g)
-            return
-        self.link.send(self.ring[0], gid, epoch,
-                       Job(at, g.ids[:, at:at + 1].copy(), [(at, at + 1)]), [{}])
+        if done:
+            self._finish(gid, g, epoch)
 
-    def _finish(self, gid: str, g: StageGroup) -> None:
+    def _finish(self, gid: str, g: StageGroup, epoch: int) -> None:
         g.free()  # the bookkeeping stays for the driver to read; the cache goes
         self.reserved.pop(gid, None)
         for k in range(self.count - 1):
-            self.ring[k].close.remote(gid)
+            self.ring[k].close.remote(gid, epoch)
 
     async def logits(self, gid: str, epoch: int, timeout: float = 1.0) -> dict[str, Any]:
         """The logits kept by a ``logits`` step of ``epoch`` once there (or after

@@ -72,7 +72,9 @@ def test_tokens_equal_the_in_process_generator_on_two_stages(ray_session, arch):
             rows = prompts(batch, seed=batch)
             want = _generate(_local_model(arch), rows)
             assert _generate(model, rows) == want
-        assert all(s["sent_socket"] > 0 and s["sent_ray"] == 0 for s in model.remote.stats())
+        stats = model.remote.stats()
+        assert all(s["sent_socket"] > 0 and s["sent_ray"] == 0 for s in stats)
+        assert stats[-1]["pushed"] > 0  # the tokens came over the driver's socket (inbox.py)
         assert want[0] == ort_greedy(model_path(arch, "optimum"), rows, NEW)[0]
         assert eventually(lambda: _cache_free(model))
     finally:
@@ -159,8 +161,10 @@ def test_get_logits_follows_the_in_process_generator(llama):
 
 def test_groups_in_flight_share_the_pipeline_and_free_their_caches(llama):
     groups = [prompts(b, seed=20 + i) for i, b in enumerate((1, 2, 1, 3))]
-    want = [_generate(_local_model("llama"), rows) for rows in groups]
-    gens = [_start(llama, rows) for rows in groups]
+    # long enough that no group ends before the last one starts (the ring runs ahead)
+    new = 200
+    want = [_generate(_local_model("llama"), rows, new) for rows in groups]
+    gens = [_start(llama, rows, new) for rows in groups]
     stats = llama.remote.stats()
     assert [s["groups"] for s in stats] == [4, 4]
     assert all(s["reserved_bytes"] > 0 for s in stats)
@@ -226,6 +230,7 @@ def test_a_stage_killed_mid_generation_is_replayed_with_the_same_tokens(ray_sess
         assert model.remote.incarnations[1 - killed] == before[1 - killed]
         assert model.remote.sockets == [True, True]  # the survivor's link to the new actor too
         assert all(1 <= g.replays <= 2 for g in gens)
+        assert model.remote.stats()[1]["pushed"] > 0  # a new last stage pushes again
         assert eventually(lambda: _cache_free(model))
     finally:
         model.close()
@@ -249,7 +254,8 @@ def test_three_node_cluster_runs_the_stages_on_two_nodes():
     assert report["match"] is True
     # all "nodes" are this host, but the link is chosen by node id: Ray calls, not sockets
     assert report["sockets"] == [False, False]
-    assert all(s["sent_ray"] > 0 and s["sent_socket"] == 0 for s in report["stats"])
+    assert all(s["sent_ray"] > 0 and s["sent_socket"] == 0 and s["pushed"] == 0
+               for s in report["stats"])  # the driver on the head node: tokens by polls
     assert all(s["groups"] == 0 and s["reserved_bytes"] == 0 for s in report["stats"])
 
 
@@ -265,10 +271,51 @@ def test_the_ray_call_link_gives_the_same_tokens(ray_session):
         assert model.remote.sockets == [False, False]
         rows = prompts(2, seed=6)
         assert _generate(model, rows) == _generate(_local_model("gpt2"), rows)
-        assert all(s["sent_ray"] > 0 and s["sent_socket"] == 0 for s in model.remote.stats())
+        assert all(s["sent_ray"] > 0 and s["sent_socket"] == 0 and s["pushed"] == 0
+                   for s in model.remote.stats())  # the tokens by polls too
         assert eventually(lambda: _cache_free(model))
     finally:
         model.close()
+
+
+def test_a_token_socket_lost_mid_generation_leaves_the_polls(llama):
+    rows = prompts(2, seed=17)
+    want = _generate(_local_model("llama"), rows, new=40)
+    with _start(llama, rows, new=40) as gen:
+        for _ in range(3):
+            gen.generate_next_token()
+        assert gen._pushing
+        for conn in list(gen._inbox.conns):  # the driver's end goes: the stage's next write fails
+            gen._inbox._drop(conn, ended=True)
+        assert _finish(gen, rows) == want
+    assert eventually(lambda: _cache_free(llama))
+
+
+def test_a_malformed_token_frame_drops_that_connection_only():
+    import socket
+    import struct
+    import uuid
+
+    import numpy as np
+
+    from actors.generation.inbox import TokenInbox, TokenOutlet, inbox_name
+
+    inbox = TokenInbox.open(inbox_name("test", uuid.uuid4().hex))
+    try:
+        for frame in (struct.pack("<I", 3) + b"\x93\x01\x02",  # a list of 3, not 4
+                      struct.pack("<I", 18) + b"not msgpack at all",
+                      struct.pack("<I", 1 << 31)):  # over the limit
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(inbox.address)
+                s.sendall(frame)
+                assert inbox.columns(1.0) == [] and inbox.ended and not inbox.conns
+        outlet = TokenOutlet.connect(inbox.address, "test")
+        assert outlet.send(3, 7, np.array([[5], [6]], dtype=np.int64), True)
+        [(epoch, at, ids, done)] = inbox.columns(5.0)
+        assert (epoch, at, ids.tolist(), done) == (3, 7, [[5], [6]], True)
+        outlet.close()
+    finally:
+        inbox.close()
 
 
 def test_a_malformed_frame_on_a_stage_socket_drops_that_connection_only(llama):

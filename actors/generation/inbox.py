@@ -1,0 +1,202 @@
+"""Token columns pushed from the last stage to the driver over a Unix socket, when both
+run on one node: the driver's per-token Ray long poll (`GenerationStage.tokens`) cost a
+Ray call each way per token, on the driver and on the last stage's event loop while
+stage 0 computed the next step (0.5-1 ms of CPU a token on a 2-core host, as much as a
+stage's compute); a frame written after each sample costs one syscall, and one read by
+the driver takes every column that came since (several when the ring ran ahead).
+
+The driver's generator listens on an abstract-namespace socket of its own (named after
+the ring and the group; nothing in the file system) and names it in the group's
+`GroupSpec`. The last stage connects when it opens the group on the same node and
+writes, after each token it samples, a frame: a 4-byte length and a msgpack list
+``[epoch, at, ids (a wire tensor map, [batch, 1]), done]``. The socket only speeds
+things up; the Ray poll stays the truth: a frame that does not follow what the driver
+has (a column lost, a connection made late) makes the driver poll, and so does a
+silent socket (a fault is found there, as before). A stage never blocks on the driver:
+a write that does not go through whole closes the connection (the driver sees the end
+and polls from then on).
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import socket
+import struct
+import time
+
+import msgpack
+import numpy as np
+
+from actors.generation.channel import supported
+from actors.transport.wire import WireFormatError, tensor_from_map, tensor_to_map, unpack_frame
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("<I")
+#: a token frame is a few hundred bytes at most (ids of one column); more is not ours
+MAX_FRAME_BYTES = 1 << 20
+
+
+def inbox_name(ring_id: str, gid: str) -> str:
+    return f"\0hetero_exec/generation/{ring_id}/tokens/{gid}"
+
+
+def encode_column(epoch: int, at: int, ids: np.ndarray, done: bool) -> bytes:
+    body = msgpack.packb([int(epoch), int(at), tensor_to_map(ids), bool(done)], use_bin_type=True)
+    return _HEADER.pack(len(body)) + body
+
+
+def decode_column(body: bytes) -> tuple[int, int, np.ndarray, bool]:
+    obj = unpack_frame(body, MAX_FRAME_BYTES)
+    if not isinstance(obj, list) or len(obj) != 4:
+        raise WireFormatError("a token frame is a list of 4 fields")
+    epoch, at, ids, done = obj
+    if type(epoch) is not int or type(at) is not int or not isinstance(done, bool):
+        raise WireFormatError("token frame: epoch, at or done of the wrong type")
+    arr = tensor_from_map(ids)
+    if arr.ndim != 2 or arr.dtype != np.int64:
+        raise WireFormatError(f"token frame: ids must be [batch, n] int64, got {arr.dtype} "
+                              f"{arr.shape}")
+    return epoch, at, arr, done
+
+
+class TokenInbox:
+    """The driver's end, one per generator: a listening socket and the connections the
+    last stage made to it (a restarted stage connects again)."""
+
+    def __init__(self, address: str):
+        self.address = address
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.listener.bind(address)
+            self.listener.listen(4)
+            self.listener.setblocking(False)
+        except OSError:
+            self.listener.close()
+            raise
+        self.conns: dict[socket.socket, bytearray] = {}
+        self.ended = False  # a connection ended without a done frame (polls from then on)
+
+    @classmethod
+    def open(cls, address: str) -> "TokenInbox | None":
+        """An inbox at ``address``, or None where there can be none (not Linux, or the
+        socket cannot be made: the generator polls)."""
+        if not supported():
+            return None
+        try:
+            return cls(address)
+        except OSError as e:
+            log.warning("no token socket for a generator (%s): it polls the last stage", e)
+            return None
+
+    def columns(self, timeout: float) -> list[tuple[int, int, np.ndarray, bool]]:
+        """The frames that came, waiting up to ``timeout`` for the first one."""
+        deadline = time.monotonic() + timeout
+        out: list[tuple[int, int, np.ndarray, bool]] = []
+        while True:
+            left = deadline - time.monotonic()
+            readable, _, _ = select.select([self.listener, *self.conns], [], [], max(left, 0.0))
+            for s in readable:
+                if s is self.listener:
+                    self._accept()
+                else:
+                    self._read(s, out)
+            if out or left <= 0:
+                return out
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            conn.setblocking(False)
+            self.conns[conn] = bytearray()
+            self.ended = False
+
+    def _read(self, conn: socket.socket, out: list[tuple[int, int, np.ndarray, bool]]) -> None:
+        buf = self.conns[conn]
+        while True:
+            try:
+                data = conn.recv(1 << 16)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                data = b""
+            if not data:
+                self._drop(conn, ended=True)
+                break
+            buf += data
+        while len(buf) >= _HEADER.size:
+            (n,) = _HEADER.unpack_from(buf)
+            if n > MAX_FRAME_BYTES:
+                log.warning("token socket: a frame of %d bytes: connection dropped", n)
+                return self._drop(conn, ended=True)
+            if len(buf) < _HEADER.size + n:
+                break
+            body = bytes(buf[_HEADER.size:_HEADER.size + n])
+            del buf[:_HEADER.size + n]
+            try:
+                out.append(decode_column(body))
+            except WireFormatError as e:
+                log.warning("token socket: %s: connection dropped", e)
+                return self._drop(conn, ended=True)
+
+    def _drop(self, conn: socket.socket, ended: bool) -> None:
+        if self.conns.pop(conn, None) is not None:
+            conn.close()
+        if ended and not self.conns:
+            self.ended = True
+
+    def close(self) -> None:
+        for conn in list(self.conns):
+            self._drop(conn, ended=False)
+        self.listener.close()
+
+
+class TokenOutlet:
+    """The last stage's end for one group: a frame per sampled column, never blocking."""
+
+    def __init__(self, address: str):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:  # a listening Unix socket accepts at once (its backlog): nothing waits here
+            self.sock.connect(address)
+            self.sock.setblocking(False)
+        except OSError:
+            self.sock.close()
+            raise
+
+    @classmethod
+    def connect(cls, address: str, label: str) -> "TokenOutlet | None":
+        try:
+            return cls(address)
+        except OSError as e:
+            log.info("%s: cannot reach a generator's token socket (%s): it polls", label, e)
+            return None
+
+    @property
+    def up(self) -> bool:
+        return self.sock is not None
+
+    def send(self, epoch: int, at: int, ids: np.ndarray, done: bool) -> bool:
+        """Write one column's frame; on a short or failed write, close (the driver polls)."""
+        if self.sock is None:
+            return False
+        frame = encode_column(epoch, at, ids, done)
+        try:
+            sent = self.sock.send(frame)
+        except OSError:
+            sent = -1
+        if sent != len(frame):
+            self.close()
+            return False
+        return True
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
