@@ -35,6 +35,7 @@ HE_API const he_constant he_constants[] = {
     {"OP_RANGE", OP_RANGE}, {"OP_ARGMAX", OP_ARGMAX},
     {"OP_ATTENTION", OP_ATTENTION},
     {"OP_NBITS", OP_NBITS}, {"OP_QGEMM", OP_QGEMM}, {"OP_DQL", OP_DQL},
+    {"OP_GQA_PAST", OP_GQA_PAST},
     {"U_NEG", U_NEG}, {"U_ABS", U_ABS}, {"U_SQRT", U_SQRT}, {"U_RECIP", U_RECIP},
     {"U_EXP", U_EXP}, {"U_LOG", U_LOG}, {"U_SIGMOID", U_SIGMOID}, {"U_TANH", U_TANH},
     {"U_COS", U_COS}, {"U_SIN", U_SIN}, {"U_ERF", U_ERF}, {"U_RELU", U_RELU},

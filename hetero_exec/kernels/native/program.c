@@ -719,6 +719,7 @@ static int run_one(const he_op *o, void *const *bufs)
     case OP_GATHER: return gather_run(o, bufs);
     case OP_KV_APPEND: return kv_append_run(o, bufs);
     case OP_GQA: return gqa_run(o, bufs);
+    case OP_GQA_PAST: return gqa_past_run(o, bufs);
     case OP_NBITS: {
         int rc = he_nbits_mt((int)o->p[0], (int)o->p[1], (int)o->p[2],
                            (const float *)ptr_of(bufs, &o->t[1]), o->p[2], ptr_of(bufs, &o->t[2]),
