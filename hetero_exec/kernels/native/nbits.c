@@ -124,6 +124,60 @@ static void nb_task(void *p, int n0, int n1)
     }
 }
 
+/* a block's zero point as a float: float zero points, packed codes, or the middle code */
+ALWAYS_INLINE float zero_point(const nb_args *a, long n, int b)
+{
+    if (a->zpf)
+        return a->zpf[n * a->kb + b];
+    if (a->zp) {
+        uint8_t zb = a->zp[n * a->zbytes + (a->bits == 4 ? b / 2 : b)];
+        return (float)(a->bits == 4 ? (zb >> ((b & 1) * 4)) & 15 : zb);
+    }
+    return (float)(1 << (a->bits - 1));
+}
+
+#define NB_COLS 4
+
+/* one row of A (a decode step), 4 bits, blocks of whole vectors of codes per nibble:
+ * NB_COLS columns at a time, each its own chain of FMAs, so the unpacking and products
+ * of one column overlap another's instead of waiting on one accumulator (a column past
+ * n1 repeats the last, its result not stored) */
+static void nb_row4_task(void *p, int n0, int n1)
+{
+    const nb_args *a = (const nb_args *)p;
+    const int bs = a->bs, half = bs / 2, kb = a->kb;
+    for (int n = n0; n < n1; n += NB_COLS) {
+        long col[NB_COLS];
+        vf tot[NB_COLS];
+        float corr[NB_COLS];
+        for (int c = 0; c < NB_COLS; c++) {
+            col[c] = n + c < n1 ? n + c : n1 - 1;
+            tot[c] = vzero();
+            corr[c] = 0.0f;
+        }
+        const float *ab = a->Ap;
+        for (int b = 0; b < kb; b++, ab += bs) {
+            const float as = a->asum[b];
+#pragma GCC unroll 4
+            for (int c = 0; c < NB_COLS; c++) {
+                const long nb = col[c] * kb + b;
+                const uint8_t *code = a->B + nb * a->blob;
+                const float s = a->scales[nb];
+                vf d = vzero();
+                for (int j = 0; j < half; j += VW) {
+                    vbytes v = bytes_vw(code + j);
+                    d = vfma(vloadu(ab + j), codes_lo(v), d);
+                    d = vfma(vloadu(ab + half + j), codes_hi(v), d);
+                }
+                tot[c] = vfma(vset1(s), d, tot[c]);
+                corr[c] += s * zero_point(a, col[c], b) * as;
+            }
+        }
+        for (int c = 0; c < NB_COLS && n + c < n1; c++)
+            a->Y[n + c] = vreduce_add(tot[c]) - corr[c] + (a->bias ? a->bias[n + c] : 0.0f);
+    }
+}
+
 /* Y [M, N] (row stride ldy) = A [M, K] (row stride lda) @ dequantize(B).T + bias for
  * bits 4 or 8 and block_size a power of two in [16, 256]; zero points packed uint8
  * ([N, zbytes], codes of `bits` low first) or float ([N, kb], zpf) or neither (the
@@ -163,7 +217,10 @@ int he_nbits_mt(int M, int N, int K, const float *A, long lda, const void *B,
     }
     nb_args a = {M, N, K, kb, bs, bits, bs * bits / 8, (kb * bits + 7) / 8, Ap, asum,
                  (const uint8_t *)B, (const uint8_t *)zp, zpf, scales, bias, Y, ldy};
-    he_parallel(nb_task, &a, N, parts);
+    if (M == 1 && bits == 4 && half % VW == 0) /* columns split in whole groups */
+        he_parallel(nb_row4_task, &a, N, parts);
+    else
+        he_parallel(nb_task, &a, N, parts);
     free(Ap);
     return 0;
 }
