@@ -3,8 +3,9 @@
 MatMulInteger on a constant 8-bit weight (scalar zero point of A) as one record on
 native/qgemm.c's integer GEMM, reusing the weight its kernel packed; DynamicQuantizeLinear
 of float32 as one record (qgemm.c); MatMulIntegerToFloat (what placement/fusions/qdq.py
-makes of a QDQ model's products) as that record and its cast, scale and bias. With the
-element-wise lowerings, a ``quantize_dynamic`` model's step then runs as one program.
+makes of a QDQ model's products) as that record, its cast and scale (one dequantizing
+record) and bias. With the element-wise lowerings, a ``quantize_dynamic`` model's step
+then runs as one program.
 
 QuantizeLinear and DequantizeLinear (8-bit codes, per tensor or per axis; not blocked) as
 one element-wise record each (program.c's OP_QUANTIZE, rounding half to even, and
@@ -126,11 +127,11 @@ def matmul_integer_to_float(b, st, ins, outs):
     acc = b.scratch(outs[0].shape, np.int32)
     _integer_product(b, st, ins, acc, zp_slots=(4, 5), what="MatMulIntegerToFloat")
     out = b.like(outs[0])
-    b.elementwise("OP_CAST", 0, out, [acc])
     # as the kernel computes it: the float32 product of the two scales, then one multiply
+    # of the product made float (OP_DEQUANTIZE with no zero point: cast and scale in one pass)
     scale = (a_scale.reshape(()) * b_scale.reshape(-1 if b_scale.size > 1 else ())) \
         .astype(np.float32)
-    b.elementwise("OP_BINARY", b.codes["B_MUL"], out, [out, b.const(scale)])
+    b.elementwise("OP_DEQUANTIZE", 0, out, [acc, b.const(scale), b.const(np.zeros((), np.int32))])
     if bias is not None:
         b.elementwise("OP_BINARY", b.codes["B_ADD"], out, [out, bias.reshape((N,))
                                                          if bias.shape != (N,) else bias])

@@ -164,9 +164,18 @@ static void where_row(const he_op *o, char **p, const int64_t *s, int64_t n)
 /* ------------------------------------------------------------------ cast */
 
 #define CAST_TO(TS, TD, EXPR)                                                            \
-    for (int64_t i = 0; i < n; i++) {                                                    \
-        TS x = *(const TS *)(p[1] + i * s[1]);                                           \
-        *(TD *)(p[0] + i * s[0]) = (TD)(EXPR);                                           \
+    if (s[0] == sizeof(TD) && s[1] == sizeof(TS)) { /* contiguous rows: a vector loop */  \
+        TD *y = (TD *)p[0];                                                              \
+        const TS *xs = (const TS *)p[1];                                                 \
+        for (int64_t i = 0; i < n; i++) {                                                \
+            TS x = xs[i];                                                                \
+            y[i] = (TD)(EXPR);                                                           \
+        }                                                                                \
+    } else {                                                                             \
+        for (int64_t i = 0; i < n; i++) {                                                \
+            TS x = *(const TS *)(p[1] + i * s[1]);                                       \
+            *(TD *)(p[0] + i * s[0]) = (TD)(EXPR);                                       \
+        }                                                                                \
     }
 
 #define CAST_FROM(TS)                                                                    \
@@ -215,6 +224,46 @@ static inline void quantize_block(float *t, const float *x, float s, const float
     }
 }
 
+#if defined(HE_ISA_AVX512) || defined(HE_ISA_AVX2)
+/* the per-tensor contiguous case in one pass: the rounding conversion to int32 (half to
+ * even, the default rounding mode: vround's value), the zero point and the clamps in
+ * integers, narrowed to bytes in registers (the values already in range) */
+static int64_t quantize_tensor(const float *x, float s, int z, void *y, int64_t n, int i8)
+{
+    const int lo = i8 ? -128 : 0, hi = i8 ? 127 : 255;
+    int64_t i = 0;
+#if defined(HE_ISA_AVX512)
+    const __m512 vs = _mm512_set1_ps(s), lim = _mm512_set1_ps(4194304.0f),
+                 nlim = _mm512_set1_ps(-4194304.0f);
+    const __m512i vz = _mm512_set1_epi32(z), vlo = _mm512_set1_epi32(lo),
+                  vhi = _mm512_set1_epi32(hi);
+    for (; i < n; i += 16) {
+        const __mmask16 m = (__mmask16)first_lanes(n - i < 16 ? (int)(n - i) : 16);
+        __m512 v = _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), vs);
+        v = _mm512_min_ps(_mm512_max_ps(v, nlim), lim);
+        __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(v), vz);
+        q = _mm512_min_epi32(_mm512_max_epi32(q, vlo), vhi);
+        _mm512_mask_cvtepi32_storeu_epi8((char *)y + i, m, q);
+    }
+#else
+    const __m256 vs = _mm256_set1_ps(s), lim = _mm256_set1_ps(4194304.0f),
+                 nlim = _mm256_set1_ps(-4194304.0f);
+    const __m256i vz = _mm256_set1_epi32(z), vlo = _mm256_set1_epi32(lo),
+                  vhi = _mm256_set1_epi32(hi);
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_div_ps(_mm256_loadu_ps(x + i), vs);
+        v = _mm256_min_ps(_mm256_max_ps(v, nlim), lim);
+        __m256i q = _mm256_add_epi32(_mm256_cvtps_epi32(v), vz);
+        q = _mm256_min_epi32(_mm256_max_epi32(q, vlo), vhi);
+        __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+        w = i8 ? _mm_packs_epi16(w, w) : _mm_packus_epi16(w, w);
+        _mm_storel_epi64((__m128i *)((char *)y + i), w);
+    }
+#endif
+    return i; /* the values done (the rest: the portable path) */
+}
+#endif
+
 static void quantize_values(const float *x, int64_t sx, const float *sc, int64_t ss,
                             const void *zp, int64_t sz, void *y, int64_t sy, int64_t n, int i8)
 {
@@ -222,7 +271,12 @@ static void quantize_values(const float *x, int64_t sx, const float *sc, int64_t
     const float lo = i8 ? -128.0f : 0.0f, hi = i8 ? 127.0f : 255.0f;
     const int tensor = sx == 1 && ss == 0 && sz == 0 && sy == 1; /* the QDQ activations' case */
     const float s0 = *sc, z0 = i8 ? (float)*(const int8_t *)zp : (float)*(const uint8_t *)zp;
-    for (int64_t i0 = 0; i0 < n; i0 += 64) {
+    int64_t done = 0;
+#if defined(HE_ISA_AVX512) || defined(HE_ISA_AVX2)
+    if (tensor)
+        done = quantize_tensor(x, s0, (int)z0, y, n, i8);
+#endif
+    for (int64_t i0 = done; i0 < n; i0 += 64) {
         const int m = n - i0 < 64 ? (int)(n - i0) : 64;
         if (tensor) {
             quantize_block(t, x + i0, s0, NULL, z0, m, lo, hi);
