@@ -116,6 +116,9 @@ def main() -> None:
     ap.add_argument("--prompt", nargs="+", type=int, default=[32, 512])
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="untimed rounds first (each runtime's first generations bind or "
+                         "compile their plans for these shapes)")
     ap.add_argument("--mixed", action="store_true", help="also ours on strict sim-gpu + cpu")
     ap.add_argument("--executor", choices=["local", "ray"], default="local",
                     help="ray: the two-stage generator on Ray against the in-process one")
@@ -138,7 +141,9 @@ def main() -> None:
             for plen in args.prompt:
                 rows = prompt_rows(batch, plen)
                 res: dict[str, list] = {"ours": [], "ort": [], "genai": [], "mixed": []}
-                for _ in range(args.rounds):  # interleaved
+                for r in range(args.warmup + args.rounds):  # interleaved
+                    if r == args.warmup:  # what came before was warm-up
+                        res = {k: [] for k in res}
                     res["ours"].append(time_generator(hg, ours, rows, args.new))
                     if sess is not None:
                         res["ort"].append(time_ort_loop(sess, layout, rows, args.new))

@@ -18,7 +18,6 @@ import numpy as np
 from hetero_exec.genai.errors import GenerationInputError
 from hetero_exec.genai.model import DEFAULT_MAX_LENGTH, Model
 from hetero_exec.genai.rewrite import PAST_LENGTH, cache_input
-from hetero_exec.genai.runner import StepRunner
 from hetero_exec.genai.search import Sampler, SearchOptions
 from hetero_exec.genai.widths import (  # noqa: F401  (MIN_WIDTH..: public here before)
     MIN_WIDTH,
@@ -74,12 +73,7 @@ class Generator(TokenRows):
             model.release(self._reservation)
             raise
         self._closed = False
-        resident = {(cache_input(e.past) if e.mode == "concat" else e.past):
-                    model.cache_providers[e.past] for e in layout.entries}
-        self._runner = StepRunner(model.session._executor, resident,
-                                  {e.past for e in layout.entries if e.mode == "concat"},
-                                  layout.logits,
-                                  model.session.options.intra_op_num_threads or None)
+        self._runner = model.step_runner
         logits_prov = self._runner.output_provider
         self._sampler = Sampler(opts, logits_prov.xp, logits_prov.to_host, logits_prov.to_device)
         self._logits_provider = logits_prov

@@ -16,7 +16,8 @@ import onnx
 from hetero_exec.genai.config import Config
 from hetero_exec.genai.errors import CacheAdmissionError, GenaiError
 from hetero_exec.genai.layout import CacheLayout, discover
-from hetero_exec.genai.rewrite import CAPACITY, rewrite
+from hetero_exec.genai.rewrite import CAPACITY, cache_input, rewrite
+from hetero_exec.genai.runner import StepRunner
 from hetero_exec.placement.sizes import weight_bytes
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,23 @@ class Model:
         self.session = InferenceSession(rewrite(proto, self.layout).SerializeToString(),
                                         providers=providers, **session_options)
         self.cache_providers = self._cache_providers()
+        self._runner: StepRunner | None = None
+
+    @property
+    def step_runner(self) -> StepRunner:
+        """The one step runner of this model's generators, so the plans it binds to a
+        prompt's or a decode step's shapes serve every later generator too (a new
+        generator's prefill replays a bound program instead of the Python steps)."""
+        with self._lock:
+            if self._runner is None:
+                entries = self.layout.entries
+                resident = {(cache_input(e.past) if e.mode == "concat" else e.past):
+                            self.cache_providers[e.past] for e in entries}
+                self._runner = StepRunner(self.session._executor, resident,
+                                          {e.past for e in entries if e.mode == "concat"},
+                                          self.layout.logits,
+                                          self.session.options.intra_op_num_threads or None)
+            return self._runner
 
     @property
     def type(self) -> str:

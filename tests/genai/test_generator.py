@@ -85,6 +85,32 @@ def test_decode_widths_follow_the_context_not_max_length(arch):
     assert any(all(isinstance(st.fn, Region) for st in p.steps) for p in bound)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_generators_of_one_model_share_its_bound_steps(arch):
+    # three generators at the same shapes, stepped in turn: the second one's prompt binds
+    # the prefill, the third replays it, and all share the decode steps bound by the
+    # first; each keeps its own cache, so each gives onnxruntime's tokens
+    model = og.Model(model_path(arch, "optimum"))
+    path = model_path(arch, "optimum")
+    rows = [prompts(2, seed=s) for s in (4, 5, 6)]
+    gens = []
+    for r in rows:
+        params = og.GeneratorParams(model)
+        params.set_search_options(batch_size=2, max_length=12 + NEW)
+        gens.append(og.Generator(model, params))
+        gens[-1].append_tokens(r)
+    assert all(g._runner is model.step_runner for g in gens)
+    while not all(g.is_done() for g in gens):
+        for g in gens:
+            if not g.is_done():
+                g.generate_next_token()
+    for g, r in zip(gens, rows):
+        got = [list(g.get_sequence(i)[len(x):]) for i, x in enumerate(r)]
+        assert got == ort_greedy(path, r, NEW)
+    bound = model.step_runner.segments[0][2]._bound
+    assert len(bound) >= 2  # the prompt's shapes and at least one decode width
+
+
 def test_cache_stays_on_device_and_is_written_in_place():
     model = _model("llama", "optimum", True)
     params = og.GeneratorParams(model)

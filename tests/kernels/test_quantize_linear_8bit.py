@@ -39,3 +39,34 @@ def test_quantize_linear_8bit_matches_onnxruntime(elem, with_zp):
         None, {"x": np.ascontiguousarray(x)})[0]
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("n", [5, 16, 67, 4099])
+@pytest.mark.parametrize("kind", ["normal", "ties", "positive", "nan"])
+def test_dynamic_quantize_linear_matches_onnxruntime(n, kind):
+    # the C pass (qgemm.c he_dynamic_quantize) a vector at a time with a scalar tail:
+    # lengths around the vector widths, values on the rounding ties (x / scale = k + 0.5),
+    # ranges that do not cross zero, and a NaN (skipped by the range, as onnxruntime's)
+    rng = np.random.default_rng(n)
+    x = rng.normal(0, 3, n).astype(np.float32)
+    if kind == "ties":
+        x = ((np.arange(n) % 64) - 31.5).astype(np.float32) * (63.0 / 255.0)
+    elif kind == "positive":
+        x = np.abs(x) + 1.0
+    elif kind == "nan" and n > 5:
+        x[n // 2] = np.nan
+    node = h.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])
+    g = h.make_graph([node], "dq", [h.make_tensor_value_info("x", TensorProto.FLOAT, [n])],
+                     [h.make_tensor_value_info("y", TensorProto.UINT8, [n]),
+                      h.make_tensor_value_info("s", TensorProto.FLOAT, []),
+                      h.make_tensor_value_info("z", TensorProto.UINT8, [])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 8
+    data = m.SerializeToString()
+    got = InferenceSession(data, providers=["cpu"]).run(None, {"x": x})
+    want = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})
+    keep = ~np.isnan(x)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[2], want[2])
+    np.testing.assert_array_equal(got[0][keep], want[0][keep])

@@ -212,4 +212,25 @@ def _relive(plan: RunPlan, steps: list[Step], runs) -> list[Step]:
         freed = sorted({s for k in range(i, end) for s in plan.steps[k].release})
         out.append(replace(st, release=tuple(freed)))
         i = end
+    return _after_last_reader(out)
+
+
+def _after_last_reader(steps: list[Step]) -> list[Step]:
+    """A slot a step releases that a later step still reads moves to that reader's
+    releases: a region reads the array under a view its own steps made (a Reshape of a
+    value whose last reader, in the plan, ran inside an earlier region)."""
+    last: dict[int, int] = {}
+    for k, st in enumerate(steps):
+        for s in st.inputs:
+            last[s] = k
+    moved: dict[int, set[int]] = {}
+    out = []
+    for k, st in enumerate(steps):
+        keep = tuple(s for s in st.release if last.get(s, -1) <= k)
+        for s in st.release:
+            if last.get(s, -1) > k:
+                moved.setdefault(last[s], set()).add(s)
+        out.append(st if len(keep) == len(st.release) else replace(st, release=keep))
+    for k, slots in moved.items():
+        out[k] = replace(out[k], release=tuple(sorted(set(out[k].release) | slots)))
     return out

@@ -3,8 +3,8 @@
 MatMulInteger on a constant 8-bit weight (scalar zero point of A) as one record on
 native/qgemm.c's integer GEMM, reusing the weight its kernel packed; DynamicQuantizeLinear
 of float32 as one record (qgemm.c); MatMulIntegerToFloat (what placement/fusions/qdq.py
-makes of a QDQ model's products) as that record, its cast and scale (one dequantizing
-record) and bias. With the element-wise lowerings, a ``quantize_dynamic`` model's step
+and integer.py make of quantized models' products) as that record storing float32 with
+its scale and bias. With the element-wise lowerings, a ``quantize_dynamic`` model's step
 then runs as one program.
 
 QuantizeLinear and DequantizeLinear (8-bit codes, per tensor or per axis; not blocked) as
@@ -107,40 +107,50 @@ def matmul_integer(b, st, ins, outs):
 
 @lowers("MatMulIntegerToFloat", domain=quant_matmul.MS_DOMAIN)
 def matmul_integer_to_float(b, st, ins, outs):
-    """The integer product into an int32 scratch, then cast, scale (a_scale * b_scale,
-    constants folded here) and bias as element-wise records: a QDQ model's products
-    (placement/fusions/qdq.py) inside the program, threaded as MatMulInteger is."""
-    a_scale, b_scale = _weight(b, st, 2), _weight(b, st, 3)
-    if a_scale is None or b_scale is None or a_scale.size != 1 \
-            or a_scale.dtype != np.float32 or b_scale.dtype != np.float32:
-        raise NotLowered("MatMulIntegerToFloat with scales that are not float32 constants")
+    """One OP_QGEMM record storing float32 from its tile: ``acc * scale[n] + bias[n]``,
+    scale the float32 product a_scale * b_scale as the kernel computes it (folded here
+    when both are constants, else one record into an ``[N]`` scratch: a quantize_dynamic
+    model's scale comes from its DynamicQuantizeLinear, placement/fusions/integer.py)."""
     if outs[0].dtype != np.float32:
         raise NotLowered("MatMulIntegerToFloat not float32")
     N = outs[0].shape[-1]
-    if b_scale.size not in (1, N):
-        raise NotLowered(f"MatMulIntegerToFloat b_scale of {b_scale.shape}")
-    bias = ins[6] if len(ins) > 6 else None
-    if bias is not None:
-        _f32(bias)
-        if bias.size != N:
-            raise NotLowered(f"MatMulIntegerToFloat bias of {bias.shape}")
-    acc = b.scratch(outs[0].shape, np.int32)
-    _integer_product(b, st, ins, acc, zp_slots=(4, 5), what="MatMulIntegerToFloat")
+    a_scale, b_scale = ins[2], ins[3]
+    if a_scale is None or b_scale is None or a_scale.dtype != np.float32 \
+            or b_scale.dtype != np.float32:
+        raise NotLowered("MatMulIntegerToFloat with scales that are not float32")
+    if a_scale.size != 1 or b_scale.size not in (1, N) or len(b_scale.shape) > 1:
+        raise NotLowered(f"MatMulIntegerToFloat scales of {a_scale.shape} and {b_scale.shape}")
+    bias = _bias(b, ins, 6, N, "MatMulIntegerToFloat")
+    ca, cb = _weight(b, st, 2), _weight(b, st, 3)
+    if ca is not None and cb is not None:
+        scale = b.const(np.ascontiguousarray(np.broadcast_to(
+            (ca.reshape(()) * cb.reshape(-1 if cb.size > 1 else ())).astype(np.float32), (N,))))
+    else:
+        scale = b.scratch((N,), np.float32)
+        b.elementwise("OP_BINARY", b.codes["B_MUL"], scale,
+                      [a_scale.reshape(()), b_scale.reshape((N,) if b_scale.size > 1 else ())])
     out = b.like(outs[0])
-    # as the kernel computes it: the float32 product of the two scales, then one multiply
-    # of the product made float (OP_DEQUANTIZE with no zero point: cast and scale in one pass)
-    scale = (a_scale.reshape(()) * b_scale.reshape(-1 if b_scale.size > 1 else ())) \
-        .astype(np.float32)
-    b.elementwise("OP_DEQUANTIZE", 0, out, [acc, b.const(scale), b.const(np.zeros((), np.int32))])
-    if bias is not None:
-        b.elementwise("OP_BINARY", b.codes["B_ADD"], out, [out, bias.reshape((N,))
-                                                         if bias.shape != (N,) else bias])
+    _integer_product(b, st, ins, out, zp_slots=(4, 5), what="MatMulIntegerToFloat",
+                     epilogue=(scale, bias))
     return [out]
 
 
-def _integer_product(b, st, ins, out, zp_slots: tuple[int, int], what: str) -> None:
+def _bias(b, ins, at: int, N: int, what: str):
+    """Input ``at`` as a contiguous float32 bias of N values, or None when not given."""
+    bias = ins[at] if len(ins) > at else None
+    if bias is None:
+        return None
+    _f32(bias)
+    if bias.size != N:
+        raise NotLowered(f"{what} bias of {bias.shape}")
+    return b.contiguous(bias)
+
+
+def _integer_product(b, st, ins, out, zp_slots: tuple[int, int], what: str,
+                     epilogue: tuple | None = None) -> None:
     """``out`` int32 = (A - a_zp) @ (B - b_zp) on qgemm.c, B the constant weight of slot 1
-    (packed once, or reused from the kernel's CenteredWeight)."""
+    (packed once, or reused from the kernel's CenteredWeight); with ``epilogue`` (scale
+    ``[N]``, bias ``[N]`` or None) ``out`` is float32 ``that * scale + bias``."""
     if not library.available():
         raise NotLowered("no C library")
     A = ins[0]
@@ -168,8 +178,10 @@ def _integer_product(b, st, ins, out, zp_slots: tuple[int, int], what: str) -> N
         raise NotLowered(f"{what} with a zero point of B of another shape")
     A2 = b.contiguous(A)
     M = A2.size // K
+    scale, bias = epilogue if epilogue is not None else (None, None)
     b.emit("OP_QGEMM", tensors=[out, A2, b.const(packed.packed),
-                                None if azp is None else b.contiguous(azp), b.const(packed.zp)],
+                                None if azp is None else b.contiguous(azp), b.const(packed.zp),
+                                scale, bias],
            p=[M, N, K], parts=b.parts(-(-N // 32) * -(-M // 64), 0.5 * M * K * N))
 
 
@@ -207,12 +219,7 @@ def matmul_nbits(b, st, ins, outs):
         if zp.size != N * kb:
             raise NotLowered("MatMulNBits zero points of the wrong size")
         zpf = b.const(np.ascontiguousarray(zp, dtype=np.float32).reshape(-1))
-    bias = ins[5] if len(ins) > 5 else None
-    if bias is not None:
-        _f32(bias)
-        if bias.size != N:
-            raise NotLowered(f"a MatMulNBits bias of {bias.shape}")
-        bias = b.contiguous(bias)
+    bias = _bias(b, ins, 5, N, "MatMulNBits")
     A2 = b.contiguous(A)
     out = b.like(outs[0])
     b.emit("OP_NBITS", tensors=[out, A2, b.const(np.ascontiguousarray(B).reshape(-1)),

@@ -141,6 +141,9 @@ class Region:
         for (buf, shape, dtype), v in zip(self.feeds, values):
             if kept.get(buf) is v:  # the same array as the last run (a generator's state)
                 continue
+            if v is None:  # (a slot released before its region: the table would keep 0)
+                raise ValueError(f"a bound program's feed {np.dtype(dtype)}{list(shape)} "
+                                 "was not given")
             if v.shape != shape or v.dtype != dtype:
                 raise ValueError(f"a bound program's feed is {v.dtype}{list(v.shape)}, bound "
                                  f"to {np.dtype(dtype)}{list(shape)}")

@@ -886,10 +886,15 @@ static int run_one(const he_op *o, void *const *bufs)
             return E_MEMORY;
         for (int m = 0; m < M; m++)
             az[m] = z;
+        /* a float32 output: Y * scale[n] (t5) + bias[n] (t6, optional) from the tile */
+        const int to_float = o->t[0].dtype == DT_FLOAT;
+        void *y = ptr_of(bufs, &o->t[0]);
         int rc = he_qgemm_mt(M, (int)o->p[1], (int)o->p[2], ptr_of(bufs, &o->t[1]), o->p[2],
                              o->t[1].dtype == DT_INT8, ptr_of(bufs, &o->t[2]), az,
-                             (const int *)ptr_of(bufs, &o->t[4]), (int *)ptr_of(bufs, &o->t[0]),
-                             NULL, o->p[1], NULL, NULL, o->parts);
+                             (const int *)ptr_of(bufs, &o->t[4]), to_float ? NULL : (int *)y,
+                             to_float ? (float *)y : NULL, o->p[1],
+                             to_float ? (const float *)ptr_of(bufs, &o->t[5]) : NULL,
+                             to_float ? (const float *)ptr_of(bufs, &o->t[6]) : NULL, o->parts);
         free(az);
         return rc == -1 ? E_MEMORY : rc ? E_OP : E_NONE;
     }

@@ -233,6 +233,64 @@ static void tile_vnni(const q_args *a, int m0, int R, const int8_t *panel, int32
         _mm512_storeu_si512((void *)(acc[r] + 16), c[r][1]);
     }
 }
+
+/* A full VNNI tile (8 rows) with its epilogue in registers: no branch per row in the k
+ * loop, and the zero-point correction, the int-to-float, scale and bias done a vector of
+ * columns at a time, stored straight to Y (at short K the tile's trip through `acc` and
+ * the scalar store cost as much as the products) */
+__attribute__((target("avx512vnni,avx512bw")))
+static void tile_vnni8(const q_args *a, int m0, const int8_t *panel, int n0)
+{
+    const int rows = a->Kg / 4;
+    const long lda = a->Kg / 4; /* in groups of 4 bytes */
+    const int32_t *A = (const int32_t *)(a->A8 + (long)m0 * a->Kg);
+    __m512i c[VNNI_ROWS][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < VNNI_ROWS; r++)
+        c[r][0] = c[r][1] = _mm512_setzero_si512();
+    const int8_t *b = panel;
+    for (int kr = 0; kr < rows; kr++, b += QN * 4) {
+        const __m512i b0 = _mm512_loadu_si512((const void *)b);
+        const __m512i b1 = _mm512_loadu_si512((const void *)(b + 64));
+#pragma GCC unroll 8
+        for (int r = 0; r < VNNI_ROWS; r++) {
+            const __m512i av = _mm512_set1_epi32(A[r * lda + kr]);
+            c[r][0] = _mm512_dpbusd_epi32(c[r][0], av, b0);
+            c[r][1] = _mm512_dpbusd_epi32(c[r][1], av, b1);
+        }
+    }
+    const int cols = a->N - n0 < QN ? a->N - n0 : QN;
+    const __m512i K = _mm512_set1_epi32(a->K);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) { /* (constant h once unrolled: c stays in registers) */
+        const int w = cols - 16 * h;
+        const __mmask16 keep = (__mmask16)(w >= 16 ? 0xFFFF : w <= 0 ? 0 : (1u << w) - 1);
+        if (!keep)
+            continue;
+        const int j = n0 + 16 * h;
+        const __m512i zb = _mm512_maskz_loadu_epi32(keep, a->b_zp + j);
+        /* sum (a - za)(b - zb) = acc - zb * rowsum - za * (colsum - K zb), wrapping */
+        const __m512i corr = _mm512_sub_epi32(_mm512_maskz_loadu_epi32(keep, a->colsum + j),
+                                              _mm512_mullo_epi32(K, zb));
+        __m512 sc = _mm512_setzero_ps(), bias = _mm512_setzero_ps();
+        if (a->Yf) {
+            sc = _mm512_maskz_loadu_ps(keep, a->scale + j);
+            if (a->bias)
+                bias = _mm512_maskz_loadu_ps(keep, a->bias + j);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < VNNI_ROWS; r++) {
+            const int m = m0 + r;
+            __m512i v = _mm512_sub_epi32(c[r][h], _mm512_mullo_epi32(zb, _mm512_set1_epi32(a->rowsum[m])));
+            v = _mm512_sub_epi32(v, _mm512_mullo_epi32(_mm512_set1_epi32(a->a_zp[m]), corr));
+            if (a->Yf)
+                _mm512_mask_storeu_ps(a->Yf + (long)m * a->ldy + j, keep,
+                                      _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), sc, bias));
+            else
+                _mm512_mask_storeu_epi32(a->Yi + (long)m * a->ldy + j, keep, v);
+        }
+    }
+}
 #endif
 
 static int tile_rows_for(int layout)
@@ -275,6 +333,12 @@ static void q_task(void *p, int i0, int i1)
         int m1 = (mb + 1) * QMB < a->M ? (mb + 1) * QMB : a->M;
         for (int m = mb * QMB; m < m1; m += tr) {
             int R = m1 - m < tr ? m1 - m : tr;
+#if defined(HE_ISA_AVX512)
+            if (R == VNNI_ROWS && a->layout == LAYOUT_VNNI) {
+                tile_vnni8(a, m, (const int8_t *)(a->body + panel * a->pb), (int)(panel * QN));
+                continue;
+            }
+#endif
             q_tile(a, m, R, panel, acc);
             q_store(a, m, R, (int)(panel * QN), acc);
         }
@@ -345,8 +409,17 @@ int he_qgemm_mt(int M, int N, int K, const void *Av, long lda, int a_signed, con
 void he_dynamic_quantize(const float *x, long n, void *yv, float *scale, void *zpv)
 {
     uint8_t *y = (uint8_t *)yv;
-    float mx = 0.0f, mn = 0.0f;
-    for (long i = 0; i < n; i++) {
+    /* the range a vector at a time; a NaN is skipped, as the scalar `x > mx ? x : mx`
+     * skips it (vmax returns its second operand when the first is NaN) */
+    vf vmx = vzero(), vnm = vzero(); /* max(x) and max(-x): both from 0, as the range is */
+    long i = 0;
+    for (; i + VW <= n; i += VW) {
+        const vf v = vloadu(x + i);
+        vmx = vmax(v, vmx);
+        vnm = vmax(vsub(vzero(), v), vnm);
+    }
+    float mx = vreduce_max(vmx), mn = -vreduce_max(vnm);
+    for (; i < n; i++) {
         mx = x[i] > mx ? x[i] : mx;
         mn = x[i] < mn ? x[i] : mn;
     }
@@ -354,9 +427,19 @@ void he_dynamic_quantize(const float *x, long n, void *yv, float *scale, void *z
     float s = range / 255.0f;
     float z = -mn / s;
     z = rintf(z < 0.0f ? 0.0f : z > 255.0f ? 255.0f : z);
-    for (long i = 0; i < n; i++) {
-        float q = rintf(x[i] / s) + z;
-        y[i] = (uint8_t)(q < 0.0f ? 0.0f : q > 255.0f ? 255.0f : q);
+    /* rint(x / s) + z, clamped to [0, 255]: the same division and rounding (half to even)
+     * as the scalar tail */
+    const vf vs = vset1(s), vz = vset1(z), top = vset1(255.0f);
+    float q[VW];
+    for (i = 0; i + VW <= n; i += VW) {
+        vf v = vadd(vround(vdiv(vloadu(x + i), vs)), vz);
+        vstoreu(q, vmin(vmax(v, vzero()), top));
+        for (int j = 0; j < VW; j++)
+            y[i + j] = (uint8_t)q[j];
+    }
+    for (; i < n; i++) {
+        float v = rintf(x[i] / s) + z;
+        y[i] = (uint8_t)(v < 0.0f ? 0.0f : v > 255.0f ? 255.0f : v);
     }
     *scale = s;
     *(uint8_t *)zpv = (uint8_t)z;

@@ -13,6 +13,8 @@ One module per family, run in this order by `fuse`:
 * rotary: Llama's rotate_half rotary embedding;
 * attention: MatMul-[scale]-[Where]-[Add mask]-Softmax-MatMul;
 * qdq: MatMul of two DequantizeLinear (a QDQ model's product) -> MatMulIntegerToFloat;
+* integer: MatMulInteger -> Cast -> Mul(scale) [-> Add(bias)] (a quantize_dynamic
+  model's product) -> MatMulIntegerToFloat;
 * matmul: MatMul + bias [+ activation], Gemm [+ activation].
 
 A chain is fused only when each intermediate value has the next node as its only
@@ -36,7 +38,9 @@ from hetero_exec.ir.graph import Graph
 from hetero_exec.kernels.fused import FUSED_DOMAIN
 from hetero_exec.placement.fusions.attention import fuse_attention
 from hetero_exec.placement.fusions.conv import fold_batchnorm, fuse_conv
+from hetero_exec.placement.fusions.float16 import float16_in_float32
 from hetero_exec.placement.fusions.gelu import fuse_gelu
+from hetero_exec.placement.fusions.integer import fuse_integer_scale
 from hetero_exec.placement.fusions.layout import cancel_layout
 from hetero_exec.placement.fusions.matmul import fuse_matmul
 from hetero_exec.placement.fusions.norm import fuse_norms
@@ -55,7 +59,7 @@ Fusion = Callable[[Graph, "Region | None"], "Graph | None"]
 #: integer products, not float ones)
 FUSIONS: tuple[Fusion, ...] = (
     cancel_layout, fold_batchnorm, fuse_gelu, fuse_conv, fuse_norms, fuse_rotary,
-    fuse_attention, fuse_qdq, fuse_matmul)
+    fuse_attention, fuse_qdq, fuse_integer_scale, fuse_matmul)
 
 
 def fuse(graph: Graph, region: Region | None = None) -> Graph | None:
@@ -82,8 +86,11 @@ def fuse(graph: Graph, region: Region | None = None) -> Graph | None:
 
 
 def fuse_cpu(graph: Graph) -> Graph | None:
-    """The cpu provider's pass (placement/passes.py): `fuse` over the whole graph."""
-    return fuse(graph)
+    """The cpu provider's pass (placement/passes.py): a float16 graph's float32 chains
+    kept in float32 (`float16.py`), then `fuse` over the whole graph."""
+    halves = float16_in_float32(graph) is not None
+    fused = fuse(graph)
+    return graph if halves or fused is not None else None
 
 
 def _snapshot(graph: Graph, region: Region | None) -> tuple:

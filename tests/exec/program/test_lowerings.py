@@ -292,3 +292,31 @@ def test_fused_attention_chains(variant):
     ops = {int(op) for seg in sess._executor.segments for plan in seg.bound._bound.values()
            for st in plan.steps if isinstance(st.fn, Region) for op in st.fn.program.records["op"]}
     assert library.constant("OP_ATTENTION") in ops
+
+
+def test_a_region_reading_a_view_made_in_an_earlier_region_keeps_its_array():
+    # p comes from a Python step (Hardmax); region 0 reshapes it (a view, no record: no
+    # record there reads p) and is p's last reader in the plan; another Python step
+    # follows; region 1 reads the view. p's release must move to region 1, or region 1
+    # is handed no array for it
+    import gc
+
+    nodes = [helper.make_node("Hardmax", ["x"], ["p"]),
+             helper.make_node("Mul", ["x", "two"], ["a"]),
+             helper.make_node("Reshape", ["p", "shape"], ["pr"]),
+             helper.make_node("Add", ["a", "x"], ["a2"]),
+             helper.make_node("Hardmax", ["a2"], ["h"]),
+             helper.make_node("Reshape", ["h", "shape"], ["hr"]),
+             helper.make_node("Add", ["hr", "pr"], ["z"]),
+             helper.make_node("Mul", ["z", "two"], ["y"])]
+    m = model(nodes, [vi("x", F, [2, 3, 4])], [vi("y", F, [6, 4])],
+              [init("two", np.array(2.0, np.float32)), init("shape", np.array([6, 4], np.int64))])
+    sess = hx.InferenceSession(m.SerializeToString())
+    junk = []
+    for _ in range(6):
+        x = rand(2, 3, 4)
+        want = ort_run(m, {"x": x})
+        gc.collect()
+        junk.append([np.ones(n, np.float32) for n in range(1, 64)])  # reuse freed memory
+        assert_outputs(sess.run(None, {"x": x}), want, 1e-6, 1e-6)
+    assert python_steps(sess) == ["Hardmax", "Hardmax"]
