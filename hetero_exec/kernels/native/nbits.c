@@ -5,8 +5,10 @@
  * of the product is one row of B, its K codes contiguous, so a decode step (M = 1) reads
  * the 4-bit weight once, in order, and is split over the library's workers by columns.
  * For each (column, block) the codes are unpacked into block_size floats (L1) and dotted
- * with each row of A; the zero point comes out by A's block sums:
- *   sum_k a_k (c_k - z) s = s (sum_k a_k c_k - z sum_k a_k).
+ * with each row of A. At one row the zero point comes out by A's block sums,
+ *   sum_k a_k (c_k - z) s = s (sum_k a_k c_k - z sum_k a_k),
+ * and the scale once a block; with more rows the codes are dequantized once, (c - z) s
+ * as one FMA a vector, and shared by the rows (no per-row scale or correction).
  * A 4-bit byte holds codes k (low nibble) and k + 1 (high): A is copied once per call
  * with each block's even k first and odd k after, so the low nibbles of a block's bytes
  * form one contiguous run of codes and the high nibbles the next (no interleaving store).
@@ -53,77 +55,6 @@ ALWAYS_INLINE vf codes_hi(vbytes b) { return vloadu(b.hi); }
 ALWAYS_INLINE vf codes_all(vbytes b) { return vloadu(b.all); }
 #endif
 
-static void nb_task(void *p, int n0, int n1)
-{
-    const nb_args *a = (const nb_args *)p;
-    int bs = a->bs, half = bs / 2, M = a->M;
-    long kp = (long)a->kb * bs;
-    float dflt = (float)(1 << (a->bits - 1));
-    for (int n = n0; n < n1; n++) {
-        for (int m0 = 0; m0 < M; m0 += 4) {
-            int R = M - m0 < 4 ? M - m0 : 4;
-            vf tot[4];
-            float corr[4];
-            for (int r = 0; r < 4; r++)
-                tot[r] = vzero(), corr[r] = 0.0f;
-            const float *ab = a->Ap + (long)m0 * kp;
-            for (int b = 0; b < a->kb; b++, ab += bs) {
-                const uint8_t *code = a->B + ((long)n * a->kb + b) * a->blob;
-                float z;
-                if (a->zpf)
-                    z = a->zpf[(long)n * a->kb + b];
-                else if (a->zp) {
-                    uint8_t zb = a->zp[(long)n * a->zbytes + (a->bits == 4 ? b / 2 : b)];
-                    z = (float)(a->bits == 4 ? (zb >> ((b & 1) * 4)) & 15 : zb);
-                } else
-                    z = dflt;
-                float s = a->scales[(long)n * a->kb + b];
-                vf d[4];
-                for (int r = 0; r < 4; r++)
-                    d[r] = vzero();
-                if (a->bits == 4 && half < VW) { /* 16-code blocks, 16 lanes: one vector */
-                    float t[VW] __attribute__((aligned(64)));
-                    for (int j = 0; j < half; j++)
-                        t[j] = (float)(code[j] & 15), t[half + j] = (float)(code[j] >> 4);
-                    vf c = vloadu(t);
-                    for (int r = 0; r < R; r++)
-                        d[r] = vfma(vloadu(ab + r * kp), c, d[r]);
-                } else if (a->bits == 4) {
-                    for (int j = 0; j < half; j += VW) {
-                        vbytes v = bytes_vw(code + j);
-                        vf lo = codes_lo(v), hi = codes_hi(v);
-#pragma GCC unroll 4
-                        for (int r = 0; r < 4; r++)
-                            if (r < R) {
-                                const float *ar = ab + r * kp;
-                                d[r] = vfma(vloadu(ar + j), lo, d[r]);
-                                d[r] = vfma(vloadu(ar + half + j), hi, d[r]);
-                            }
-                    }
-                } else {
-                    for (int j = 0; j < bs; j += VW) {
-                        vf c = codes_all(bytes_vw(code + j));
-#pragma GCC unroll 4
-                        for (int r = 0; r < 4; r++)
-                            if (r < R)
-                                d[r] = vfma(vloadu(ab + r * kp + j), c, d[r]);
-                    }
-                }
-                vf sv = vset1(s);
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++)
-                    if (r < R) {
-                        tot[r] = vfma(sv, d[r], tot[r]);
-                        corr[r] += s * z * a->asum[(long)(m0 + r) * a->kb + b];
-                    }
-            }
-            for (int r = 0; r < R; r++)
-                a->Y[(long)(m0 + r) * a->ldy + n] =
-                    vreduce_add(tot[r]) - corr[r] + (a->bias ? a->bias[n] : 0.0f);
-        }
-    }
-}
-
 /* a block's zero point as a float: float zero points, packed codes, or the middle code */
 ALWAYS_INLINE float zero_point(const nb_args *a, long n, int b)
 {
@@ -134,6 +65,61 @@ ALWAYS_INLINE float zero_point(const nb_args *a, long n, int b)
         return (float)(a->bits == 4 ? (zb >> ((b & 1) * 4)) & 15 : zb);
     }
     return (float)(1 << (a->bits - 1));
+}
+
+/* rows of A four at a time (a few rows: a prompt's short chunk, a batch's decode step):
+ * each block's codes unpacked once into dequantized floats, (c - z) s as one FMA a
+ * vector, then a product into each row's accumulator (no per-row scale or zero point) */
+static void nb_task(void *p, int n0, int n1)
+{
+    const nb_args *a = (const nb_args *)p;
+    int bs = a->bs, half = bs / 2, M = a->M;
+    long kp = (long)a->kb * bs;
+    for (int n = n0; n < n1; n++) {
+        for (int m0 = 0; m0 < M; m0 += 4) {
+            int R = M - m0 < 4 ? M - m0 : 4;
+            vf tot[4];
+            for (int r = 0; r < 4; r++)
+                tot[r] = vzero();
+            const float *ab = a->Ap + (long)m0 * kp;
+            for (int b = 0; b < a->kb; b++, ab += bs) {
+                const uint8_t *code = a->B + ((long)n * a->kb + b) * a->blob;
+                const float s = a->scales[(long)n * a->kb + b];
+                const vf sv = vset1(s), zs = vset1(-zero_point(a, n, b) * s);
+                if (a->bits == 4 && half < VW) { /* 16-code blocks, 16 lanes: one vector */
+                    float t[VW] __attribute__((aligned(64)));
+                    for (int j = 0; j < half; j++)
+                        t[j] = (float)(code[j] & 15), t[half + j] = (float)(code[j] >> 4);
+                    vf c = vfma(vloadu(t), sv, zs);
+                    for (int r = 0; r < R; r++)
+                        tot[r] = vfma(vloadu(ab + r * kp), c, tot[r]);
+                } else if (a->bits == 4) {
+                    for (int j = 0; j < half; j += VW) {
+                        vbytes v = bytes_vw(code + j);
+                        vf lo = vfma(codes_lo(v), sv, zs), hi = vfma(codes_hi(v), sv, zs);
+#pragma GCC unroll 4
+                        for (int r = 0; r < 4; r++)
+                            if (r < R) {
+                                const float *ar = ab + r * kp;
+                                tot[r] = vfma(vloadu(ar + j), lo, tot[r]);
+                                tot[r] = vfma(vloadu(ar + half + j), hi, tot[r]);
+                            }
+                    }
+                } else {
+                    for (int j = 0; j < bs; j += VW) {
+                        vf c = vfma(codes_all(bytes_vw(code + j)), sv, zs);
+#pragma GCC unroll 4
+                        for (int r = 0; r < 4; r++)
+                            if (r < R)
+                                tot[r] = vfma(vloadu(ab + r * kp + j), c, tot[r]);
+                    }
+                }
+            }
+            for (int r = 0; r < R; r++)
+                a->Y[(long)(m0 + r) * a->ldy + n] =
+                    vreduce_add(tot[r]) + (a->bias ? a->bias[n] : 0.0f);
+        }
+    }
 }
 
 #define NB_COLS 4
