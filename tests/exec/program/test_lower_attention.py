@@ -45,7 +45,9 @@ def _gqa(B, S, N, Nkv, H, seqlens, total, past_cap, packed=False, rotary=False, 
         q, k, v = _r(B, S, (N + 2 * Nkv) * H), None, None
     else:
         q, k, v = _r(B, S, N * H), _r(B, S, Nkv * H), _r(B, S, Nkv * H)
-    pk, pv = _r(B, Nkv, past_cap, H), _r(B, Nkv, past_cap, H)
+    pk = pv = None  # past_cap None: no past inputs at all
+    if past_cap is not None:
+        pk, pv = _r(B, Nkv, past_cap, H), _r(B, Nkv, past_cap, H)
     cos = sin = None
     if rotary:
         cos, sin = _caches(64, rd or H)
@@ -129,10 +131,12 @@ def test_local_window_softcap_scale():
 
 
 @pytest.mark.parametrize("rotary", [False, True])
-def test_first_prompt_over_an_empty_past(rotary):
-    """A right-padded first prompt (rows of 5, 3 and 1 tokens) with an empty past."""
+@pytest.mark.parametrize("past_cap", [0, None])
+def test_first_prompt_over_an_empty_past(rotary, past_cap):
+    """A right-padded first prompt (rows of 5, 3 and 1 tokens) with an empty past, or
+    with no past inputs at all (the presents made from nothing)."""
     seqlens, S = [4, 2, 0], 5
-    check(*_gqa(3, S, 4, 2, 16, seqlens, S, past_cap=0, rotary=rotary),
+    check(*_gqa(3, S, 4, 2, 16, seqlens, S, past_cap=past_cap, rotary=rotary),
           rows=_valid(seqlens, S, S))
 
 
