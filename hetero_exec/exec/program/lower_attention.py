@@ -1,7 +1,7 @@
 """A decoder's cache and attention steps: the generator's in-place cache append
 (KVAppend, KVPrefix views), Llama's rotary embedding (FusedRotary as element-wise
-records), and onnxruntime's GroupQueryAttention over a shared past/present buffer
-(native/gqa.c)."""
+records), and onnxruntime's GroupQueryAttention (native/gqa.c) over a shared past/present
+buffer, or over a present made from a distinct past."""
 
 from __future__ import annotations
 
@@ -88,25 +88,26 @@ def group_query_attention(b, st, ins, outs):
         raise NotLowered("position ids, a bias, a sink or quantized caches")
     if kw.get("smooth_softmax", -1) == 1 or not kw.get("causal", 1) or len(outs) > 3:
         raise NotLowered("smooth softmax, non-causal attention or the qk output")
-    if past_k is None or past_v is None or len(outs) < 3:
-        raise NotLowered("no shared past/present buffer")
-    for p, slot in ((past_k, st.inputs[3]), (past_v, st.inputs[4])):
-        if b.buffers[p.buf].kind != "feed" or not is_shared(b.vals[slot]) or not p.contiguous:
-            raise NotLowered("a past that is not a generator's shared buffer")
-    if query.dtype != F32 or past_k.dtype != F32 or seqlens.dtype != np.dtype(np.int32):
+    if query.dtype != F32 or seqlens.dtype != np.dtype(np.int32) or any(
+            p is not None and p.dtype != F32 for p in (past_k, past_v)):
         raise NotLowered("GroupQueryAttention of float16")
     total = int(b.static(st.inputs[6]).reshape(-1)[0])
     heads, kv_heads = int(kw["num_heads"]), int(kw["kv_num_heads"])
     batch, seq = query.shape[0], query.shape[1]
     packed = key is None
     head = query.shape[2] // (heads + 2 * kv_heads) if packed else query.shape[2] // heads
-    cap = past_k.shape[2]
-    if cap < total or past_v.shape != past_k.shape:
-        raise NotLowered("a buffer smaller than the total length")
     query = b.contiguous(query)
     key = None if packed else b.contiguous(b.readable(key))
     value = None if packed else b.contiguous(b.readable(value))
     seqlens = b.contiguous(b.readable(seqlens))
+    if _shared(b, st, past_k, past_v, outs):
+        cap = past_k.shape[2]
+        if cap < total or past_v.shape != past_k.shape:
+            raise NotLowered("a buffer smaller than the total length")
+    else:
+        past_k, past_v = (_present(b, p, o, seqlens, (batch, kv_heads, total, head), seq, total)
+                          for p, o in ((past_k, outs[1:2]), (past_v, outs[2:3])))
+        cap = past_k.shape[2]
     rotary = int(kw.get("do_rotary", 0))
     cos = sin = (0, 0)
     rd = max_pos = 0
@@ -125,6 +126,38 @@ def group_query_attention(b, st, ins, outs):
            f=[scale, float(kw.get("softcap", 0.0))],
            parts=b.parts(batch * heads, 4.0 * batch * heads * seq * total * head))
     return [out, past_k, past_v]
+
+
+def _shared(b, st, past_k: Place | None, past_v: Place | None, outs) -> bool:
+    """Whether past and present are one buffer (a generator's cache, kv_cache.share_buffer)."""
+    if past_k is None or past_v is None or len(outs) < 3:
+        return False
+    return all(b.buffers[p.buf].kind == "feed" and is_shared(b.vals[slot]) and p.contiguous
+               for p, slot in ((past_k, st.inputs[3]), (past_v, st.inputs[4])))
+
+
+def _present(b, past: Place | None, out: list, seqlens: Place, shape: tuple, seq: int,
+             total: int) -> Place:
+    """A present distinct from its past: a new value of the past's capacity (at least the
+    total length), each row's past positions copied in and the rest zeroed by an
+    OP_GQA_PAST record, for OP_GQA to append to in place."""
+    batch, kv_heads, _, head = shape
+    if past is None and seq != total:
+        raise NotLowered("a later call with no past")
+    if past is not None and (len(past.shape) != 4 or past.shape[:2] != shape[:2]
+                             or past.shape[3] != head):
+        raise NotLowered("a past of another shape")
+    have = past.shape[2] if past is not None else 0
+    cap = max(total, have)
+    if out and out[0] is not None and tuple(out[0].shape) != (batch, kv_heads, cap, head):
+        raise NotLowered("a present of another shape")
+    present = b.scratch((batch, kv_heads, cap, head), F32)
+    past = None if not have else b.contiguous(b.readable(past))  # (an empty past: none read)
+    rows = batch * kv_heads
+    b.emit("OP_GQA_PAST", tensors=[present, past, seqlens],
+           p=[batch, seq, kv_heads, head, cap, have, total],
+           parts=b.parts(rows, 0.25 * rows * cap * head))
+    return present
 
 
 def _grouped(b, a: Place, other: Place, groups_of: int, out_example) -> Place:

@@ -43,7 +43,7 @@ def _takes(place, types) -> None:
 LARGE = 1 << 14
 #: unary codes act.c computes a vector at a time (the fused epilogues' functions)
 SIMD_ACT = {"U_TANH": "ACT_TANH", "U_SIGMOID": "ACT_SIGMOID", "U_GELU": "ACT_GELU",
-            "U_GELU_TANH": "ACT_GELU_TANH"}
+            "U_GELU_TANH": "ACT_GELU_TANH", "U_ERF": "ACT_ERF"}
 _SCALAR = {"U_EXP", "U_LOG", "U_COS", "U_SIN", "U_ERF", "U_SOFTPLUS"}
 
 
@@ -51,8 +51,6 @@ def apply_unary(b, code: str, out, x) -> None:
     """out = code(x): act.c's vector loops on a large contiguous float32 value, the
     record's own loop otherwise."""
     if out.size > LARGE and out.dtype == F32:
-        if code in _SCALAR:
-            raise NotLowered(f"{code} over {out.size} values")
         act = SIMD_ACT.get(code)
         if act is not None and out.contiguous:
             b.elementwise("OP_COPY", 0, out, [x])
@@ -60,6 +58,8 @@ def apply_unary(b, code: str, out, x) -> None:
             b.emit("OP_BIAS_ACT", tensors=[out, None], p=[out.size // cols, cols, b.codes[act]],
                    parts=b.parts(out.size // cols, 8.0 * out.size))
             return
+        if code in _SCALAR:
+            raise NotLowered(f"{code} over {out.size} values")
     b.elementwise("OP_UNARY", b.codes[code], out, [x])
 
 

@@ -4,8 +4,13 @@ MatMulInteger on a constant 8-bit weight (scalar zero point of A) as one record 
 native/qgemm.c's integer GEMM, reusing the weight its kernel packed; DynamicQuantizeLinear
 of float32 as one record (qgemm.c); MatMulIntegerToFloat (what placement/fusions/qdq.py
 and integer.py make of quantized models' products) as that record storing float32 with
-its scale and bias. With the
-element-wise lowerings, a ``quantize_dynamic`` model's step then runs as one program.
+its scale and bias. With the element-wise lowerings, a ``quantize_dynamic`` model's step
+then runs as one program.
+
+QuantizeLinear and DequantizeLinear (8-bit codes, per tensor or per axis; not blocked) as
+one element-wise record each (program.c's OP_QUANTIZE, rounding half to even, and
+OP_DEQUANTIZE), so the Q/DQ pairs a QDQ model keeps around its float ops stay inside the
+program with the products between them.
 
 MatMulNBits (com.microsoft, 4 or 8 bits) as one record on native/nbits.c: its weight,
 scales and zero points constants of the plan, A float32 and at most
@@ -18,13 +23,68 @@ from __future__ import annotations
 import numpy as np
 
 from hetero_exec.exec.program.lower_linalg import _f32, _weight
-from hetero_exec.exec.program.place import NotLowered
+from hetero_exec.exec.program.place import NotLowered, Place
 from hetero_exec.exec.program.registry import lowers
 from hetero_exec.kernels import _int_gemm
 from hetero_exec.kernels.contrib import quant_matmul
 from hetero_exec.kernels.native import library
 
 _BYTES = (np.dtype(np.uint8), np.dtype(np.int8))
+F32 = np.dtype(np.float32)
+
+
+def _per_axis(b, v: Place, x: Place, axis: int, block_size: int, what: str) -> Place:
+    """A scale or zero point broadcastable to ``x``: one value, or one per index of
+    ``axis`` (kernels/quant.py's _param; blocks are not lowered)."""
+    if block_size:
+        raise NotLowered(f"{what} in blocks")
+    b.readable(v)
+    if v.size == 1:
+        return v.reshape(())
+    rank = len(x.shape)
+    axis = axis + rank if axis < 0 else axis
+    axis = min(axis, rank - 1)
+    if len(v.shape) != 1 or rank == 0 or v.size != x.shape[axis]:
+        raise NotLowered(f"{what} of {v.shape} for {x.shape} along {axis}")
+    return v.reshape(tuple(v.size if d == axis else 1 for d in range(rank)))
+
+
+@lowers("QuantizeLinear")
+def quantize_linear(b, st, ins, outs):
+    x, scale = ins[0], ins[1]
+    zp = ins[2] if len(ins) > 2 else None
+    kw = st.kwargs
+    out_dt = np.dtype(outs[0].dtype)
+    if x.dtype != F32 or scale.dtype != F32 or out_dt not in _BYTES or kw.get("precision", 0):
+        raise NotLowered(f"QuantizeLinear of {x.dtype} to {out_dt}")
+    if zp is not None and zp.dtype != out_dt:
+        raise NotLowered("QuantizeLinear with a zero point of another type")
+    axis, block = int(kw.get("axis", 1)), int(kw.get("block_size", 0))
+    scale = _per_axis(b, scale, x, axis, block, "QuantizeLinear scales")
+    zp = b.const(np.zeros((), out_dt)) if zp is None else _per_axis(
+        b, zp, x, axis, block, "QuantizeLinear zero points")
+    out = b.like(outs[0], [x])
+    b.elementwise("OP_QUANTIZE", 0, out, [x, scale, zp])
+    return [out]
+
+
+@lowers("DequantizeLinear")
+def dequantize_linear(b, st, ins, outs):
+    x, scale = ins[0], ins[1]
+    zp = ins[2] if len(ins) > 2 else None
+    kw = st.kwargs
+    if x.dtype not in _BYTES + (np.dtype(np.int32),) or scale.dtype != F32 \
+            or np.dtype(outs[0].dtype) != F32:
+        raise NotLowered(f"DequantizeLinear of {x.dtype} to {outs[0].dtype}")
+    if zp is not None and zp.dtype != x.dtype:
+        raise NotLowered("DequantizeLinear with a zero point of another type")
+    axis, block = int(kw.get("axis", 1)), int(kw.get("block_size", 0))
+    scale = _per_axis(b, scale, x, axis, block, "DequantizeLinear scales")
+    zp = b.const(np.zeros((), x.dtype)) if zp is None else _per_axis(
+        b, zp, x, axis, block, "DequantizeLinear zero points")
+    out = b.like(outs[0], [x])
+    b.elementwise("OP_DEQUANTIZE", 0, out, [x, scale, zp])
+    return [out]
 
 
 @lowers("DynamicQuantizeLinear")

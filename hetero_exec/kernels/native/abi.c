@@ -17,7 +17,7 @@ HE_API const he_constant he_constants[] = {
     {"ACT_NONE", ACT_NONE}, {"ACT_RELU", ACT_RELU}, {"ACT_CLIP", ACT_CLIP},
     {"ACT_HARD_SIGMOID", ACT_HARD_SIGMOID}, {"ACT_HARD_SWISH", ACT_HARD_SWISH},
     {"ACT_GELU", ACT_GELU}, {"ACT_GELU_TANH", ACT_GELU_TANH}, {"ACT_SILU", ACT_SILU},
-    {"ACT_SIGMOID", ACT_SIGMOID}, {"ACT_TANH", ACT_TANH},
+    {"ACT_SIGMOID", ACT_SIGMOID}, {"ACT_TANH", ACT_TANH}, {"ACT_ERF", ACT_ERF},
     /* program.h: the record's layout and codes */
     {"HE_ND", HE_ND}, {"HE_NT", HE_NT}, {"HE_NP", HE_NP}, {"HE_NF", HE_NF},
     {"HE_OP_SIZE", sizeof(he_op)}, {"HE_TENSOR_SIZE", sizeof(he_tensor)},
@@ -35,6 +35,8 @@ HE_API const he_constant he_constants[] = {
     {"OP_RANGE", OP_RANGE}, {"OP_ARGMAX", OP_ARGMAX},
     {"OP_ATTENTION", OP_ATTENTION},
     {"OP_NBITS", OP_NBITS}, {"OP_QGEMM", OP_QGEMM}, {"OP_DQL", OP_DQL},
+    {"OP_GQA_PAST", OP_GQA_PAST},
+    {"OP_QUANTIZE", OP_QUANTIZE}, {"OP_DEQUANTIZE", OP_DEQUANTIZE},
     {"U_NEG", U_NEG}, {"U_ABS", U_ABS}, {"U_SQRT", U_SQRT}, {"U_RECIP", U_RECIP},
     {"U_EXP", U_EXP}, {"U_LOG", U_LOG}, {"U_SIGMOID", U_SIGMOID}, {"U_TANH", U_TANH},
     {"U_COS", U_COS}, {"U_SIN", U_SIN}, {"U_ERF", U_ERF}, {"U_RELU", U_RELU},

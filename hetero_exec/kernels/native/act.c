@@ -34,9 +34,10 @@ ALWAYS_INLINE vf tanh16(vf u)
     return vselect(far, vselect(vlt(u, vzero()), vset1(-1.0f), vset1(1.0f)), r);
 }
 
-ALWAYS_INLINE vf gelu_erf16(vf x)
+/* erf (kernels/erf_gelu.py's float32 rational, the numpy definition it is tested against) */
+ALWAYS_INLINE vf erf16(vf x)
 {
-    vf t = clamp(vmul(x, vset1(0.7071067811865475f)), -4.5f, 4.5f);
+    vf t = clamp(x, -4.5f, 4.5f);
     vf z = vmul(t, t);
     vf p = vset1(0.00022905065861350646f);
     p = vfma(p, z, vset1(0.0034082910107109507f));
@@ -50,7 +51,12 @@ ALWAYS_INLINE vf gelu_erf16(vf x)
     q = vfma(q, z, vset1(0.11098505178285362f));
     q = vfma(q, z, vset1(0.49746925110067536f));
     q = vfma(q, z, vset1(1.0f));
-    vf e = clamp(vdiv(vmul(t, p), q), -1.0f, 1.0f);
+    return clamp(vdiv(vmul(t, p), q), -1.0f, 1.0f);
+}
+
+ALWAYS_INLINE vf gelu_erf16(vf x)
+{
+    vf e = erf16(vmul(x, vset1(0.7071067811865475f)));
     return vmul(vmul(vset1(0.5f), x), vadd(vset1(1.0f), e));
 }
 
@@ -86,6 +92,8 @@ ALWAYS_INLINE vf act16(vf v, int code, float p0, float p1)
         return sigmoid16(v);
     case ACT_TANH:
         return tanh16(v);
+    case ACT_ERF:
+        return erf16(v);
     default:
         return v;
     }
@@ -124,6 +132,7 @@ static void act_task(void *p, int r0, int r1)
     case ACT_GELU_TANH: ROWS(ACT_GELU_TANH) break;
     case ACT_SILU: ROWS(ACT_SILU) break;
     case ACT_SIGMOID: ROWS(ACT_SIGMOID) break;
+    case ACT_ERF: ROWS(ACT_ERF) break;
     default: ROWS(ACT_TANH) break;
     }
 }
@@ -174,6 +183,7 @@ static void channels_task(void *p, int r0, int r1)
     case ACT_GELU_TANH: CHANNEL_ROWS(ACT_GELU_TANH) break;
     case ACT_SILU: CHANNEL_ROWS(ACT_SILU) break;
     case ACT_SIGMOID: CHANNEL_ROWS(ACT_SIGMOID) break;
+    case ACT_ERF: CHANNEL_ROWS(ACT_ERF) break;
     default: CHANNEL_ROWS(ACT_TANH) break;
     }
 }
@@ -219,6 +229,7 @@ static void unary_task(void *p, int r0, int r1)
     case ACT_GELU_TANH: UNARY_RUNS(ACT_GELU_TANH) break;
     case ACT_SILU: UNARY_RUNS(ACT_SILU) break;
     case ACT_SIGMOID: UNARY_RUNS(ACT_SIGMOID) break;
+    case ACT_ERF: UNARY_RUNS(ACT_ERF) break;
     default: UNARY_RUNS(ACT_TANH) break;
     }
 }

@@ -12,7 +12,15 @@
  * (B, Nkv, cap, H), t6 seqlens_k (int32, B); p0 B, p1 S, p2 N, p3 Nkv, p4 H, p5 cap,
  * p6 total, p7 packed, p8 do_rotary, p9 interleaved, p10/p11 and p12/p13 the cos and sin
  * caches' buffer and byte offset ((max_pos, rd / 2)), p14 max_pos, p15 local window
- * (<= 0: none), p16 rotary dim; f0 scale, f1 softcap (<= 0: none). */
+ * (<= 0: none), p16 rotary dim; f0 scale, f1 softcap (<= 0: none).
+ *
+ * Distinct past and present buffers (onnxruntime's own layout, a past fed each step) take
+ * one OP_GQA_PAST record per buffer first: present gets each row's first past-length
+ * positions of the past and zeros after its new ones, as onnxruntime writes them; OP_GQA
+ * then runs over the present in place.
+ *
+ * OP_GQA_PAST record: t0 present (B, Nkv, cap, H), t1 past (B, Nkv, P, H; buf -1: none),
+ * t2 seqlens_k (int32, B); p0 B, p1 S, p2 Nkv, p3 H, p4 cap, p5 P, p6 total. */
 #include <math.h>
 
 #include "program.h"
@@ -105,6 +113,48 @@ static void attend_task(void *arg, int i0, int i1)
     }
     if (scores != local)
         free(scores);
+}
+
+typedef struct {
+    const he_op *o;
+    char *present;
+    const char *past;
+    const int64_t *past_len;
+} past_args;
+
+/* (b, kv head) pairs [i0, i1): the past's valid rows, zeros past the new ones */
+static void past_task(void *arg, int i0, int i1)
+{
+    const past_args *a = (const past_args *)arg;
+    const he_op *o = a->o;
+    const int64_t S = o->p[1], Nkv = o->p[2], cap = o->p[4], P = o->p[5];
+    const size_t row = (size_t)o->p[3] * (size_t)dtype_size(o->t[0].dtype);
+    for (int i = i0; i < i1; i++) {
+        const int64_t n = a->past_len[i / Nkv];
+        char *dst = a->present + (size_t)i * (size_t)cap * row;
+        if (n)
+            memcpy(dst, a->past + (size_t)i * (size_t)P * row, (size_t)n * row);
+        memset(dst + (size_t)(n + S) * row, 0, (size_t)(cap - n - S) * row);
+    }
+}
+
+int gqa_past_run(const he_op *o, void *const *bufs)
+{
+    const int64_t B = o->p[0], S = o->p[1], Nkv = o->p[2], cap = o->p[4], P = o->p[5];
+    const int32_t *seqlens = (const int32_t *)tensor_at(bufs, &o->t[2]);
+    int64_t past_len[B > 0 ? B : 1];
+    for (int64_t b = 0; b < B; b++) { /* as gqa_run reads the lengths */
+        past_len[b] = S == o->p[6] ? 0 : (int64_t)seqlens[b] + 1 - S;
+        if (past_len[b] < 0 || past_len[b] > P || past_len[b] + S > cap)
+            return E_CAPACITY;
+    }
+    past_args a = {o, (char *)tensor_at(bufs, &o->t[0]),
+                   o->t[1].buf < 0 ? NULL : tensor_at(bufs, &o->t[1]), past_len};
+    if (o->parts > 1)
+        he_parallel(past_task, &a, (int)(B * Nkv), o->parts);
+    else
+        past_task(&a, 0, (int)(B * Nkv));
+    return E_NONE;
 }
 
 int gqa_run(const he_op *o, void *const *bufs)

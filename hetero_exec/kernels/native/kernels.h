@@ -30,7 +30,8 @@
 
 /* the store's activations (gemm.c, conv.c, depthwise*.c); act.c has the others */
 enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2, ACT_HARD_SIGMOID = 3, ACT_HARD_SWISH = 4,
-       ACT_GELU = 8, ACT_GELU_TANH = 9, ACT_SILU = 10, ACT_SIGMOID = 11, ACT_TANH = 12 };
+       ACT_GELU = 8, ACT_GELU_TANH = 9, ACT_SILU = 10, ACT_SIGMOID = 11, ACT_TANH = 12,
+       ACT_ERF = 13 };
 
 typedef struct {
     const float *rbias; /* one value per row of the tile, or NULL */

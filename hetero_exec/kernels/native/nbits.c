@@ -5,8 +5,10 @@
  * of the product is one row of B, its K codes contiguous, so a decode step (M = 1) reads
  * the 4-bit weight once, in order, and is split over the library's workers by columns.
  * For each (column, block) the codes are unpacked into block_size floats (L1) and dotted
- * with each row of A; the zero point comes out by A's block sums:
- *   sum_k a_k (c_k - z) s = s (sum_k a_k c_k - z sum_k a_k).
+ * with each row of A. At one row the zero point comes out by A's block sums,
+ *   sum_k a_k (c_k - z) s = s (sum_k a_k c_k - z sum_k a_k),
+ * and the scale once a block; with more rows the codes are dequantized once, (c - z) s
+ * as one FMA a vector, and shared by the rows (no per-row scale or correction).
  * A 4-bit byte holds codes k (low nibble) and k + 1 (high): A is copied once per call
  * with each block's even k first and odd k after, so the low nibbles of a block's bytes
  * form one contiguous run of codes and the high nibbles the next (no interleaving store).
@@ -53,74 +55,112 @@ ALWAYS_INLINE vf codes_hi(vbytes b) { return vloadu(b.hi); }
 ALWAYS_INLINE vf codes_all(vbytes b) { return vloadu(b.all); }
 #endif
 
+/* a block's zero point as a float: float zero points, packed codes, or the middle code */
+ALWAYS_INLINE float zero_point(const nb_args *a, long n, int b)
+{
+    if (a->zpf)
+        return a->zpf[n * a->kb + b];
+    if (a->zp) {
+        uint8_t zb = a->zp[n * a->zbytes + (a->bits == 4 ? b / 2 : b)];
+        return (float)(a->bits == 4 ? (zb >> ((b & 1) * 4)) & 15 : zb);
+    }
+    return (float)(1 << (a->bits - 1));
+}
+
+/* rows of A four at a time (a few rows: a prompt's short chunk, a batch's decode step):
+ * each block's codes unpacked once into dequantized floats, (c - z) s as one FMA a
+ * vector, then a product into each row's accumulator (no per-row scale or zero point) */
 static void nb_task(void *p, int n0, int n1)
 {
     const nb_args *a = (const nb_args *)p;
     int bs = a->bs, half = bs / 2, M = a->M;
     long kp = (long)a->kb * bs;
-    float dflt = (float)(1 << (a->bits - 1));
     for (int n = n0; n < n1; n++) {
         for (int m0 = 0; m0 < M; m0 += 4) {
             int R = M - m0 < 4 ? M - m0 : 4;
             vf tot[4];
-            float corr[4];
             for (int r = 0; r < 4; r++)
-                tot[r] = vzero(), corr[r] = 0.0f;
+                tot[r] = vzero();
             const float *ab = a->Ap + (long)m0 * kp;
             for (int b = 0; b < a->kb; b++, ab += bs) {
                 const uint8_t *code = a->B + ((long)n * a->kb + b) * a->blob;
-                float z;
-                if (a->zpf)
-                    z = a->zpf[(long)n * a->kb + b];
-                else if (a->zp) {
-                    uint8_t zb = a->zp[(long)n * a->zbytes + (a->bits == 4 ? b / 2 : b)];
-                    z = (float)(a->bits == 4 ? (zb >> ((b & 1) * 4)) & 15 : zb);
-                } else
-                    z = dflt;
-                float s = a->scales[(long)n * a->kb + b];
-                vf d[4];
-                for (int r = 0; r < 4; r++)
-                    d[r] = vzero();
+                const float s = a->scales[(long)n * a->kb + b];
+                const vf sv = vset1(s), zs = vset1(-zero_point(a, n, b) * s);
                 if (a->bits == 4 && half < VW) { /* 16-code blocks, 16 lanes: one vector */
                     float t[VW] __attribute__((aligned(64)));
                     for (int j = 0; j < half; j++)
                         t[j] = (float)(code[j] & 15), t[half + j] = (float)(code[j] >> 4);
-                    vf c = vloadu(t);
+                    vf c = vfma(vloadu(t), sv, zs);
                     for (int r = 0; r < R; r++)
-                        d[r] = vfma(vloadu(ab + r * kp), c, d[r]);
+                        tot[r] = vfma(vloadu(ab + r * kp), c, tot[r]);
                 } else if (a->bits == 4) {
                     for (int j = 0; j < half; j += VW) {
                         vbytes v = bytes_vw(code + j);
-                        vf lo = codes_lo(v), hi = codes_hi(v);
+                        vf lo = vfma(codes_lo(v), sv, zs), hi = vfma(codes_hi(v), sv, zs);
 #pragma GCC unroll 4
                         for (int r = 0; r < 4; r++)
                             if (r < R) {
                                 const float *ar = ab + r * kp;
-                                d[r] = vfma(vloadu(ar + j), lo, d[r]);
-                                d[r] = vfma(vloadu(ar + half + j), hi, d[r]);
+                                tot[r] = vfma(vloadu(ar + j), lo, tot[r]);
+                                tot[r] = vfma(vloadu(ar + half + j), hi, tot[r]);
                             }
                     }
                 } else {
                     for (int j = 0; j < bs; j += VW) {
-                        vf c = codes_all(bytes_vw(code + j));
+                        vf c = vfma(codes_all(bytes_vw(code + j)), sv, zs);
 #pragma GCC unroll 4
                         for (int r = 0; r < 4; r++)
                             if (r < R)
-                                d[r] = vfma(vloadu(ab + r * kp + j), c, d[r]);
+                                tot[r] = vfma(vloadu(ab + r * kp + j), c, tot[r]);
                     }
                 }
-                vf sv = vset1(s);
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++)
-                    if (r < R) {
-                        tot[r] = vfma(sv, d[r], tot[r]);
-                        corr[r] += s * z * a->asum[(long)(m0 + r) * a->kb + b];
-                    }
             }
             for (int r = 0; r < R; r++)
                 a->Y[(long)(m0 + r) * a->ldy + n] =
-                    vreduce_add(tot[r]) - corr[r] + (a->bias ? a->bias[n] : 0.0f);
+                    vreduce_add(tot[r]) + (a->bias ? a->bias[n] : 0.0f);
         }
+    }
+}
+
+#define NB_COLS 4
+
+/* one row of A (a decode step), 4 bits, blocks of whole vectors of codes per nibble:
+ * NB_COLS columns at a time, each its own chain of FMAs, so the unpacking and products
+ * of one column overlap another's instead of waiting on one accumulator (a column past
+ * n1 repeats the last, its result not stored) */
+static void nb_row4_task(void *p, int n0, int n1)
+{
+    const nb_args *a = (const nb_args *)p;
+    const int bs = a->bs, half = bs / 2, kb = a->kb;
+    for (int n = n0; n < n1; n += NB_COLS) {
+        long col[NB_COLS];
+        vf tot[NB_COLS];
+        float corr[NB_COLS];
+        for (int c = 0; c < NB_COLS; c++) {
+            col[c] = n + c < n1 ? n + c : n1 - 1;
+            tot[c] = vzero();
+            corr[c] = 0.0f;
+        }
+        const float *ab = a->Ap;
+        for (int b = 0; b < kb; b++, ab += bs) {
+            const float as = a->asum[b];
+#pragma GCC unroll 4
+            for (int c = 0; c < NB_COLS; c++) {
+                const long nb = col[c] * kb + b;
+                const uint8_t *code = a->B + nb * a->blob;
+                const float s = a->scales[nb];
+                vf d = vzero();
+                for (int j = 0; j < half; j += VW) {
+                    vbytes v = bytes_vw(code + j);
+                    d = vfma(vloadu(ab + j), codes_lo(v), d);
+                    d = vfma(vloadu(ab + half + j), codes_hi(v), d);
+                }
+                tot[c] = vfma(vset1(s), d, tot[c]);
+                corr[c] += s * zero_point(a, col[c], b) * as;
+            }
+        }
+        for (int c = 0; c < NB_COLS && n + c < n1; c++)
+            a->Y[n + c] = vreduce_add(tot[c]) - corr[c] + (a->bias ? a->bias[n + c] : 0.0f);
     }
 }
 
@@ -163,7 +203,10 @@ int he_nbits_mt(int M, int N, int K, const float *A, long lda, const void *B,
     }
     nb_args a = {M, N, K, kb, bs, bits, bs * bits / 8, (kb * bits + 7) / 8, Ap, asum,
                  (const uint8_t *)B, (const uint8_t *)zp, zpf, scales, bias, Y, ldy};
-    he_parallel(nb_task, &a, N, parts);
+    if (M == 1 && bits == 4 && half % VW == 0) /* columns split in whole groups */
+        he_parallel(nb_row4_task, &a, N, parts);
+    else
+        he_parallel(nb_task, &a, N, parts);
     free(Ap);
     return 0;
 }

@@ -164,9 +164,18 @@ static void where_row(const he_op *o, char **p, const int64_t *s, int64_t n)
 /* ------------------------------------------------------------------ cast */
 
 #define CAST_TO(TS, TD, EXPR)                                                            \
-    for (int64_t i = 0; i < n; i++) {                                                    \
-        TS x = *(const TS *)(p[1] + i * s[1]);                                           \
-        *(TD *)(p[0] + i * s[0]) = (TD)(EXPR);                                           \
+    if (s[0] == sizeof(TD) && s[1] == sizeof(TS)) { /* contiguous rows: a vector loop */  \
+        TD *y = (TD *)p[0];                                                              \
+        const TS *xs = (const TS *)p[1];                                                 \
+        for (int64_t i = 0; i < n; i++) {                                                \
+            TS x = xs[i];                                                                \
+            y[i] = (TD)(EXPR);                                                           \
+        }                                                                                \
+    } else {                                                                             \
+        for (int64_t i = 0; i < n; i++) {                                                \
+            TS x = *(const TS *)(p[1] + i * s[1]);                                       \
+            *(TD *)(p[0] + i * s[0]) = (TD)(EXPR);                                       \
+        }                                                                                \
     }
 
 #define CAST_FROM(TS)                                                                    \
@@ -190,6 +199,140 @@ static void cast_row(const he_op *o, char **p, const int64_t *s, int64_t n)
     case DT_INT32: CAST_FROM(int32_t) break;
     case DT_INT8: CAST_FROM(int8_t) break;
     default: CAST_FROM(uint8_t) break; /* uint8, bool */
+    }
+}
+
+/* ------------------------------------------------------------------ (de)quantize */
+
+/* OP_QUANTIZE: t0 (uint8 or int8) = saturate(round_half_even(t1 / t2) + t3), t1 float32,
+ * t2 the scale (float32) and t3 the zero point (t0's type), broadcast by their strides:
+ * numpy's rint and onnxruntime's rounding. x / scale is held at +-2^22 first (past that
+ * any 8-bit code saturates as it would anyway; simd.h's baseline vround wants it). The
+ * clamps are simd.h's vector max/min: written as C compares, GCC under its default
+ * trapping-math keeps them as branches and the loop scalar, a division per value. */
+/* up to 64 values: t[j] = the code of x[j] / s (the zero point z[j], or zs) as a float */
+static inline void quantize_block(float *t, const float *x, float s, const float *z, float zs,
+                                  int m, float lo, float hi)
+{
+    const vf vlo = vset1(lo), vhi = vset1(hi), lim = vset1(4194304.0f), nlim = vset1(-4194304.0f);
+    const vf vs = vset1(s);
+    for (int j = 0; j < m; j += VW) {
+        const lanes_t l = first_lanes(m - j < VW ? m - j : VW);
+        vf q = vmin(vmax(vdiv(vload_lanes(l, x + j), vs), nlim), lim);
+        q = vadd(vround(q), z ? vload_lanes(l, z + j) : vset1(zs));
+        vstore_lanes(t + j, l, vmin(vmax(q, vlo), vhi));
+    }
+}
+
+#if defined(HE_ISA_AVX512) || defined(HE_ISA_AVX2)
+/* the per-tensor contiguous case in one pass: the rounding conversion to int32 (half to
+ * even, the default rounding mode: vround's value), the zero point and the clamps in
+ * integers, narrowed to bytes in registers (the values already in range) */
+static int64_t quantize_tensor(const float *x, float s, int z, void *y, int64_t n, int i8)
+{
+    const int lo = i8 ? -128 : 0, hi = i8 ? 127 : 255;
+    int64_t i = 0;
+#if defined(HE_ISA_AVX512)
+    const __m512 vs = _mm512_set1_ps(s), lim = _mm512_set1_ps(4194304.0f),
+                 nlim = _mm512_set1_ps(-4194304.0f);
+    const __m512i vz = _mm512_set1_epi32(z), vlo = _mm512_set1_epi32(lo),
+                  vhi = _mm512_set1_epi32(hi);
+    for (; i < n; i += 16) {
+        const __mmask16 m = (__mmask16)first_lanes(n - i < 16 ? (int)(n - i) : 16);
+        __m512 v = _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), vs);
+        v = _mm512_min_ps(_mm512_max_ps(v, nlim), lim);
+        __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(v), vz);
+        q = _mm512_min_epi32(_mm512_max_epi32(q, vlo), vhi);
+        _mm512_mask_cvtepi32_storeu_epi8((char *)y + i, m, q);
+    }
+#else
+    const __m256 vs = _mm256_set1_ps(s), lim = _mm256_set1_ps(4194304.0f),
+                 nlim = _mm256_set1_ps(-4194304.0f);
+    const __m256i vz = _mm256_set1_epi32(z), vlo = _mm256_set1_epi32(lo),
+                  vhi = _mm256_set1_epi32(hi);
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_div_ps(_mm256_loadu_ps(x + i), vs);
+        v = _mm256_min_ps(_mm256_max_ps(v, nlim), lim);
+        __m256i q = _mm256_add_epi32(_mm256_cvtps_epi32(v), vz);
+        q = _mm256_min_epi32(_mm256_max_epi32(q, vlo), vhi);
+        __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+        w = i8 ? _mm_packs_epi16(w, w) : _mm_packus_epi16(w, w);
+        _mm_storel_epi64((__m128i *)((char *)y + i), w);
+    }
+#endif
+    return i; /* the values done (the rest: the portable path) */
+}
+#endif
+
+static void quantize_values(const float *x, int64_t sx, const float *sc, int64_t ss,
+                            const void *zp, int64_t sz, void *y, int64_t sy, int64_t n, int i8)
+{
+    float t[64] __attribute__((aligned(64))), z[64];
+    const float lo = i8 ? -128.0f : 0.0f, hi = i8 ? 127.0f : 255.0f;
+    const int tensor = sx == 1 && ss == 0 && sz == 0 && sy == 1; /* the QDQ activations' case */
+    const float s0 = *sc, z0 = i8 ? (float)*(const int8_t *)zp : (float)*(const uint8_t *)zp;
+    int64_t done = 0;
+#if defined(HE_ISA_AVX512) || defined(HE_ISA_AVX2)
+    if (tensor)
+        done = quantize_tensor(x, s0, (int)z0, y, n, i8);
+#endif
+    for (int64_t i0 = done; i0 < n; i0 += 64) {
+        const int m = n - i0 < 64 ? (int)(n - i0) : 64;
+        if (tensor) {
+            quantize_block(t, x + i0, s0, NULL, z0, m, lo, hi);
+        } else {
+            for (int j = 0; j < m; j++) { /* the operands gathered by their strides */
+                t[j] = x[(i0 + j) * sx] / sc[(i0 + j) * ss];
+                z[j] = i8 ? (float)((const int8_t *)zp)[(i0 + j) * sz]
+                          : (float)((const uint8_t *)zp)[(i0 + j) * sz];
+            }
+            quantize_block(t, t, 1.0f, z, 0.0f, m, lo, hi); /* (divided: x / 1 is x) */
+        }
+        if (tensor && i8) /* (unit strides spelled out: the loops vectorise) */
+            for (int j = 0; j < m; j++)
+                ((int8_t *)y)[i0 + j] = (int8_t)(int)t[j];
+        else if (tensor)
+            for (int j = 0; j < m; j++)
+                ((uint8_t *)y)[i0 + j] = (uint8_t)(int)t[j];
+        else if (i8)
+            for (int j = 0; j < m; j++)
+                ((int8_t *)y)[(i0 + j) * sy] = (int8_t)(int)t[j];
+        else
+            for (int j = 0; j < m; j++)
+                ((uint8_t *)y)[(i0 + j) * sy] = (uint8_t)(int)t[j];
+    }
+}
+
+static void quantize_row(const he_op *o, char **p, const int64_t *s, int64_t n)
+{
+    const int i8 = o->t[0].dtype == DT_INT8;
+    quantize_values((const float *)p[1], s[1] / 4, (const float *)p[2], s[2] / 4, p[3], s[3],
+                    p[0], s[0], n, i8);
+}
+
+/* OP_DEQUANTIZE: t0 float32 = ((float)t1 - (float)t3) * t2, t1 and the zero point t3
+ * uint8, int8 or int32, t2 the scale (float32), broadcast by their strides (numpy's
+ * order of operations, so the same float32 values) */
+#define DEQUANTIZE_ROW(T)                                                                \
+    if (s[0] == 4 && s[1] == sizeof(T) && s[2] == 0 && s[3] == 0) {                      \
+        const T *x = (const T *)p[1];                                                    \
+        const float sc = *(const float *)p[2], z = (float)*(const T *)p[3];              \
+        float *y = (float *)p[0];                                                        \
+        for (int64_t i = 0; i < n; i++)                                                  \
+            y[i] = ((float)x[i] - z) * sc;                                               \
+    } else {                                                                             \
+        for (int64_t i = 0; i < n; i++)                                                  \
+            *(float *)(p[0] + i * s[0]) = ((float)*(const T *)(p[1] + i * s[1])         \
+                                           - (float)*(const T *)(p[3] + i * s[3]))      \
+                                          * *(const float *)(p[2] + i * s[2]);           \
+    }
+
+static void dequantize_row(const he_op *o, char **p, const int64_t *s, int64_t n)
+{
+    switch (o->t[1].dtype) {
+    case DT_INT8: DEQUANTIZE_ROW(int8_t) break;
+    case DT_INT32: DEQUANTIZE_ROW(int32_t) break;
+    default: DEQUANTIZE_ROW(uint8_t) break;
     }
 }
 
@@ -688,6 +831,8 @@ static int run_one(const he_op *o, void *const *bufs)
             nd_run(o, bufs, 2, copy_row);
         return E_NONE;
     case OP_CAST: nd_run(o, bufs, 2, cast_row); return E_NONE;
+    case OP_QUANTIZE: nd_run(o, bufs, 4, quantize_row); return E_NONE;
+    case OP_DEQUANTIZE: nd_run(o, bufs, 4, dequantize_row); return E_NONE;
     case OP_UNARY: nd_run(o, bufs, 2, unary_row); return E_NONE;
     case OP_BINARY: nd_run(o, bufs, 3, binary_row); return E_NONE;
     case OP_WHERE: nd_run(o, bufs, 4, where_row); return E_NONE;
@@ -719,6 +864,7 @@ static int run_one(const he_op *o, void *const *bufs)
     case OP_GATHER: return gather_run(o, bufs);
     case OP_KV_APPEND: return kv_append_run(o, bufs);
     case OP_GQA: return gqa_run(o, bufs);
+    case OP_GQA_PAST: return gqa_past_run(o, bufs);
     case OP_NBITS: {
         int rc = he_nbits_mt((int)o->p[0], (int)o->p[1], (int)o->p[2],
                            (const float *)ptr_of(bufs, &o->t[1]), o->p[2], ptr_of(bufs, &o->t[2]),

@@ -64,6 +64,9 @@ enum {
                         (MatMulNBits, nbits.c) */
     OP_QGEMM,        /* t0 int32 = (t1 - t3 scalar) @ (packed t2 - t4 int32 [N]) (qgemm.c) */
     OP_DQL,          /* t0, t1, t2 = DynamicQuantizeLinear(t3) (qgemm.c) */
+    OP_GQA_PAST,     /* t0 present = t1 past's valid rows, zeros after (gqa.c) */
+    OP_QUANTIZE,     /* t0 8-bit = saturate(round_half_even(t1 / t2) + t3) */
+    OP_DEQUANTIZE,   /* t0 float = (t1 - t3) * t2 */
 };
 
 enum { U_NEG = 1, U_ABS, U_SQRT, U_RECIP, U_EXP, U_LOG, U_SIGMOID, U_TANH, U_COS, U_SIN,
@@ -95,5 +98,6 @@ static inline int dtype_size(int dt)
 
 /* gqa.c */
 int gqa_run(const he_op *o, void *const *bufs);
+int gqa_past_run(const he_op *o, void *const *bufs);
 
 #endif

@@ -97,3 +97,98 @@ def test_qdq_product_runs_in_the_program(per_column, rows):
     sess = check(m, feed, rtol=1e-5, atol=1e-5)
     ops = [n.op_type for seg in sess.placement.segments for n in seg.nodes]
     assert "MatMulIntegerToFloat" in ops and "MatMul" not in ops
+
+
+# -- QuantizeLinear / DequantizeLinear ------------------------------------------------------
+
+
+def _ties(shape, scale: float, rng) -> np.ndarray:
+    """Values whose quotient by ``scale`` (a power of two: exact) is an integer plus a
+    half, positive and negative (rounding half to even decides them), mixed with others
+    and with values far past the 8-bit range (saturation)."""
+    k = rng.integers(-300, 300, shape).astype(np.float32)
+    x = (k + np.where(rng.random(shape) < 0.6, 0.5, rng.random(shape))).astype(np.float32)
+    x = x * np.float32(scale)
+    x.reshape(-1)[:3] = [1e9, -1e9, 0.0]
+    return x
+
+
+@pytest.mark.parametrize("out_t", [np.uint8, np.int8])
+@pytest.mark.parametrize("zp", [True, False])
+def test_quantize_dequantize_per_tensor_round_half_to_even(out_t, zp):
+    """Q then DQ (the pair a QDQ model keeps around a float op) and an Add between: every
+    tie of x / scale rounded to even as onnxruntime rounds it, codes saturated."""
+    from onnx import helper
+
+    from tests._models import F, init, model, vi
+
+    rng = np.random.default_rng(5)
+    T = helper.np_dtype_to_tensor_dtype(np.dtype(out_t))
+    zq = [init("z", np.array(7 if out_t is np.uint8 else -3, out_t))] if zp else []
+    zin = ["z"] if zp else []
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s"] + zin, ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s"] + zin, ["d"]),
+             helper.make_node("Add", ["d", "x"], ["y"])]
+    if not zp and out_t is np.int8:  # no zero point: the type comes from output_dtype
+        nodes[0] = helper.make_node("QuantizeLinear", ["x", "s"], ["q"], output_dtype=T)
+    m = model(nodes, [vi("x", F, [3, 5, 37])], [vi("q", T, [3, 5, 37]), vi("y", F, [3, 5, 37])],
+              [init("s", np.array(0.25, np.float32))] + zq, opset=21)
+    check(m, {"x": _ties((3, 5, 37), 0.25, rng)}, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("axis", [1, -1, 0])
+def test_quantize_dequantize_per_axis_of_a_transposed_input(axis):
+    """Scales and zero points along one axis, the input a transposed (strided) view."""
+    from onnx import TensorProto, helper
+
+    from tests._models import F, init, model, vi
+
+    rng = np.random.default_rng(6)
+    shape = (4, 6, 9)  # after the transpose
+    n = shape[axis]
+    s = (2.0 ** rng.integers(-4, 1, n)).astype(np.float32)
+    z = rng.integers(-20, 20, n).astype(np.int8)
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 2, 0]),
+             helper.make_node("QuantizeLinear", ["t", "s", "z"], ["q"], axis=axis),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=axis)]
+    m = model(nodes, [vi("x", F, [9, 4, 6])],
+              [vi("q", TensorProto.INT8, list(shape)), vi("y", F, list(shape))],
+              [init("s", s), init("z", z)])
+    x = _ties((4, 6, 9), 0.0625, rng).transpose(2, 0, 1).copy()
+    check(m, {"x": x}, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("x_t", [np.uint8, np.int8, np.int32])
+def test_dequantize_of_codes_and_int32_biases(x_t):
+    from onnx import helper
+
+    from tests._models import F, init, model, vi
+
+    rng = np.random.default_rng(7)
+    T = helper.np_dtype_to_tensor_dtype(np.dtype(x_t))
+    info = np.iinfo(x_t)
+    lo, hi = max(info.min, -(1 << 20)), min(info.max, 1 << 20)
+    x = rng.integers(lo, hi, (5, 33), endpoint=True).astype(x_t)
+    nodes = [helper.make_node("DequantizeLinear", ["x", "s", "z"], ["d"]),
+             helper.make_node("DequantizeLinear", ["x", "s"], ["e"]),
+             helper.make_node("Mul", ["d", "e"], ["y"])]
+    m = model(nodes, [vi("x", T, [5, 33])], [vi("y", F, [5, 33])],
+              [init("s", np.array(0.013, np.float32)), init("z", np.array(3, x_t))])
+    check(m, {"x": x}, rtol=1e-6, atol=0)
+
+
+def test_blocked_quantization_stays_in_python():
+    """block_size (opset 21): the lowering refuses it; the kernel runs it."""
+    from onnx import TensorProto, helper
+
+    from tests._models import F, init, model, vi
+
+    rng = np.random.default_rng(8)
+    s = (rng.random((3, 2)) + 0.5).astype(np.float32)
+    nodes = [helper.make_node("DequantizeLinear", ["x", "s"], ["d"], axis=1, block_size=4),
+             helper.make_node("Softmax", ["d"], ["p"]), helper.make_node("MatMul", ["p", "w"], ["y"])]
+    m = model(nodes, [vi("x", TensorProto.INT8, [3, 8])], [vi("y", F, [3, 5])],
+              [init("s", s), init("w", rng.standard_normal((8, 5)).astype(np.float32))],
+              opset=21)
+    check(m, {"x": rng.integers(-128, 128, (3, 8)).astype(np.int8)},
+          python=["DequantizeLinear"], rtol=1e-5, atol=1e-5)

@@ -184,3 +184,19 @@ def test_matmul_nbits_native_matches_definition_without_hook():
     got = quant_matmul.native_nbits(A, B, sc, zp, None, K, N, 4, block)
     W = quant_matmul.dequantize_rows(np, B, sc, zp, None, K, N, 4, block)
     np.testing.assert_allclose(got, A @ W.T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not library.available(), reason="C kernels not built")
+@pytest.mark.parametrize("N", [4003, 7])
+def test_matmul_nbits_native_one_row_split_over_workers(N):
+    """A decode step's row (nbits.c's columns four at a time) with N not a multiple of
+    four, large enough to be split over the workers at odd bounds, against the numpy
+    tiled definition."""
+    rng = np.random.default_rng(N)
+    K, block = 512, 32
+    B, sc, zp = quantized(rng.standard_normal((K, N)).astype(np.float32), 4, block, False)
+    A = rng.standard_normal((1, K)).astype(np.float32)
+    got = quant_matmul.native_nbits(A, B, sc, zp, None, K, N, 4, block)
+    W = quant_matmul.dequantize_rows(np, B, sc, zp, None, K, N, 4, block)
+    np.testing.assert_allclose(got, A @ W.T, rtol=1e-4, atol=1e-4)
+
