@@ -125,3 +125,22 @@ def test_nodes_outside_both_sets_keep_float16_operands():
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float32), _ort(m, {"x": x}).astype(np.float32),
                                rtol=2e-3, atol=2e-3)
+
+
+def test_a_float16_model_under_mixed_placement_on_strict_sim_gpu():
+    # devices keep their float16 kernels (float32 accumulation), the cpu segment its
+    # per-node path; together within onnxruntime's distance of the float32 model
+    m32 = _attention_block()
+    m16 = convert_float_to_float16(m32, keep_io_types=True)
+    x = np.random.default_rng(3).standard_normal((2, 5, 32)).astype(np.float32)
+    want32 = _ort(m32, {"x": x})
+    ort16 = _ort(m16, {"x": x})
+    sess = hetero_exec.InferenceSession(
+        m16.SerializeToString(), providers=[("sim-gpu", {"strict": True,
+                                                         "exclude_ops": ["Softmax"]}), "cpu"],
+        hetero=True)
+    assert sess.is_heterogeneous
+    got = sess.run(None, {"x": x})[0]
+    ort_err = float(np.abs(ort16 - want32).max())
+    assert float(np.abs(got - want32).max()) <= 2 * ort_err + 2e-3
+    np.testing.assert_allclose(got, ort16, rtol=5e-3, atol=5e-3)
