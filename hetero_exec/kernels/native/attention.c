@@ -33,12 +33,30 @@ static void scores_of(const attention_t *a, const float *q, const float *K, int6
                       int64_t n, float *sc)
 {
     const int64_t D = a->D, key = a->ks[2], dim = a->ks[3];
-    if (dim == 1) {
-        for (int64_t j = 0; j < n; j++)
+    if (dim == 1) { /* four keys at once: four FMA chains, q's vectors loaded once */
+        int64_t j = 0;
+        for (; j + 4 <= n; j += 4)
+            vdot4(q, K + (lo + j) * key, key, D, sc + j);
+        for (; j < n; j++)
             sc[j] = vdot(q, K + (lo + j) * key, D);
     } else if (key == 1) { /* K^T: vectors of keys held in registers over the dims */
         const float *k0 = K + lo;
         int64_t j = 0;
+        for (; j + 4 * VW <= n; j += 4 * VW) { /* four chains: the FMA's latency hidden */
+            vf s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
+            for (int64_t d = 0; d < D; d++) {
+                const vf qd = vset1(q[d]);
+                const float *kd = k0 + d * dim + j;
+                s0 = vfma(qd, vloadu(kd), s0);
+                s1 = vfma(qd, vloadu(kd + VW), s1);
+                s2 = vfma(qd, vloadu(kd + 2 * VW), s2);
+                s3 = vfma(qd, vloadu(kd + 3 * VW), s3);
+            }
+            vstoreu(sc + j, s0);
+            vstoreu(sc + j + VW, s1);
+            vstoreu(sc + j + 2 * VW, s2);
+            vstoreu(sc + j + 3 * VW, s3);
+        }
         for (; j + 2 * VW <= n; j += 2 * VW) {
             vf s0 = vzero(), s1 = vzero();
             for (int64_t d = 0; d < D; d++) {
@@ -66,31 +84,84 @@ static void scores_of(const attention_t *a, const float *q, const float *K, int6
     }
 }
 
+/* vectors of a row's output at once: 64 floats (8 with AVX2, 4 with AVX-512), at most 8 */
+#define WV_VECS (64 / VW > 8 ? 8 : 64 / VW)
+
+/* out[0, nv) = p[0, n) @ the nv vectors of V's rows from v (rows key apart), the last
+ * vector's lanes `last`: nv FMA chains, doubled over even and odd keys where they fit
+ * the registers (the chains, not the loads, bounded the one-vector loop this replaced,
+ * at twice AVX-512's time with AVX2) */
+ALWAYS_INLINE void values_block(const float *p, const float *v, int64_t key, int64_t n,
+                                lanes_t last, vf *out, const int nv)
+{
+    const int two = 2 * nv <= WV_VECS;
+    vf s[WV_VECS], t[WV_VECS];
+#pragma GCC unroll 8
+    for (int i = 0; i < nv; i++)
+        s[i] = t[i] = vzero();
+    int64_t j = 0;
+    if (two)
+        for (; j + 1 < n; j += 2, v += 2 * key) {
+            const vf p0 = vset1(p[j]), p1 = vset1(p[j + 1]);
+#pragma GCC unroll 8
+            for (int i = 0; i < nv; i++) {
+                lanes_t l = i == nv - 1 ? last : VMASK;
+                s[i] = vfma(p0, vload_lanes(l, v + i * VW), s[i]);
+                t[i] = vfma(p1, vload_lanes(l, v + key + i * VW), t[i]);
+            }
+        }
+    for (; j < n; j++, v += key) {
+        const vf p0 = vset1(p[j]);
+#pragma GCC unroll 8
+        for (int i = 0; i < nv; i++)
+            s[i] = vfma(p0, vload_lanes(i == nv - 1 ? last : VMASK, v + i * VW), s[i]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < nv; i++)
+        out[i] = two ? vadd(s[i], t[i]) : s[i];
+}
+
 /* y (D values at stride ys) = p[0, n) @ V's rows lo.. */
 static void weighted_values(const attention_t *a, const float *p, const float *V, int64_t lo,
                             int64_t n, float *y, int64_t ys)
 {
     const int64_t D = a->D, key = a->vs[2], dim = a->vs[3];
     if (dim == 1) {
-        for (int64_t d = 0; d < D; d += VW) {
-            lanes_t l = first_lanes((int)(D - d));
-            vf sum = vzero(), odd = vzero(); /* two chains: the fma's latency halved */
+        for (int64_t d = 0; d < D; d += WV_VECS * VW) {
+            int rest = (int)(D - d), nv = (rest + VW - 1) / VW;
+            nv = nv < WV_VECS ? nv : WV_VECS;
+            lanes_t last = first_lanes(rest - (nv - 1) * VW);
             const float *v = V + lo * key + d;
-            int64_t j = 0;
-            for (; j + 1 < n; j += 2, v += 2 * key) {
-                sum = vfma(vset1(p[j]), vload_lanes(l, v), sum);
-                odd = vfma(vset1(p[j + 1]), vload_lanes(l, v + key), odd);
+            vf sum[WV_VECS];
+            if (last == VMASK) {
+                switch (nv) {
+#define T(c) case c: values_block(p, v, key, n, VMASK, sum, c); break;
+                    T(1) T(2) T(3) T(4)
+#if WV_VECS > 4
+                    T(5) T(6) T(7) T(8)
+#endif
+#undef T
+                }
+            } else {
+                switch (nv) {
+#define T(c) case c: values_block(p, v, key, n, last, sum, c); break;
+                    T(1) T(2) T(3) T(4)
+#if WV_VECS > 4
+                    T(5) T(6) T(7) T(8)
+#endif
+#undef T
+                }
             }
-            if (j < n)
-                sum = vfma(vset1(p[j]), vload_lanes(l, v), sum);
-            sum = vadd(sum, odd);
-            if (ys == 1)
-                vstore_lanes(y + d, l, sum);
-            else {
-                float tmp[VW];
-                vstoreu(tmp, sum);
-                for (int64_t i = 0; i < VW && d + i < D; i++)
-                    y[(d + i) * ys] = tmp[i];
+            for (int i = 0; i < nv; i++) {
+                lanes_t l = i == nv - 1 ? last : VMASK;
+                if (ys == 1)
+                    vstore_lanes(y + d + i * VW, l, sum[i]);
+                else {
+                    float tmp[VW];
+                    vstoreu(tmp, sum[i]);
+                    for (int64_t k = 0; k < VW && d + i * VW + k < D; k++)
+                        y[(d + i * VW + k) * ys] = tmp[k];
+                }
             }
         }
         return;

@@ -157,6 +157,9 @@ void tile_rows(int mr, int K, const float *a, long ars, long aks, const float *b
         tile_rows_plain(mr, K, a, ars, aks, b, bks, o, ldc, s);
 }
 
+/* the rows of K a block takes: all of them up to KC_WHOLE, else KC */
+static inline int kc_for(int K) { return K <= KC_WHOLE ? K : KC; }
+
 /* the columns of a 32-column panel that hold its first nr: two segments' lanes */
 static inline tile_out gemm_out(float *c, const float *z, int nr)
 {
@@ -168,6 +171,16 @@ static inline tile_out gemm_out(float *c, const float *z, int nr)
 }
 
 /* ------------------------------------------------------------------ weights on the right */
+
+/* rows of A a right-hand tile takes: MR_RIGHT (the unit the work is split by, 8), or
+ * where a tile part is 6 rows (AVX2, the 4-lane variants) two whole parts, 12: 8 rows
+ * made two 4-row parts, whose 8 FMA chains AVX2 runs at the FMA latency's limit (4
+ * cycles, 2 FMAs a cycle); 6-row parts have 12 */
+#if TILE_ROWS >= MR_RIGHT
+#define RIGHT_ROWS MR_RIGHT
+#else
+#define RIGHT_ROWS (2 * TILE_ROWS)
+#endif
 
 long he_pack_right_size(int K, int N) { return (long)((N + NR - 1) / NR) * NR * K; }
 
@@ -186,16 +199,17 @@ static void he_gemm_right(int N, int K, const float *A, long lda, const float *B
                           long ldy, int m0, int m1, int p0, int p1, const float *bias,
                           const float *z, long ldz, int act, float lo, float hi)
 {
-    for (int k0 = 0; k0 < K; k0 += KC) {
-        int kc = K - k0 < KC ? K - k0 : KC;
+    const int kb = kc_for(K);
+    for (int k0 = 0; k0 < K; k0 += kb) {
+        int kc = K - k0 < kb ? K - k0 : kb;
         store_t s = store_for(k0, kc, K, 0, act, lo, hi);
         for (int i0 = m0; i0 < m1; i0 += MC) {
             int i1 = i0 + MC < m1 ? i0 + MC : m1;
             for (int p = p0; p < p1; p++) {
                 int j = p * NR, nr = N - j < NR ? N - j : NR;
                 const float *bp = Bp + (long)p * NR * K + (long)k0 * NR;
-                for (int i = i0; i < i1; i += MR_RIGHT) {
-                    int mr = i1 - i < MR_RIGHT ? i1 - i : MR_RIGHT;
+                for (int i = i0; i < i1; i += RIGHT_ROWS) {
+                    int mr = i1 - i < RIGHT_ROWS ? i1 - i : RIGHT_ROWS;
                     s.cbias = bias ? bias + j : 0;
                     s.ldz = ldz;
                     tile_out o = gemm_out(Y + (long)i * ldy + j, z ? z + (long)i * ldz + j : 0, nr);
@@ -231,6 +245,7 @@ static int he_gemm_left(int M, int K, int L, const float *Wp, const float *X, lo
     if (!panel)
         return -1;
     int panels = (L + NR - 1) / NR;
+    const int kb = kc_for(K);
     for (int t = t0; t < t1; t++) {
         int n = t / panels, j = (t % panels) * NR, nr = L - j < NR ? L - j : NR;
         const float *xp = X + (long)n * xs + j;
@@ -240,8 +255,8 @@ static int he_gemm_left(int M, int K, int L, const float *Wp, const float *X, lo
                 vstore(panel + k * NR + v * VW,
                        vload_lanes(first_lanes(nr - v * VW), xp + (long)k * ldx + v * VW));
         float *yp = Y + (long)n * ys + j;
-        for (int k0 = 0; k0 < K; k0 += KC) {
-            int kc = K - k0 < KC ? K - k0 : KC;
+        for (int k0 = 0; k0 < K; k0 += kb) {
+            int kc = K - k0 < kb ? K - k0 : kb;
             store_t s = store_for(k0, kc, K, 0, act, lo, hi);
             for (int i0 = m0; i0 < m1; i0 += MR_LEFT) {
                 int mr = m1 - i0 < MR_LEFT ? m1 - i0 : MR_LEFT;

@@ -24,6 +24,15 @@
 #define MR_RIGHT 8
 #define SEG 16     /* a conv run: output pixels of one of a tile's two segments */
 #define KC 256     /* a 32-column panel of KC rows is 32 KB: it stays in L1/L2 */
+/* a product's K up to this in one block (gemm.c's kc_for): AVX2's tile is stored in four
+ * 6 x 16 parts, each a store, and a reload at the next block, per KC rows of the panel;
+ * one block for K <= 1024 ran the products of 768 and 1024 rows 5-10% faster there
+ * (larger K: blocks of KC, as before). The other variants keep KC. */
+#if defined(HE_ISA_AVX2)
+#define KC_WHOLE 1024
+#else
+#define KC_WHOLE KC
+#endif
 #define MC 96      /* rows of A per block (right): 96 KB at KC */
 #define KC_CONV 1024 /* a conv tile's block of taps (fewer blocks store and reload the
                        output tile less often; measured no slower than 256 or 512) */

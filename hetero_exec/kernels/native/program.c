@@ -641,11 +641,7 @@ static void small_matmul(int64_t M, int64_t N, int64_t K, const float *a, int64_
                     s2 = vfma(x, vload_lanes(l, b2 + k), s2);
                     s3 = vfma(x, vload_lanes(l, b3 + k), s3);
                 }
-                float *cr = c + m * ldc + n;
-                cr[0] = vreduce_add(s0);
-                cr[1] = vreduce_add(s1);
-                cr[2] = vreduce_add(s2);
-                cr[3] = vreduce_add(s3);
+                vreduce_add4(s0, s1, s2, s3, c + m * ldc + n);
             }
             for (; n < N; n++) {
                 const float *bc = b + n * bn;

@@ -216,6 +216,12 @@ ALWAYS_INLINE vf even_lanes(vf lo, vf hi)
     __m256 e = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)); /* l0 l2 h0 h2 l4 l6 h4 h6 */
     return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
 }
+/* the odd lanes of lo then of hi (the other phase) */
+ALWAYS_INLINE vf odd_lanes(vf lo, vf hi)
+{
+    __m256 e = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)); /* l1 l3 h1 h3 l5 l7 h5 h7 */
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
+}
 ALWAYS_INLINE vf vscale2(vf p, vf n)
 {
     return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p),
@@ -298,6 +304,43 @@ ALWAYS_INLINE vf vscale2(vf p, vf n) { return (vf)((vi)p + (__builtin_convertvec
 
 #endif
 
+/* v's lanes set in m packed from lane 0, the lanes after them any values, for a full
+ * store where those lanes may be overwritten (depthwise.c); `perm` is compress_perm(m),
+ * worked out once (AVX2's permute takes it as indices; AVX-512 has the compress). */
+ALWAYS_INLINE unsigned compress_perm(lanes_t m)
+{
+    unsigned perm = 0;
+    for (int i = 0, k = 0; i < 8 && i < VW; i++)
+        if (m >> i & 1)
+            perm |= (unsigned)i << (4 * k++);
+    return perm;
+}
+#if defined(HE_ISA_AVX512)
+ALWAYS_INLINE vf vcompress(lanes_t m, unsigned perm, vf v)
+{
+    (void)perm;
+    return _mm512_maskz_compress_ps((__mmask16)m, v);
+}
+#elif defined(HE_ISA_AVX2)
+ALWAYS_INLINE vf vcompress(lanes_t m, unsigned perm, vf v)
+{
+    (void)m;
+    __m256i idx = _mm256_srlv_epi32(_mm256_set1_epi32((int)perm),
+                                    _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    return _mm256_permutevar8x32_ps(v, idx);
+}
+#else
+ALWAYS_INLINE vf vcompress(lanes_t m, unsigned perm, vf v)
+{
+    (void)perm;
+    vf out = v;
+    for (int i = 0, k = 0; i < VW; i++)
+        if (m >> i & 1)
+            out[k++] = v[i];
+    return out;
+}
+#endif
+
 #if !defined(HE_ISA_AVX512) /* ------------------------ what only AVX-512 has in one step */
 ALWAYS_INLINE void vcompress_store(float *p, lanes_t m, vf v)
 {
@@ -332,6 +375,30 @@ ALWAYS_INLINE void vscatter(float *p, vidx stride, int n, vf v)
 }
 #endif
 
+/* the sums of a0..a3's lanes into out[0..3] (four dot products' reductions at once: AVX's
+ * horizontal adds take the four together in three steps, where one at a time is four
+ * dependent steps each) */
+ALWAYS_INLINE void vreduce_add4(vf a0, vf a1, vf a2, vf a3, float *out)
+{
+#if defined(HE_ISA_AVX512) || defined(HE_ISA_AVX2)
+#if defined(HE_ISA_AVX512)
+#define HALVES(v) _mm256_add_ps(_mm512_castps512_ps256(v), \
+                                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)))
+    __m256 b0 = HALVES(a0), b1 = HALVES(a1), b2 = HALVES(a2), b3 = HALVES(a3);
+#undef HALVES
+#else
+    __m256 b0 = a0, b1 = a1, b2 = a2, b3 = a3;
+#endif
+    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+#else
+    out[0] = vreduce_add(a0);
+    out[1] = vreduce_add(a1);
+    out[2] = vreduce_add(a2);
+    out[3] = vreduce_add(a3);
+#endif
+}
+
 /* a . b over n floats (unit strides), a vector at a time, the tail by a lane mask */
 ALWAYS_INLINE float vdot(const float *a, const float *b, int64_t n)
 {
@@ -344,6 +411,30 @@ ALWAYS_INLINE float vdot(const float *a, const float *b, int64_t n)
         acc = vfma(vload_lanes(l, a + k), vload_lanes(l, b + k), acc);
     }
     return vreduce_add(acc);
+}
+
+/* a . b_i for the four rows b_i = b + i * ld (n floats each, unit strides) into out[0..3]:
+ * a's vector loaded once for the four, four FMA chains where vdot has one */
+ALWAYS_INLINE void vdot4(const float *a, const float *b, int64_t ld, int64_t n, float *out)
+{
+    vf s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
+    int64_t k = 0;
+    for (; k + VW <= n; k += VW) {
+        vf x = vloadu(a + k);
+        s0 = vfma(x, vloadu(b + k), s0);
+        s1 = vfma(x, vloadu(b + ld + k), s1);
+        s2 = vfma(x, vloadu(b + 2 * ld + k), s2);
+        s3 = vfma(x, vloadu(b + 3 * ld + k), s3);
+    }
+    if (k < n) {
+        lanes_t l = first_lanes((int)(n - k));
+        vf x = vload_lanes(l, a + k);
+        s0 = vfma(x, vload_lanes(l, b + k), s0);
+        s1 = vfma(x, vload_lanes(l, b + ld + k), s1);
+        s2 = vfma(x, vload_lanes(l, b + 2 * ld + k), s2);
+        s3 = vfma(x, vload_lanes(l, b + 3 * ld + k), s3);
+    }
+    vreduce_add4(s0, s1, s2, s3, out);
 }
 
 #endif
