@@ -59,13 +59,19 @@ def quantize_linear(b, st, ins, outs):
         raise NotLowered(f"QuantizeLinear of {x.dtype} to {out_dt}")
     if zp is not None and zp.dtype != out_dt:
         raise NotLowered("QuantizeLinear with a zero point of another type")
-    axis, block = int(kw.get("axis", 1)), int(kw.get("block_size", 0))
-    scale = _per_axis(b, scale, x, axis, block, "QuantizeLinear scales")
-    zp = b.const(np.zeros((), out_dt)) if zp is None else _per_axis(
-        b, zp, x, axis, block, "QuantizeLinear zero points")
+    scale, zp = _scale_and_zero_point(b, x, scale, zp, out_dt, kw, "QuantizeLinear")
     out = b.like(outs[0], [x])
     b.elementwise("OP_QUANTIZE", 0, out, [x, scale, zp])
     return [out]
+
+
+def _scale_and_zero_point(b, x, scale, zp, zp_dtype, kw, what: str):
+    """The scale and zero point (0 of ``zp_dtype`` when absent) laid along x's axis."""
+    axis, block = int(kw.get("axis", 1)), int(kw.get("block_size", 0))
+    scale = _per_axis(b, scale, x, axis, block, f"{what} scales")
+    zp = b.const(np.zeros((), zp_dtype)) if zp is None else _per_axis(
+        b, zp, x, axis, block, f"{what} zero points")
+    return scale, zp
 
 
 @lowers("DequantizeLinear")
@@ -78,10 +84,7 @@ def dequantize_linear(b, st, ins, outs):
         raise NotLowered(f"DequantizeLinear of {x.dtype} to {outs[0].dtype}")
     if zp is not None and zp.dtype != x.dtype:
         raise NotLowered("DequantizeLinear with a zero point of another type")
-    axis, block = int(kw.get("axis", 1)), int(kw.get("block_size", 0))
-    scale = _per_axis(b, scale, x, axis, block, "DequantizeLinear scales")
-    zp = b.const(np.zeros((), x.dtype)) if zp is None else _per_axis(
-        b, zp, x, axis, block, "DequantizeLinear zero points")
+    scale, zp = _scale_and_zero_point(b, x, scale, zp, x.dtype, kw, "DequantizeLinear")
     out = b.like(outs[0], [x])
     b.elementwise("OP_DEQUANTIZE", 0, out, [x, scale, zp])
     return [out]

@@ -20,6 +20,7 @@ from hetero_exec.exec.program.run import Region
 from hetero_exec.kernels.native import library
 from tests._models import assert_outputs
 from tests.kernels.contrib._ort import one_node, run_ort, with_output_shapes
+from tests.kernels.contrib.test_attention import _valid_rows
 
 pytestmark = pytest.mark.skipif(not library.available(), reason="no C library in this tree")
 
@@ -69,20 +70,6 @@ def _records(sess) -> tuple[list[str], set[int]]:
                 else:
                     python.append(st.node.op_type)
     return python, ops
-
-
-def _valid(seqlens, S, total):
-    """A first prompt's padding rows, which onnxruntime leaves undefined, cut away."""
-    lens = np.asarray(seqlens) + 1
-
-    def rows(i, a):
-        if S != total:
-            return a
-        if i == 0:
-            return np.concatenate([a[b, :lens[b]] for b in range(a.shape[0])])
-        return np.concatenate([a[b, :, :lens[b]].reshape(-1) for b in range(a.shape[0])])
-
-    return rows
 
 
 def check(model: bytes, feeds: dict, rows=None, runs: int = 4) -> hx.InferenceSession:
@@ -137,7 +124,7 @@ def test_first_prompt_over_an_empty_past(rotary, past_cap):
     with no past inputs at all (the presents made from nothing)."""
     seqlens, S = [4, 2, 0], 5
     check(*_gqa(3, S, 4, 2, 16, seqlens, S, past_cap=past_cap, rotary=rotary),
-          rows=_valid(seqlens, S, S))
+          rows=_valid_rows(seqlens, S, S))
 
 
 def test_lengths_past_the_past_are_a_kernel_error_and_the_session_goes_on():
