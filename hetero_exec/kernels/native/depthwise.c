@@ -167,6 +167,14 @@ static int pad_chunks(const dw_args *a, chunk_t *out)
     return n;
 }
 
+/* a padding row of a padded plane: whole vectors of the fill (the plane's pitch is
+ * padded to them) */
+static inline void fill_row(float *orow, long pitch, vf fill)
+{
+    for (long q = 0; q < pitch; q += VW)
+        vstoreu(orow + q, fill);
+}
+
 /* one plane padded with a->fill into o (Hp x sw x Wq), a chunk a masked load and a
  * store, no call per row (a 4x4 plane's taps are only a few dozen FMAs) */
 static inline void pad_plane(const dw_args *a, const chunk_t *chunks, int n, const float *x,
@@ -185,8 +193,7 @@ static inline void pad_plane(const dw_args *a, const chunk_t *chunks, int n, con
         float *orow = o + hp * pitch;
         /* (a chunk's last lanes spill into the next phase or row: written again there) */
         if (h < 0 || h >= a->H) {
-            for (int q = 0; q < pitch; q += VW)
-                vstoreu(orow + q, fill);
+            fill_row(orow, pitch, fill);
             continue;
         }
         const float *xr = x + (long)h * W;
@@ -243,8 +250,7 @@ static void pad_plane_s2(const dw_args *a, const chunk_t *chunks, int n, const f
         int h = hp - a->pt;
         float *orow = o + hp * pitch;
         if (h < 0 || h >= a->H) {
-            for (int q = 0; q < pitch; q += VW)
-                vstoreu(orow + q, fill);
+            fill_row(orow, pitch, fill);
             continue;
         }
         const float *xr = x + (long)h * a->Wd;
