@@ -436,6 +436,37 @@ def test_attention_chain_kept(kw):
     check(m, attention_feed(m), {"FusedAttention": 0, "Softmax": 1})
 
 
+
+def test_attention_scale_from_a_partly_symbolic_shape():
+    """torch's SDPA export scales Q and K^T by sqrt(1 / sqrt(head size)), the head size read
+    by Shape from a query whose batch and sequence are symbolic: the picked dim is static,
+    so the scale folds and no Mul over the (cache-long) keys is left."""
+    nodes = [h.make_node("Shape", ["q"], ["qs"]),
+             const_node("lo", np.array([-1], np.int64)), const_node("hi", np.array([INT64_MAX], np.int64)),
+             h.make_node("Slice", ["qs", "lo", "hi"], ["d"]),
+             h.make_node("Cast", ["d"], ["df"], to=onnx.TensorProto.FLOAT),
+             h.make_node("Sqrt", ["df"], ["sd"]),
+             const_node("one", np.float32(1)),
+             h.make_node("Div", ["one", "sd"], ["sc"]),
+             h.make_node("Sqrt", ["sc"], ["ssc"]),
+             h.make_node("Mul", ["q", "ssc"], ["qm"]),
+             h.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             h.make_node("Mul", ["kt", "ssc"], ["ktm"]),
+             h.make_node("MatMul", ["qm", "ktm"], ["qk"]),
+             h.make_node("Add", ["qk", "mask"], ["masked"]),
+             h.make_node("Softmax", ["masked"], ["p"], axis=-1),
+             h.make_node("MatMul", ["p", "v"], ["y"])]
+    qkv = ["batch", H, "seq", D]
+    m = model(nodes, [vi("q", F, qkv), vi("k", F, ["batch", H, "total", D]),
+                      vi("v", F, ["batch", H, "total", D]), vi("mask", F, ["batch", 1, 1, "total"])],
+              [vi("y", F, qkv)], [])
+    feed = {"q": rand(B, H, 1, D, seed=1), "k": rand(B, H, S, D, seed=2), "v": rand(B, H, S, D, seed=3),
+            "mask": np.zeros((B, 1, 1, S), np.float32)}
+    feed["mask"][1, ..., -2:] = -10000.0
+    sess = check(m, feed, {"FusedAttention": 1, "Mul": 0})
+    node = next(n for seg in sess.placement.segments for n in seg.nodes if n.op_type == "FusedAttention")
+    assert node.attrs["scale"].f == pytest.approx(1 / math.sqrt(D))
+
 # --- rotary embedding ---------------------------------------------------------------------------
 
 

@@ -179,6 +179,12 @@ class Rewriter:
         if node.op_type not in _SHAPE_ARITHMETIC or len(node.outputs) != 1:
             return None
         args = [self.value_of(i) if i else None for i in node.inputs]
+        if args[0] is None and node.op_type in ("Gather", "Slice"):
+            args[0] = self._partial_shape(node.inputs[0])
+            if args[0] is not None:  # the dims picked must all be static
+                out = _run_kernel(g, node, args) if all(
+                    a is not None for a, i in zip(args, node.inputs) if i) else None
+                return None if out is None or (out < 0).any() else out
         if any(a is None for a, i in zip(args, node.inputs) if i):
             return None
         if any(a is not None and a.size > _EVAL_MAX_SIZE for a in args):
@@ -195,6 +201,22 @@ class Rewriter:
         if not all(isinstance(d, int) for d in dims):
             return None
         return np.array(dims, dtype=np.int64)
+
+    def _partial_shape(self, name: str) -> np.ndarray | None:
+        """A Shape's output whose input has some symbolic dims, those as -1 (a dim is never
+        negative): Gather or Slice of its static dims then still evaluates (the head size
+        of a (batch, heads, sequence, 16) query, which SDPA exports scale by)."""
+        node = self.graph.producer.get(name)
+        if node is None or node.op_type != "Shape" or node.canonical_domain != "ai.onnx":
+            return None
+        g = self.defining(node.inputs[0])
+        v = g.values.get(node.inputs[0]) or self.graph.values.get(node.inputs[0])
+        if v is None or v.kind != "tensor" or v.shape is None:
+            return None
+        start = int(attr(node, "start", 0))
+        end = attr(node, "end", None)
+        dims = v.shape[start:] if end is None else v.shape[start:int(end)]
+        return np.array([d if isinstance(d, int) else -1 for d in dims], dtype=np.int64)
 
     # -- edits ---------------------------------------------------------------------
 
