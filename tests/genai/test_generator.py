@@ -85,6 +85,59 @@ def test_decode_widths_follow_the_context_not_max_length(arch):
     assert any(all(isinstance(st.fn, Region) for st in p.steps) for p in bound)
 
 
+
+#: records that read the cache where it lies (attention over it, the new positions
+#: written into it): the only ones whose work may follow the context per head and dim
+_CACHE_READERS = ("OP_ATTENTION", "OP_GQA", "OP_GQA_PAST", "OP_KV_APPEND")
+
+
+def _decode_records(gen) -> dict[int, dict[str, tuple[str, int]]]:
+    """By decode width: each program record's node name -> (op, elements it iterates)."""
+    from hetero_exec.exec.program.run import Region
+    from hetero_exec.kernels.native import library
+
+    ops = {v: k for k, v in library._state["constants"].items() if k.startswith("OP_")}
+    _, plan, bound = gen._runner.segments[0]
+    names = [name for name, _ in plan.input_slots]
+    by_width = {}
+    for sig, p in bound._bound.items():
+        shapes = dict(zip(names, (s[0] if s else None for s in sig)))
+        if shapes["input_ids"][1] != 1:
+            continue  # a prompt
+        records = {}
+        for st in p.steps:
+            assert isinstance(st.fn, Region), st
+            prog = st.fn.program
+            for r, node in zip(prog.records, prog.nodes):
+                dims = r["dims"][:r["ndim"]]
+                records[node.name] = (ops[int(r["op"])], int(np.prod(dims)) if len(dims) else 0)
+        by_width[shapes["attention_mask"][1]] = records
+    return by_width
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_decode_step_does_no_per_head_work_over_the_context_outside_attention(arch, exporter):
+    # the decode programs at widths 64 and 128: a record that iterates more at 128 either
+    # reads the cache in place (attention records size their work by the cache they are
+    # given, not by dims) or is mask-sized (batch x width); SDPA's exported scale
+    # multiplied the whole key cache each step (B x H x D x width) until it folded
+    model = _model(arch, exporter, False)
+    params = og.GeneratorParams(model)
+    params.set_search_options(batch_size=2, max_length=600)
+    gen = og.Generator(model, params)
+    gen.append_tokens(prompts(2, seed=3))
+    for _ in range(70):
+        gen.generate_next_token()
+    by_width = _decode_records(gen)
+    assert sorted(by_width) == [64, 128]
+    narrow, wide = by_width[64], by_width[128]
+    assert narrow.keys() == wide.keys()
+    assert {op for op, _ in wide.values()} & {"OP_ATTENTION", "OP_GQA"}  # over the cache
+    grown = {name: wide[name] for name in wide if wide[name][1] > narrow[name][1]}
+    assert {name: g for name, g in grown.items()
+            if g[0] not in _CACHE_READERS and g[1] > 2 * 128} == {}
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_generators_of_one_model_share_its_bound_steps(arch):
     # three generators at the same shapes, stepped in turn: the second one's prompt binds
