@@ -339,13 +339,18 @@ def serve_ingress_env() -> dict[str, str]:
 HAPROXY_BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
 #: a request whose replica died under it (no answer, a cut connection, a gateway
 #: error) is sent again to another replica (Serve's template has ``option redispatch
-#: 1``), at most twice. Of the app's own answers only its 503s are retried (a stage
-#: actor lost, a generation's cache refused for now: nothing was run or sent); a 500 or
-#: a 4xx is the answer. Inference is idempotent. HAProxy retries only requests that fit
-#: in its buffer.
+#: 1``), at most four times. With two replicas the redispatches alternate: two
+#: retries went dead, live, dead, and any one failed attempt on the live replica lost
+#: the request (CI lost 1 in 9500 under a kill; HAProxy's log was not kept). A
+#: replica refusing a connection is marked down at its first refusal, not its third;
+#: its health checks bring it back within half a second if it was alive. Of the app's
+#: own answers only its 503s are retried (a stage actor lost, a generation's cache
+#: refused for now: nothing was run or sent); a 500 or a 4xx is the answer. Inference
+#: is idempotent. HAProxy retries only requests that fit in its buffer.
 HAPROXY_RETRY_ENVS = {"RAY_SERVE_HAPROXY_RETRY_ON":
                       "conn-failure empty-response junk-response 502 503 504",
-                      "RAY_SERVE_HAPROXY_RETRIES": "2"}
+                      "RAY_SERVE_HAPROXY_RETRIES": "4",
+                      "RAY_SERVE_HAPROXY_OBSERVE_ERROR_LIMIT": "1"}
 #: the app runs on the replica's own event loop, not on a thread of its own (as Ray's
 #: throughput-optimized mode sets it): an answer's headers and body then reach the
 #: socket in one step of that loop. Passed from thread to thread, the headers could go
