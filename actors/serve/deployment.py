@@ -26,6 +26,7 @@ from actors.oip import (
     infer_response,
     parse_infer_request,
 )
+from actors.serve.one_write import answer_in_one_write
 from actors.serve.routes import MODEL_VERSION, Reply, model_metadata, read_body, respond
 from hetero_exec.errors import UnknownInputError, UnknownOutputError
 
@@ -58,6 +59,7 @@ class HeteroModel:
         from hetero_exec import InferenceSession
         from hetero_exec.exec.feeds import FeedChecker
 
+        answer_in_one_write()  # this replica's answers reach HAProxy whole or not at all
         self.spec, self.name = spec, spec.name
         self.session = InferenceSession(spec.model, spec.providers, **spec.session_options)
         self.checker = FeedChecker(self.session.graph)

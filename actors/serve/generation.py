@@ -23,6 +23,7 @@ from actors.oip import ProtocolError
 from actors.serve.deployment import ServeSpec
 from actors.serve.generate_request import GenerateRequest
 from actors.serve.generate_routes import generate_route
+from actors.serve.one_write import answer_in_one_write
 from actors.serve.routes import MODEL_VERSION, Reply, respond
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,7 @@ class GenerativeModel:
     def __init__(self, spec: ServeSpec):
         import hetero_exec.genai as og
 
+        answer_in_one_write()  # this replica's answers reach HAProxy whole or not at all
         self.spec, self.name = spec, spec.name
         opts = dict(spec.session_options)
         if spec.providers is not None:
