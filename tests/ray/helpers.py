@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Callable
 
@@ -120,3 +121,10 @@ def not_loopback(sockets: list[tuple[int, str, int]]) -> list[tuple[int, str, in
         return (mapped or addr).is_loopback
 
     return [s for s in sockets if not loopback(s[1])]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -8,7 +8,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +20,7 @@ import pytest
 
 from actors.client import AsyncInferenceClient, InferenceClient, InferenceServerError
 from actors.transport.wire import encode_request, encode_tensor
-from tests.ray.helpers import eventually, live_placement_groups, live_stage_actors
+from tests.ray.helpers import eventually, free_port, live_placement_groups, live_stage_actors
 from tests.ray.models import gather_model, mlp
 
 # a hang (a replica that cannot be scheduled) fails instead of blocking the suite
@@ -32,12 +31,6 @@ LIMIT = 1 << 16  # the main app's body limit, small enough to test
 MIXED = [("sim-gpu", {"exclude_ops": ["Relu"]}), "cpu"]
 CPU = 0.25  # what each replica reserves
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pytest
 import hetero_exec.genai as hg
 from actors.serve.generate_request import parse_sse
 from tests.genai._ref import MODELS, model_path, ort_greedy, prompts
-from tests.ray.helpers import eventually
+from tests.ray.helpers import eventually, free_port
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -33,12 +33,6 @@ TIGHT_PROVIDERS = [("sim-gpu", {"exclude_ops": ["Softmax"]}), "cpu"]
 TIGHT_BOUNDS = {"batch": 4, "batch_size": 4, "sequence_length": 64,
                 "past_sequence_length": 64, "total_length": 128}
 TIGHT_TOKENS = 56  # the capacity of a stream the tight app admits one of (8 + 48)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tight_budget() -> int:
@@ -228,6 +222,7 @@ def test_a_client_gone_mid_stream_frees_its_cache(server):
     conn = http.client.HTTPConnection("127.0.0.1", server, timeout=120)
     conn.request("POST", "/llama/v2/models/llama/generate_stream",
                  json.dumps({"input_ids": prompt, "max_tokens": 20000}).encode())
+    sock = conn.sock  # the response takes it when it says "connection: close"
     r = conn.getresponse()
     assert r.status == 200
     events = parse_sse(r)
@@ -235,8 +230,8 @@ def test_a_client_gone_mid_stream_frees_its_cache(server):
     assert first == ort_greedy(LLAMA, [prompt], 2)[0]
     held = stats(server, "llama")
     assert held["active_streams"] == 1 and sum(held["reserved_bytes"].values()) > 0
+    sock.shutdown(socket.SHUT_RDWR)
     r.close()
-    conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()  # gone, thousands of tokens early
     assert eventually(lambda: stats(server, "llama") == {
         "active_streams": 0, "refused": 0, "reserved_bytes": {}}, 60)
@@ -400,10 +395,11 @@ def test_cli_serves_a_decoder_folder_through_haproxy():
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         conn.request("POST", app + "/generate_stream",
                      json.dumps({"input_ids": ids, "max_tokens": 1000}).encode())
+        sock = conn.sock  # the response takes it when HAProxy, reloading, says "close"
         r = conn.getresponse()
         assert next(parse_sse(r))["output_ids"] == want[:1]
+        sock.shutdown(socket.SHUT_RDWR)
         r.close()
-        conn.sock.shutdown(socket.SHUT_RDWR)
         conn.close()
 
         def freed() -> bool:

@@ -13,7 +13,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,19 +22,13 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.ray.helpers import listening_sockets, not_loopback, process_tree
+from tests.ray.helpers import free_port, listening_sockets, not_loopback, process_tree
 from tests.ray.models import mlp
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WIDTH = 16
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cli_env() -> dict[str, str]:
