@@ -356,6 +356,7 @@ HAPROXY_RETRY_ENVS = {"RAY_SERVE_HAPROXY_RETRY_ON":
 #: socket in one step of that loop. Passed from thread to thread, the headers could go
 #: out alone, and a replica killed before its body left the client a cut answer
 #: (IncompleteRead) that HAProxy, having forwarded the headers, can no longer retry.
+#: One step is still two writes in uvicorn: actors.serve.one_write makes them one.
 REPLICA_LOOP_ENVS = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
 
 
