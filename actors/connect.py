@@ -331,7 +331,7 @@ def serve_ingress_env() -> dict[str, str]:
     if real:  # its stats and metrics on loopback, its own errors as JSON
         env[HAPROXY_BINARY_ENV] = os.path.join(os.path.dirname(__file__), "haproxy_loopback.sh")
         env["HETERO_EXEC_HAPROXY_BINARY"] = real
-    for name, value in {**HAPROXY_RETRY_ENVS, **REPLICA_LOOP_ENVS}.items():
+    for name, value in {**HAPROXY_RETRY_ENVS, **REPLICA_LOOP_ENVS, **REPLICA_DRAIN_ENVS}.items():
         env[name] = os.environ.get(name) or value
     return env
 
@@ -358,6 +358,12 @@ HAPROXY_RETRY_ENVS = {"RAY_SERVE_HAPROXY_RETRY_ON":
 #: (IncompleteRead) that HAProxy, having forwarded the headers, can no longer retry.
 #: One step is still two writes in uvicorn: actors.serve.one_write makes them one.
 REPLICA_LOOP_ENVS = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
+#: a replica leaving (scaled down, redeployed, Serve shut down) stays reachable this
+#: long before it closes its listener, for HAProxy to load a configuration without it;
+#: a stale HAProxy process that still sends it a request after that is refused and
+#: redispatches (HAPROXY_RETRY_ENVS). Serve's 30 s made Ctrl-C on `hetero-exec serve`
+#: take 33 s with nothing in flight; HAProxy reloads within a second or two here.
+REPLICA_DRAIN_ENVS = {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5"}
 
 
 def _haproxy_binary() -> str | None:

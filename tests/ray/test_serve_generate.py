@@ -414,6 +414,8 @@ def test_cli_serves_a_decoder_folder_through_haproxy():
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, out[-2000:]
         assert "(/generate, /generate_stream)" in out and "shutting down" in out
+        # its replica drained in seconds (connect.REPLICA_DRAIN_ENVS), not Serve's 30 s
+        assert "failed to shut down" not in out, out[-2000:]
     finally:
         if proc.poll() is None:  # a failed check: stop it the clean way first
             proc.send_signal(signal.SIGINT)
