@@ -130,7 +130,7 @@ def test_a_decode_step_does_no_per_head_work_over_the_context_outside_attention(
     for _ in range(70):
         gen.generate_next_token()
     by_width = _decode_records(gen)
-    assert sorted(by_width) == [64, 128]
+    assert {64, 128} <= set(by_width)  # (the shared model may hold other widths bound)
     narrow, wide = by_width[64], by_width[128]
     assert narrow.keys() == wide.keys()
     assert {op for op, _ in wide.values()} & {"OP_ATTENTION", "OP_GQA"}  # over the cache
