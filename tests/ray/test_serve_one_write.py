@@ -12,6 +12,8 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 
@@ -84,26 +86,27 @@ def http(request):
     return request.param
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(10)
+@contextmanager
+def _serving(http: str, one_write: bool) -> Iterator[tuple[subprocess.Popen, int]]:
+    proc, port = _server(http, one_write)
+    try:
+        yield proc, port
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
 
 
 def test_uvicorn_alone_writes_the_headers_before_the_body(http):
-    proc, port = _server(http, one_write=False)
-    try:
+    with _serving(http, one_write=False) as (proc, port):
         sock = _ask(port, "/")
         first = _first_read(sock, PAUSE_S / 2)
         assert first is not None and first.startswith(b"HTTP/1.1 200") and first.endswith(b"\r\n\r\n")
         sock.close()
-    finally:
-        _stop(proc)
 
 
 def test_an_answer_leaves_whole(http):
-    proc, port = _server(http, one_write=True)
-    try:
+    with _serving(http, one_write=True) as (proc, port):
         sock = _ask(port, "/")
         assert _first_read(sock, PAUSE_S / 2) is None  # the headers wait for the body
         whole = _first_read(sock, 10)
@@ -119,13 +122,10 @@ def test_an_answer_leaves_whole(http):
             rest += _first_read(sock, 10)
         assert rest == b"5\r\nworld\r\n0\r\n\r\n"
         sock.close()
-    finally:
-        _stop(proc)
 
 
 def test_a_server_killed_before_the_body_leaves_nothing_behind(http):
-    proc, port = _server(http, one_write=True)
-    try:
+    with _serving(http, one_write=True) as (proc, port):
         sock = _ask(port, "/")
         assert proc.stdout.readline().strip() == "started"  # headers given to uvicorn
         os.kill(proc.pid, signal.SIGKILL)
@@ -142,5 +142,3 @@ def test_a_server_killed_before_the_body_leaves_nothing_behind(http):
             got += data
         assert got == b""  # an empty response: HAProxy's retry-on empty-response resends it
         sock.close()
-    finally:
-        _stop(proc)
