@@ -192,15 +192,8 @@ class Rewriter:
         return _run_kernel(g, node, args)
 
     def _shape_value(self, node: Node) -> np.ndarray | None:
-        shape = self.shape(node.inputs[0])
-        if shape is None:
-            return None
-        start = int(attr(node, "start", 0))
-        end = attr(node, "end", None)
-        dims = shape[start:] if end is None else shape[start:int(end)]
-        if not all(isinstance(d, int) for d in dims):
-            return None
-        return np.array(dims, dtype=np.int64)
+        dims = self._shape_dims(node)
+        return None if dims is None or (dims < 0).any() else dims
 
     def _partial_shape(self, name: str) -> np.ndarray | None:
         """A Shape's output whose input has some symbolic dims, those as -1 (a dim is never
@@ -209,13 +202,21 @@ class Rewriter:
         node = self.graph.producer.get(name)
         if node is None or node.op_type != "Shape" or node.canonical_domain != "ai.onnx":
             return None
-        g = self.defining(node.inputs[0])
-        v = g.values.get(node.inputs[0]) or self.graph.values.get(node.inputs[0])
-        if v is None or v.kind != "tensor" or v.shape is None:
+        return self._shape_dims(node)
+
+    def _shape_dims(self, node: Node) -> np.ndarray | None:
+        """The dims a Shape node gives (its start and end), -1 for each one not static;
+        None when its input's rank is unknown."""
+        x = node.inputs[0]
+        g = self.defining(x)
+        c = g.initializers.get(x)
+        v = None if c is not None else (g.values.get(x) or self.graph.values.get(x))
+        if c is None and (v is None or v.kind != "tensor" or v.shape is None):
             return None
+        shape = c.shape if c is not None else v.shape
         start = int(attr(node, "start", 0))
         end = attr(node, "end", None)
-        dims = v.shape[start:] if end is None else v.shape[start:int(end)]
+        dims = shape[start:] if end is None else shape[start:int(end)]
         return np.array([d if isinstance(d, int) else -1 for d in dims], dtype=np.int64)
 
     # -- edits ---------------------------------------------------------------------
