@@ -85,7 +85,6 @@ def test_decode_widths_follow_the_context_not_max_length(arch):
     assert any(all(isinstance(st.fn, Region) for st in p.steps) for p in bound)
 
 
-
 #: records that read the cache where it lies (attention over it, the new positions
 #: written into it): the only ones whose work may follow the context per head and dim
 _CACHE_READERS = ("OP_ATTENTION", "OP_GQA", "OP_GQA_PAST", "OP_KV_APPEND")
@@ -93,10 +92,10 @@ _CACHE_READERS = ("OP_ATTENTION", "OP_GQA", "OP_GQA_PAST", "OP_KV_APPEND")
 
 def _decode_records(gen) -> dict[int, dict[str, tuple[str, int]]]:
     """By decode width: each program record's node name -> (op, elements it iterates)."""
+    from hetero_exec.exec.program.record import codes
     from hetero_exec.exec.program.run import Region
-    from hetero_exec.kernels.native import library
 
-    ops = {v: k for k, v in library._state["constants"].items() if k.startswith("OP_")}
+    ops = {v: k for k, v in codes().items() if k.startswith("OP_")}
     _, plan, bound = gen._runner.segments[0]
     names = [name for name, _ in plan.input_slots]
     by_width = {}
@@ -137,6 +136,7 @@ def test_a_decode_step_does_no_per_head_work_over_the_context_outside_attention(
     grown = {name: wide[name] for name in wide if wide[name][1] > narrow[name][1]}
     assert {name: g for name, g in grown.items()
             if g[0] not in _CACHE_READERS and g[1] > 2 * 128} == {}
+
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_generators_of_one_model_share_its_bound_steps(arch):
