@@ -60,7 +60,8 @@ def operands(rng, B, Hq, Hkv, L, S, D, k_transposed):
 
 @pytest.mark.parametrize("k_transposed", [1, 0])
 @pytest.mark.parametrize("fill", [MIN, -np.inf])
-@pytest.mark.parametrize("L,S,D", [(37, 37, 16), (5, 40, 13), (1, 70, 64), (2, 2100, 8), (3, 21, 80)])
+@pytest.mark.parametrize("L,S,D", [(37, 37, 16), (5, 40, 13), (1, 70, 64), (2, 2100, 8), (3, 21, 80),
+                                   (1, 97, 16), (1, 600, 32), (6, 300, 128)])
 def test_causal_prompt_and_decode(monkeypatch, k_transposed, fill, L, S, D):
     rng = np.random.default_rng(L * S + D)
     Q, K, V = operands(rng, 2, 4, 4, L, S, D, k_transposed)

@@ -28,13 +28,26 @@ typedef struct {
     int failed;
 } rows_args;
 
+/* the widest head vdot_rows takes, in vectors (64 floats with AVX2, 128 with AVX-512) */
+#define KEYS_BLOCK_VECS 4
+
 /* scores[0, n) of keys lo.. of one row: q (D values, unit stride) against K */
 static void scores_of(const attention_t *a, const float *q, const float *K, int64_t lo,
                       int64_t n, float *sc)
 {
     const int64_t D = a->D, key = a->ks[2], dim = a->ks[3];
-    if (dim == 1) { /* four keys at once: four FMA chains, q's vectors loaded once */
+    if (dim == 1) { /* VW keys at once (whole vectors a head), then four: q loaded once */
         int64_t j = 0;
+        if (D % VW == 0 && D <= KEYS_BLOCK_VECS * VW) {
+            vf x[KEYS_BLOCK_VECS];
+            for (int c = 0; c < D / VW; c++)
+                x[c] = vloadu(q + c * VW);
+            switch (D / VW) {
+#define T(c) case c: for (; j + VW <= n; j += VW) vdot_rows(x, K + (lo + j) * key, key, sc + j, c); break;
+                T(1) T(2) T(3) T(4)
+#undef T
+            }
+        }
         for (; j + 4 <= n; j += 4)
             vdot4(q, K + (lo + j) * key, key, D, sc + j);
         for (; j < n; j++)
@@ -88,37 +101,41 @@ static void scores_of(const attention_t *a, const float *q, const float *K, int6
 #define WV_VECS (64 / VW > 8 ? 8 : 64 / VW)
 
 /* out[0, nv) = p[0, n) @ the nv vectors of V's rows from v (rows key apart), the last
- * vector's lanes `last`: nv FMA chains, doubled over even and odd keys where they fit
- * the registers (the chains, not the loads, bounded the one-vector loop this replaced,
- * at twice AVX-512's time with AVX2) */
+ * vector's lanes `last`: nv FMA chains, over 2 or 4 keys at a time where they fit the
+ * registers (the chains' latency, not the loads, bounds a loop over one key at a time: a
+ * 16-wide head's row was 2 cycles a key with AVX-512 over two chains) */
 ALWAYS_INLINE void values_block(const float *p, const float *v, int64_t key, int64_t n,
                                 lanes_t last, vf *out, const int nv)
 {
-    const int two = 2 * nv <= WV_VECS;
-    vf s[WV_VECS], t[WV_VECS];
+    const int ways = 4 * nv <= WV_VECS ? 4 : 2 * nv <= WV_VECS ? 2 : 1;
+    vf s[4][WV_VECS];
+#pragma GCC unroll 4
+    for (int w = 0; w < 4; w++)
 #pragma GCC unroll 8
-    for (int i = 0; i < nv; i++)
-        s[i] = t[i] = vzero();
+        for (int i = 0; i < nv; i++)
+            s[w][i] = vzero();
     int64_t j = 0;
-    if (two)
-        for (; j + 1 < n; j += 2, v += 2 * key) {
-            const vf p0 = vset1(p[j]), p1 = vset1(p[j + 1]);
+    if (ways > 1)
+        for (; j + ways <= n; j += ways, v += ways * key) {
+#pragma GCC unroll 4
+            for (int w = 0; w < ways; w++) {
+                const vf pw = vset1(p[j + w]);
 #pragma GCC unroll 8
-            for (int i = 0; i < nv; i++) {
-                lanes_t l = i == nv - 1 ? last : VMASK;
-                s[i] = vfma(p0, vload_lanes(l, v + i * VW), s[i]);
-                t[i] = vfma(p1, vload_lanes(l, v + key + i * VW), t[i]);
+                for (int i = 0; i < nv; i++)
+                    s[w][i] = vfma(pw, vload_lanes(i == nv - 1 ? last : VMASK, v + w * key + i * VW),
+                                   s[w][i]);
             }
         }
     for (; j < n; j++, v += key) {
         const vf p0 = vset1(p[j]);
 #pragma GCC unroll 8
         for (int i = 0; i < nv; i++)
-            s[i] = vfma(p0, vload_lanes(i == nv - 1 ? last : VMASK, v + i * VW), s[i]);
+            s[0][i] = vfma(p0, vload_lanes(i == nv - 1 ? last : VMASK, v + i * VW), s[0][i]);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < nv; i++)
-        out[i] = two ? vadd(s[i], t[i]) : s[i];
+        out[i] = ways == 4 ? vadd(vadd(s[0][i], s[1][i]), vadd(s[2][i], s[3][i]))
+                 : ways == 2 ? vadd(s[0][i], s[1][i]) : s[0][i];
 }
 
 /* y (D values at stride ys) = p[0, n) @ V's rows lo.. */
@@ -192,24 +209,38 @@ static void row(const attention_t *a, int64_t r, float *sc, float *qv)
             lo++;
         if (lo == S)
             lo = 0; /* no visible key: the whole row, as numpy computes it */
-        else
+        else {
+            if (m && mk == 1 && !fill_hides) /* a decode step's unfilled positions */
+                while (hi - VW >= lo && !vb_any(vlt(vset1(MASKED), vloadu(m + hi - VW + 1))))
+                    hi -= VW;
             while (hi > lo && HIDDEN(hi))
                 hi--;
+        }
     }
 #undef HIDDEN
     const int64_t n = hi - lo + 1;
     scores_of(a, qv, a->k + b * a->ks[0] + kvh * a->ks[1], lo, n, sc);
-    for (int64_t j = 0; j < n; j++) {
-        float s = sc[j] * a->scale;
-        if (c && !c[(lo + j) * ck])
-            s = a->fill;
-        sc[j] = s + (m ? m[(lo + j) * mk] : 0.0f);
-    }
+    if (!c && (!m || mk == 1)) { /* sc * scale + mask, a vector at a time */
+        const vf scale = vset1(a->scale);
+        for (int64_t j = 0; j < n; j += VW) {
+            const lanes_t l = first_lanes((int)(n - j));
+            const vf add = m ? vload_lanes(l, m + lo + j) : vzero();
+            vstore_lanes(sc + j, l, vadd(vmul(vload_lanes(l, sc + j), scale), add));
+        }
+    } else
+        for (int64_t j = 0; j < n; j++) {
+            float s = sc[j] * a->scale;
+            if (c && !c[(lo + j) * ck])
+                s = a->fill;
+            sc[j] = s + (m ? m[(lo + j) * mk] : 0.0f);
+        }
     softmax_row(sc, (int)n);
     if (a->nan_to_zero)
-        for (int64_t j = 0; j < n; j++)
-            if (sc[j] != sc[j])
-                sc[j] = 0.0f;
+        for (int64_t j = 0; j < n; j += VW) {
+            const lanes_t l = first_lanes((int)(n - j));
+            const vf p = vload_lanes(l, sc + j);
+            vstore_lanes(sc + j, l, vselect(visnan(p), vzero(), p));
+        }
     weighted_values(a, sc, a->v + b * a->vs[0] + kvh * a->vs[1], lo, n,
                     a->y + b * a->ys[0] + h * a->ys[1] + l * a->ys[2], a->ys[3]);
 }

@@ -399,6 +399,54 @@ ALWAYS_INLINE void vreduce_add4(vf a0, vf a1, vf a2, vf a3, float *out)
 #endif
 }
 
+/* the sums of VW vectors' lanes as one vector (lane i: the sum of a[i]'s lanes): a tree
+ * of interleaves that halves the vectors at each level, log2(VW) levels of shuffles and
+ * adds shared by all VW sums (VW - 1 adds in all), where a reduction per vector costs
+ * log2(VW) shuffles and adds for each sum */
+ALWAYS_INLINE vf vreduce_add_lanes(const vf *a)
+{
+#if defined(HE_ISA_AVX512)
+    /* per 128-bit chunk: (x0+x2, y0+y2, x1+x3, y1+y3) of rows x, y */
+    __m512 b[8], c[4], d[2];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                             _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    /* per chunk: rows 4i..4i+3, each a quarter of its sum */
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+        c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    /* chunks (rows 8i..8i+3 halves, rows 8i+4..8i+7 halves) */
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++)
+        d[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], 0x88),
+                         _mm512_shuffle_f32x4(d[0], d[1], 0xDD));
+#elif defined(HE_ISA_AVX2)
+    __m256 b[4], c[2];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        b[i] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                             _mm256_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) {
+        __m256d x = _mm256_castps_pd(b[2 * i]), y = _mm256_castps_pd(b[2 * i + 1]);
+        c[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)),
+                             _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+    }
+    return _mm256_add_ps(_mm256_permute2f128_ps(c[0], c[1], 0x20),
+                         _mm256_permute2f128_ps(c[0], c[1], 0x31));
+#else
+    float t[VW];
+    vreduce_add4(a[0], a[1], a[2], a[3], t);
+    return vloadu(t);
+#endif
+}
+
 /* a . b over n floats (unit strides), a vector at a time, the tail by a lane mask */
 ALWAYS_INLINE float vdot(const float *a, const float *b, int64_t n)
 {
@@ -435,6 +483,24 @@ ALWAYS_INLINE void vdot4(const float *a, const float *b, int64_t ld, int64_t n, 
         s3 = vfma(x, vload_lanes(l, b + 3 * ld + k), s3);
     }
     vreduce_add4(s0, s1, s2, s3, out);
+}
+
+/* x . b_i for the VW rows b_i = b + i * ld into out[0..VW), x the `vecs` vectors of a row
+ * of vecs * VW floats (b's rows as long, unit strides), loaded once by the caller for all
+ * its rows: a product chain per row, and one tree for the VW reductions (the short rows of
+ * attention heads, where vdot4's reductions outweighed its products) */
+ALWAYS_INLINE void vdot_rows(const vf *x, const float *b, int64_t ld, float *out, const int vecs)
+{
+    vf s[VW];
+#pragma GCC unroll 16
+    for (int i = 0; i < VW; i++, b += ld) {
+        vf acc = vmul(x[0], vloadu(b));
+#pragma GCC unroll 8
+        for (int c = 1; c < vecs; c++)
+            acc = vfma(x[c], vloadu(b + c * VW), acc);
+        s[i] = acc;
+    }
+    vstoreu(out, vreduce_add_lanes(s));
 }
 
 #endif
