@@ -147,6 +147,36 @@ def test_gather_rows_and_inner_axis_with_negative_indices():
     check(m, {"ids": np.array([[0, 9, -3], [4, 4, 1]], np.int64)})
 
 
+@pytest.mark.parametrize("dtype", [TensorProto.BOOL, TensorProto.FLOAT, TensorProto.INT64])
+def test_gather_of_single_elements_and_rows_of_odd_widths(dtype):
+    """A decoder's mask Gather picks one element per index (1, 4 or 8 bytes: moved as
+    words); rows of 3 elements take the byte copies."""
+    np_type = {TensorProto.BOOL: np.bool_, TensorProto.FLOAT: np.float32,
+               TensorProto.INT64: np.int64}[dtype]
+    data = (RNG.standard_normal((40, 3)) * 9).astype(np_type)
+    nodes = [helper.make_node("Flatten", ["d"], ["flat"], axis=0),
+             helper.make_node("Reshape", ["flat", "n"], ["line"]),
+             helper.make_node("Gather", ["line", "picks"], ["one"], axis=0),
+             helper.make_node("Gather", ["d", "rows"], ["three"], axis=0)]
+    m = model(nodes, [vi("picks", I64, [77]), vi("rows", I64, [5])],
+              [vi("one", dtype, [77]), vi("three", dtype, [5, 3])],
+              [init("d", data), init("n", np.array([120], np.int64))])
+    check(m, {"picks": RNG.integers(-120, 120, 77), "rows": np.array([0, 39, -1, 7, 7], np.int64)})
+
+
+@pytest.mark.parametrize("x_shape,y_shape", [([], []), ([37], []), ([], [37]), ([37], [37]),
+                                             ([1, 37], [2, 1])])
+def test_where_over_a_mask_row(x_shape, y_shape):
+    """Where(cond, x, y) with each branch a row or one value (a decoder's mask over its
+    context), and a broadcast the dense loops do not take."""
+    out_shape = list(np.broadcast_shapes((37,), tuple(x_shape), tuple(y_shape)))
+    nodes = [helper.make_node("Greater", ["a", "zero"], ["cond"]),
+             helper.make_node("Where", ["cond", "x", "y"], ["w"])]
+    m = model(nodes, [vi("a", F, [37]), vi("x", F, x_shape), vi("y", F, y_shape)],
+              [vi("w", F, out_shape)], [init("zero", np.array(0.0, np.float32))])
+    check(m, {"a": rand(37), "x": rand(*x_shape), "y": rand(*y_shape)})
+
+
 def test_an_index_out_of_range_is_a_kernel_error_and_the_session_goes_on():
     m = model([helper.make_node("Gather", ["w", "ids"], ["g"]), helper.make_node("Relu", ["g"], ["y"])],
               [vi("ids", I64, [3])], [vi("y", F, [3, 4])], [init("w", rand(10, 4))])
