@@ -31,27 +31,35 @@ typedef struct {
 /* the widest head vdot_rows takes, in vectors (64 floats with AVX2, 128 with AVX-512) */
 #define KEYS_BLOCK_VECS 4
 
+/* scores[0, n) = q . each of K's n rows (key apart, D floats at unit stride): VW keys at
+ * once where a head is whole vectors (one product chain a key, one tree for their sums),
+ * then four (four chains), q's vectors loaded once for all */
+void rows_scores(const float *q, const float *K, int64_t key, int64_t D, int64_t n, float *sc)
+{
+    int64_t j = 0;
+    if (D % VW == 0 && D <= KEYS_BLOCK_VECS * VW) {
+        vf x[KEYS_BLOCK_VECS];
+        for (int c = 0; c < D / VW; c++)
+            x[c] = vloadu(q + c * VW);
+        switch (D / VW) {
+#define T(c) case c: for (; j + VW <= n; j += VW) vdot_rows(x, K + j * key, key, sc + j, c); break;
+            T(1) T(2) T(3) T(4)
+#undef T
+        }
+    }
+    for (; j + 4 <= n; j += 4)
+        vdot4(q, K + j * key, key, D, sc + j);
+    for (; j < n; j++)
+        sc[j] = vdot(q, K + j * key, D);
+}
+
 /* scores[0, n) of keys lo.. of one row: q (D values, unit stride) against K */
 static void scores_of(const attention_t *a, const float *q, const float *K, int64_t lo,
                       int64_t n, float *sc)
 {
     const int64_t D = a->D, key = a->ks[2], dim = a->ks[3];
-    if (dim == 1) { /* VW keys at once (whole vectors a head), then four: q loaded once */
-        int64_t j = 0;
-        if (D % VW == 0 && D <= KEYS_BLOCK_VECS * VW) {
-            vf x[KEYS_BLOCK_VECS];
-            for (int c = 0; c < D / VW; c++)
-                x[c] = vloadu(q + c * VW);
-            switch (D / VW) {
-#define T(c) case c: for (; j + VW <= n; j += VW) vdot_rows(x, K + (lo + j) * key, key, sc + j, c); break;
-                T(1) T(2) T(3) T(4)
-#undef T
-            }
-        }
-        for (; j + 4 <= n; j += 4)
-            vdot4(q, K + (lo + j) * key, key, D, sc + j);
-        for (; j < n; j++)
-            sc[j] = vdot(q, K + (lo + j) * key, D);
+    if (dim == 1) {
+        rows_scores(q, K + lo * key, key, D, n, sc);
     } else if (key == 1) { /* K^T: vectors of keys held in registers over the dims */
         const float *k0 = K + lo;
         int64_t j = 0;
@@ -138,49 +146,57 @@ ALWAYS_INLINE void values_block(const float *p, const float *v, int64_t key, int
                  : ways == 2 ? vadd(s[0][i], s[1][i]) : s[0][i];
 }
 
+/* y (D values at stride ys) = p[0, n) @ V's n rows (key apart, D floats at unit
+ * stride), WV_VECS vectors of dims at a time */
+void rows_values(const float *p, const float *V, int64_t key, int64_t D, int64_t n, float *y,
+                 int64_t ys)
+{
+    for (int64_t d = 0; d < D; d += WV_VECS * VW) {
+        int rest = (int)(D - d), nv = (rest + VW - 1) / VW;
+        nv = nv < WV_VECS ? nv : WV_VECS;
+        lanes_t last = first_lanes(rest - (nv - 1) * VW);
+        const float *v = V + d;
+        vf sum[WV_VECS];
+        if (last == VMASK) {
+            switch (nv) {
+#define T(c) case c: values_block(p, v, key, n, VMASK, sum, c); break;
+                T(1) T(2) T(3) T(4)
+#if WV_VECS > 4
+                T(5) T(6) T(7) T(8)
+#endif
+#undef T
+            }
+        } else {
+            switch (nv) {
+#define T(c) case c: values_block(p, v, key, n, last, sum, c); break;
+                T(1) T(2) T(3) T(4)
+#if WV_VECS > 4
+                T(5) T(6) T(7) T(8)
+#endif
+#undef T
+            }
+        }
+        for (int i = 0; i < nv; i++) {
+            lanes_t l = i == nv - 1 ? last : VMASK;
+            if (ys == 1)
+                vstore_lanes(y + d + i * VW, l, sum[i]);
+            else {
+                float tmp[VW];
+                vstoreu(tmp, sum[i]);
+                for (int64_t k = 0; k < VW && d + i * VW + k < D; k++)
+                    y[(d + i * VW + k) * ys] = tmp[k];
+            }
+        }
+    }
+}
+
 /* y (D values at stride ys) = p[0, n) @ V's rows lo.. */
 static void weighted_values(const attention_t *a, const float *p, const float *V, int64_t lo,
                             int64_t n, float *y, int64_t ys)
 {
     const int64_t D = a->D, key = a->vs[2], dim = a->vs[3];
     if (dim == 1) {
-        for (int64_t d = 0; d < D; d += WV_VECS * VW) {
-            int rest = (int)(D - d), nv = (rest + VW - 1) / VW;
-            nv = nv < WV_VECS ? nv : WV_VECS;
-            lanes_t last = first_lanes(rest - (nv - 1) * VW);
-            const float *v = V + lo * key + d;
-            vf sum[WV_VECS];
-            if (last == VMASK) {
-                switch (nv) {
-#define T(c) case c: values_block(p, v, key, n, VMASK, sum, c); break;
-                    T(1) T(2) T(3) T(4)
-#if WV_VECS > 4
-                    T(5) T(6) T(7) T(8)
-#endif
-#undef T
-                }
-            } else {
-                switch (nv) {
-#define T(c) case c: values_block(p, v, key, n, last, sum, c); break;
-                    T(1) T(2) T(3) T(4)
-#if WV_VECS > 4
-                    T(5) T(6) T(7) T(8)
-#endif
-#undef T
-                }
-            }
-            for (int i = 0; i < nv; i++) {
-                lanes_t l = i == nv - 1 ? last : VMASK;
-                if (ys == 1)
-                    vstore_lanes(y + d + i * VW, l, sum[i]);
-                else {
-                    float tmp[VW];
-                    vstoreu(tmp, sum[i]);
-                    for (int64_t k = 0; k < VW && d + i * VW + k < D; k++)
-                        y[(d + i * VW + k) * ys] = tmp[k];
-                }
-            }
-        }
+        rows_values(p, V + lo * key, key, D, n, y, ys);
         return;
     }
     for (int64_t d = 0; d < D; d++) {

@@ -68,7 +68,7 @@ static void attend_task(void *arg, int i0, int i1)
     const int64_t S = o->p[1], N = o->p[2], Nkv = o->p[3], H = o->p[4], cap = o->p[5];
     const int64_t total = o->p[6], window = o->p[15], rd = o->p[16];
     const float alpha = (float)o->f[0], softcap = (float)o->f[1];
-    float qr[H > 0 ? H : 1], acc[H > 0 ? H : 1];
+    float qr[H > 0 ? H : 1];
     float local[1024], *scores = total <= 1024 ? local : (float *)malloc((size_t)total * sizeof(float));
     if (!scores) {
         ((gqa_args *)arg)->failed = 1;
@@ -92,23 +92,15 @@ static void attend_task(void *arg, int i0, int i1)
             if (lo < 0)
                 lo = 0;
             const int n = (int)(hi - lo + 1);
-            for (int64_t j = lo; j <= hi; j++) {
-                float sc = vdot(q, K + j * H, H) * alpha;
+            rows_scores(q, K + lo * H, H, H, n, scores);
+            for (int j = 0; j < n; j++) {
+                float sc = scores[j] * alpha;
                 if (softcap > 0.0f)
                     sc = tanhf(sc / softcap) * softcap;
-                scores[j - lo] = sc;
+                scores[j] = sc;
             }
             softmax_row(scores, n);
-            for (int64_t d = 0; d < H; d += VW) { /* the weighted values, a vector of dims at a time */
-                lanes_t l = first_lanes((int)(H - d));
-                vf sum = vzero();
-                const float *v = V + lo * H + d;
-                for (int j = 0; j < n; j++, v += H)
-                    sum = vfma(vset1(scores[j]), vload_lanes(l, v), sum);
-                vstore_lanes(acc + d, l, sum);
-            }
-            float *y = a->out + ((b * S + i) * N + h) * H;
-            memcpy(y, acc, (size_t)H * sizeof(float));
+            rows_values(scores, V + lo * H, H, H, n, a->out + ((b * S + i) * N + h) * H, 1);
         }
     }
     if (scores != local)

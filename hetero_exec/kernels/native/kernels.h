@@ -96,6 +96,11 @@ typedef struct {
     int nan_to_zero;
 } attention_t;
 int attention_run(const attention_t *a, int parts);
+/* attention.c's dense rows, also GroupQueryAttention's (gqa.c): sc[0, n) = q . K's n rows,
+ * y (at stride ys) = p[0, n) @ V's n rows; rows `key` floats apart, D floats at unit stride */
+void rows_scores(const float *q, const float *K, int64_t key, int64_t D, int64_t n, float *sc);
+void rows_values(const float *p, const float *V, int64_t key, int64_t D, int64_t n, float *y,
+                 int64_t ys);
 
 /* fn(args, i0, i1) over [0, n) in `parts` parts, the first on the calling thread and the
  * others on the workers (workers.c); returns when all are done */

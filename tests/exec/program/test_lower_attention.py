@@ -112,6 +112,13 @@ def test_subsequent_prompt_interleaved_rotary(packed):
                 rotary_interleaved=1))
 
 
+@pytest.mark.parametrize("H", [16, 32, 24])
+def test_decode_over_a_long_past(H):
+    """Rows of 150 and 37 positions: the scores go VW keys at a time where a head is whole
+    vectors (16 and 32 floats), four at a time otherwise (24), and the tails after them."""
+    check(*_gqa(2, 1, 4, 2, H, [149, 36], 150, past_cap=160))
+
+
 def test_local_window_softcap_scale():
     check(*_gqa(2, 1, 4, 2, 8, [9, 4], 10, past_cap=12, local_window_size=3, softcap=2.0,
                 scale=0.3))
