@@ -45,17 +45,14 @@ LARGE = 1 << 14
 SIMD_ACT = {"U_TANH": "ACT_TANH", "U_SIGMOID": "ACT_SIGMOID", "U_GELU": "ACT_GELU",
             "U_GELU_TANH": "ACT_GELU_TANH", "U_ERF": "ACT_ERF"}
 _SCALAR = {"U_EXP", "U_LOG", "U_COS", "U_SIN", "U_ERF", "U_SOFTPLUS"}
-#: those act.c takes below LARGE too: not the logistic, whose vector form (0.5 + 0.5
-#: tanh(x / 2)) keeps its absolute error, not its relative one, far below zero
-SIMD_ANY_SIZE = frozenset(SIMD_ACT) - {"U_SIGMOID"}
 
 
 def apply_unary(b, code: str, out, x) -> None:
-    """out = code(x): act.c's vector loops on a contiguous float32 value (GELU and tanh at
-    any size: a decode step's GELU over 256 values took 3 us in libm's tanhf, one value at
-    a time), the record's own loop otherwise."""
+    """out = code(x): act.c's vector loops on a contiguous float32 value of any size (a
+    decode step's GELU over 256 values took 3 us in libm's tanhf, one value at a time),
+    the record's own loop otherwise."""
     if out.dtype == F32:
-        act = SIMD_ACT.get(code) if out.size > LARGE or code in SIMD_ANY_SIZE else None
+        act = SIMD_ACT.get(code)
         if act is not None and out.contiguous and out.size:
             b.elementwise("OP_COPY", 0, out, [x])
             cols = out.shape[-1] if out.shape else 1

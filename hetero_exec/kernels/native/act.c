@@ -1,7 +1,7 @@
 /* Activations after a product, in float32 (simd.h): act(y + bias) over the last axis of
  * (rows, cols), in place; FusedMatMul's epilogue where the packed store cannot apply it
  * (GELU, SiLU... or a product OpenBLAS computed). Eigen's rationals for erf and tanh,
- * the logistic as 0.5 + 0.5 tanh(x/2), a vector a step (16 lanes with AVX-512; the
+ * the logistic from simd.h's exp, a vector a step (16 lanes with AVX-512; the
  * numba loops these replaced got 8 from LLVM); the
  * activation codes are kernels.h's ACT_*. NaN stays NaN: max/min take the NaN operand second. */
 #include "kernels.h"
@@ -60,10 +60,14 @@ ALWAYS_INLINE vf gelu_erf16(vf x)
     return vmul(vmul(vset1(0.5f), x), vadd(vset1(1.0f), e));
 }
 
+/* the logistic from e = exp(-|x|): 1 / (1 + e) above zero, e / (1 + e) below, so its
+ * error stays relative far below zero (as 0.5 + 0.5 tanh(x / 2) did not: 1 + tanh
+ * cancels there); NaN stays NaN */
 ALWAYS_INLINE vf sigmoid16(vf x)
 {
-    vf h = vset1(0.5f);
-    return vfma(h, tanh16(vmul(h, x)), h);
+    const vf e = exp_nonpositive(vsub(vzero(), vabs(x)));
+    const vf r = vdiv(vselect(vlt(x, vzero()), e, vset1(1.0f)), vadd(vset1(1.0f), e));
+    return vselect(visnan(x), x, r);
 }
 
 ALWAYS_INLINE vf act16(vf v, int code, float p0, float p1)

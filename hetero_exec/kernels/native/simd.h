@@ -399,6 +399,29 @@ ALWAYS_INLINE void vreduce_add4(vf a0, vf a1, vf a2, vf a3, float *out)
 #endif
 }
 
+/* exp(z) for z <= 0 (softmax.c: a score minus its row's maximum; act.c: the logistic's
+ * exp(-|x|)), Cephes' expf: z = n ln2 + r,
+ * |r| <= ln2 / 2, a degree-7 polynomial of r, scaled by 2^n; about 1 ulp. Below -87
+ * (where exp(z) would soon be subnormal) the result is an exact 0, as in
+ * reduce.exp_scores_inplace, so nothing after it runs on subnormals. */
+ALWAYS_INLINE vf exp_nonpositive(vf z)
+{
+    const vf floor = vset1(-87.0f);
+    vb live = vge(z, floor);
+    vf x = vmax(z, floor);
+    vf n = vround(vmul(x, vset1(1.44269504088896341f)));
+    vf r = vfnma(n, vset1(0.693359375f), x);
+    r = vfnma(n, vset1(-2.12194440e-4f), r);
+    vf p = vset1(1.9875691500e-4f);
+    p = vfma(p, r, vset1(1.3981999507e-3f));
+    p = vfma(p, r, vset1(8.3334519073e-3f));
+    p = vfma(p, r, vset1(4.1665795894e-2f));
+    p = vfma(p, r, vset1(1.6666665459e-1f));
+    p = vfma(p, r, vset1(5.0000001201e-1f));
+    p = vfma(p, vmul(r, r), vadd(r, vset1(1.0f)));
+    return vselect(live, vscale2(p, n), vzero());
+}
+
 /* the sums of VW vectors' lanes as one vector (lane i: the sum of a[i]'s lanes): a tree
  * of interleaves that halves the vectors at each level, log2(VW) levels of shuffles and
  * adds shared by all VW sums (VW - 1 adds in all), where a reduction per vector costs

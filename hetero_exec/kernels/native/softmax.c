@@ -7,28 +7,6 @@
 #include <float.h>
 #include <math.h>
 
-/* exp(z) for z <= 0 (a score minus its row's maximum), Cephes' expf: z = n ln2 + r,
- * |r| <= ln2 / 2, a degree-7 polynomial of r, scaled by 2^n; about 1 ulp. Below -87
- * (where exp(z) would soon be subnormal) the result is an exact 0, as in
- * reduce.exp_scores_inplace, so nothing after it runs on subnormals. */
-ALWAYS_INLINE vf exp_nonpositive(vf z)
-{
-    const vf floor = vset1(-87.0f);
-    vb live = vge(z, floor);
-    vf x = vmax(z, floor);
-    vf n = vround(vmul(x, vset1(1.44269504088896341f)));
-    vf r = vfnma(n, vset1(0.693359375f), x);
-    r = vfnma(n, vset1(-2.12194440e-4f), r);
-    vf p = vset1(1.9875691500e-4f);
-    p = vfma(p, r, vset1(1.3981999507e-3f));
-    p = vfma(p, r, vset1(8.3334519073e-3f));
-    p = vfma(p, r, vset1(4.1665795894e-2f));
-    p = vfma(p, r, vset1(1.6666665459e-1f));
-    p = vfma(p, r, vset1(5.0000001201e-1f));
-    p = vfma(p, vmul(r, r), vadd(r, vset1(1.0f)));
-    return vselect(live, vscale2(p, n), vzero());
-}
-
 /* Each pass takes two whole vectors a step (two chains of max, of exp's polynomial and
  * of the sum: one a step bounded AVX2 at 1.2-1.35x AVX-512's time), then the tail under
  * its lanes. */
