@@ -28,7 +28,7 @@ typedef struct {
     int failed;
 } rows_args;
 
-/* the widest head vdot_rows takes, in vectors (64 floats with AVX2, 128 with AVX-512) */
+/* the widest head vdot_rows takes, in vectors (32 floats with AVX2, 64 with AVX-512) */
 #define KEYS_BLOCK_VECS 4
 
 /* scores[0, n) = q . each of K's n rows (key apart, D floats at unit stride): VW keys at
