@@ -341,8 +341,9 @@ HAPROXY_BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
 #: error) is sent again to another replica (Serve's template has ``option redispatch
 #: 1``), at most four times: with two replicas the redispatches alternate, and two
 #: retries went dead, live, dead. HAProxy holds each request whole before it picks a
-#: replica (haproxy_loopback.sh), or it could not retry it at all. A replica refusing a connection is marked down at its first refusal, not its third;
-#: its health checks bring it back within half a second if it was alive. Of the app's
+#: replica (haproxy_loopback.sh), or it could not retry it at all. A replica refusing
+#: a connection is marked down at its first refusal, not its third; its health
+#: checks bring it back within half a second if it was alive. Of the app's
 #: own answers only its 503s are retried (a stage actor lost, a generation's cache
 #: refused for now: nothing was run or sent); a 500 or a 4xx is the answer. Inference
 #: is idempotent. HAProxy retries only requests that fit in its buffer.
