@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 import msgpack
 
-from actors.generation.group import Job
+from actors.generation.group import Job, Join
 from actors.transport.wire import WireFormatError, tensor_from_map, tensor_to_map, unpack_frame
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,9 @@ def encode_step(gid: str, epoch: int, job: Job, carried: list[dict[str, Any]]) -
         [gid, int(epoch), int(job.at), tensor_to_map(job.ids), [[int(p), int(t)] for p, t in job.pieces],
          None if job.rewind is None else [int(job.rewind[0]), int(job.rewind[1])],
          None if job.draws is None else int(job.draws), _opt(job.end), _opt(job.start),
-         [{name: tensor_to_map(v) for name, v in c.items()} for c in carried], bool(job.logits)],
+         [{name: tensor_to_map(v) for name, v in c.items()} for c in carried], bool(job.logits),
+         [[int(j.row), j.key, tensor_to_map(j.prompt), int(j.max_new), int(j.epoch), int(j.at),
+           bool(j.ok)] for j in job.joins]],
         use_bin_type=True)
     return _HEADER.pack(len(body)) + body
 
@@ -95,25 +97,39 @@ def _pair(v: Any, what: str) -> tuple[int, int]:
 def decode_step(body: bytes) -> tuple[str, int, Job, list[dict[str, Any]]]:
     """The (gid, epoch, job, carried) of a frame's body; WireFormatError when malformed."""
     obj = unpack_frame(body, MAX_FRAME_BYTES)
-    if not isinstance(obj, list) or len(obj) != 11:
-        raise WireFormatError("a step frame is a list of 11 fields")
-    gid, epoch, at, ids, pieces, rewind, draws, end, start, carried, logits = obj
+    if not isinstance(obj, list) or len(obj) != 12:
+        raise WireFormatError("a step frame is a list of 12 fields")
+    gid, epoch, at, ids, pieces, rewind, draws, end, start, carried, logits, joins = obj
     if not isinstance(gid, str) or not isinstance(pieces, list) or not isinstance(carried, list) \
-            or not isinstance(logits, bool):
-        raise WireFormatError("step frame: gid, pieces, carried or logits of the wrong type")
+            or not isinstance(logits, bool) or not isinstance(joins, list):
+        raise WireFormatError("step frame: gid, pieces, carried, logits or joins of the wrong type")
     job = Job(_int(at, "at"), tensor_from_map(ids), [_pair(p, "piece") for p in pieces],
               rewind=None if rewind is None else _pair(rewind, "rewind"),
               draws=None if draws is None else _int(draws, "draws"),
               end=None if end is None else tensor_from_map(end),
-              start=None if start is None else tensor_from_map(start), logits=logits)
+              start=None if start is None else tensor_from_map(start), logits=logits,
+              joins=[_join(j) for j in joins])
     values: list[dict[str, Any]] = []
     for c in carried:
         if not isinstance(c, dict):
             raise WireFormatError("step frame: carried values are maps")
         values.append({name: tensor_from_map(m) for name, m in c.items()})
-    if len(values) != len(job.pieces):
-        raise WireFormatError(f"step frame: {len(values)} carried maps for {len(job.pieces)} pieces")
+    if len(values) not in (len(job.pieces), len(job.pieces) + len(job.joins)):
+        raise WireFormatError(f"step frame: {len(values)} carried maps for {len(job.pieces)} "
+                              f"pieces and {len(job.joins)} joins")
     return gid, _int(epoch, "epoch"), job, values
+
+
+def _join(v: Any) -> Join:
+    if not isinstance(v, list) or len(v) != 7 or not isinstance(v[1], str) \
+            or not isinstance(v[6], bool):
+        raise WireFormatError("step frame: a join is [row, key, prompt, max_new, epoch, at, ok]")
+    prompt = tensor_from_map(v[2])
+    if prompt.ndim != 1 or prompt.dtype != "int64":
+        raise WireFormatError(f"step frame: a join's prompt must be int64 [n], got {prompt.dtype} "
+                              f"{prompt.shape}")
+    return Join(_int(v[0], "join row"), v[1], prompt, _int(v[3], "join max_new"),
+                _int(v[4], "join epoch"), _int(v[5], "join at"), v[6])
 
 
 # -- the two ends ---------------------------------------------------------------------------

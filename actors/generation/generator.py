@@ -165,9 +165,12 @@ class RemoteGenerator(TokenRows):
             return
         if got["epoch"] != self.epoch:
             return
-        self._columns(got["ids"], got["done"])
+        self._columns(got["ids"], got["done"], got.get("acks", ()))
 
-    def _columns(self, ids: np.ndarray, done: bool) -> None:
+    def _columns(self, ids: np.ndarray, done: bool, acks: Any = ()) -> None:
+        for column, key, row, ok in acks:
+            if column >= self._got:
+                self._joined(column, key, row, ok)
         n = ids.shape[1]
         self._ids[:, self._got:self._got + n] = ids
         self._got += n
@@ -176,17 +179,21 @@ class RemoteGenerator(TokenRows):
             if self._got <= self._length:
                 raise ActorError(f"group {self.gid}: the ring ended at position {self._got}")
 
+    def _joined(self, column: int, key: str, row: int, ok: bool) -> None:
+        """A join (`batcher.py`) taken at ``column`` - 1: here, nothing (a plain generator
+        sends none)."""
+
     def _take_pushed(self) -> bool:
         """The columns pushed since ``_got`` (every one that came, waiting up to a poll
         for the first); False when none follows on (a lost column, a silent socket):
         then the Ray poll answers, and finds a fault."""
         took = False
-        for epoch, at, ids, done in self._inbox.columns(POLL_S):
+        for epoch, at, ids, done, acks in self._inbox.columns(POLL_S):
             if epoch != self.epoch or self._finished or at + ids.shape[1] <= self._got:
                 continue  # an older epoch's, or collected by a poll already
             if at != self._got:
                 return took  # a gap: the poll fills it from ``_got``
-            self._columns(ids, done)
+            self._columns(ids, done, acks)
             took = True
         return took
 

@@ -36,6 +36,24 @@ class GroupSpec:
 
 
 @dataclass
+class Join:
+    """A request taking row ``row`` of a running group (continuous batching). Stage 0
+    sets ``at``, the group's next decode step, and ``ok``, whether the request fits
+    there: its prompt then fills columns [at + 1 - len(prompt), at + 1) of the row (the
+    columns before are masked out), the prompt but its last token is prefilled apart,
+    at batch 1, into those columns, and the step at ``at`` runs the last prompt token
+    with the other rows' tokens, so the request's first token comes with theirs."""
+
+    row: int
+    key: str
+    prompt: np.ndarray  # int64 [n]
+    max_new: int
+    epoch: int = 0  # the group's epoch it was sent under (a replay drops it)
+    at: int = -1
+    ok: bool = False
+
+
+@dataclass
 class Job:
     """What a step message asks of every stage, in order: rewind the sequences to
     (length, filled) when given, write token columns ``ids`` from position ``at``, then
@@ -52,6 +70,7 @@ keeps the logits it sampled from for the driver when ``logits`` is set);
     end: np.ndarray | None = None
     start: np.ndarray | None = None  # the left padding, with a group's first prompt
     logits: bool = False  # the last stage keeps this step's logits for `get_logits`
+    joins: list[Join] = field(default_factory=list)  # set by stage 0 (continuous batching)
 
 
 class StageGroup:
@@ -68,6 +87,8 @@ class StageGroup:
             self.caches[e.past] = zeros(providers[e.past], tuple(shape), e.dtype)
             if e.mode == "shared":
                 share_buffer(self.caches[e.past])
+        self.pending: list[Join] = []  # stage 0's: joins waiting for the next decode step
+        self.acks: list[tuple[int, str, int, bool]] = []  # the last stage's: (column, key, row, ok)
         self.epoch = -1  # messages of epochs below are dropped
         self.live = -1  # the epoch of the last step run
         self.need: dict[str, int] = {}  # bytes admitted, by provider
@@ -111,6 +132,7 @@ class StageGroup:
             self.length = length
             self.filled = min(self.filled, filled)
             self.real = self.mask[:, :self.filled].sum(axis=1)
+            self.acks = [a for a in self.acks if a[0] < length]
         if job.start is not None:
             self.start = np.asarray(job.start, dtype=np.int64).copy()
         if job.end is not None:
@@ -122,6 +144,27 @@ class StageGroup:
             if job.at < s:
                 self.mask[i, job.at:min(s, job.at + n)] = 0
         self.length = max(self.length, job.at + n)
+
+    def fits(self, join: Join, at: int) -> bool:
+        """Whether ``join`` can take its row at the decode step ``at`` (stage 0's check:
+        its prompt ends at ``at`` and its new tokens end within the capacity)."""
+        n = int(join.prompt.shape[0])
+        return 0 <= join.row < self.batch and 0 < n <= at + 1 \
+            and at + 1 + join.max_new <= self.capacity
+
+    def take_row(self, join: Join) -> int:
+        """Rewrite the join's row for its prompt (after `apply` wrote the step's column);
+        returns the prompt's first column."""
+        r, a, n = join.row, join.at, int(join.prompt.shape[0])
+        s = a + 1 - n
+        self.ids[r, :] = self.spec.pad
+        self.ids[r, s:a + 1] = join.prompt
+        self.mask[r, :] = 0
+        self.mask[r, s:a + 1] = 1
+        self.start[r] = s
+        self.end[r] = -1
+        self.real[r] = n - 1  # prefilled apart; the step at ``at`` runs the last one
+        return s
 
     def computed(self, p: int, t: int) -> None:
         self.real += self.mask[:, p:t].sum(axis=1)

@@ -42,23 +42,31 @@ def inbox_name(ring_id: str, gid: str) -> str:
     return f"\0hetero_exec/generation/{ring_id}/tokens/{gid}"
 
 
-def encode_column(epoch: int, at: int, ids: np.ndarray, done: bool) -> bytes:
-    body = msgpack.packb([int(epoch), int(at), tensor_to_map(ids), bool(done)], use_bin_type=True)
+def encode_column(epoch: int, at: int, ids: np.ndarray, done: bool,
+                  acks: list[tuple[int, str, int, bool]] = ()) -> bytes:
+    body = msgpack.packb([int(epoch), int(at), tensor_to_map(ids), bool(done),
+                          [[int(c), k, int(r), bool(ok)] for c, k, r, ok in acks]],
+                         use_bin_type=True)
     return _HEADER.pack(len(body)) + body
 
 
-def decode_column(body: bytes) -> tuple[int, int, np.ndarray, bool]:
+def decode_column(body: bytes) -> tuple[int, int, np.ndarray, bool, list]:
     obj = unpack_frame(body, MAX_FRAME_BYTES)
-    if not isinstance(obj, list) or len(obj) != 4:
-        raise WireFormatError("a token frame is a list of 4 fields")
-    epoch, at, ids, done = obj
-    if type(epoch) is not int or type(at) is not int or not isinstance(done, bool):
-        raise WireFormatError("token frame: epoch, at or done of the wrong type")
+    if not isinstance(obj, list) or len(obj) != 5:
+        raise WireFormatError("a token frame is a list of 5 fields")
+    epoch, at, ids, done, acks = obj
+    if type(epoch) is not int or type(at) is not int or not isinstance(done, bool) \
+            or not isinstance(acks, list):
+        raise WireFormatError("token frame: epoch, at, done or acks of the wrong type")
+    for a in acks:
+        if not (isinstance(a, list) and len(a) == 4 and type(a[0]) is int and isinstance(a[1], str)
+                and type(a[2]) is int and isinstance(a[3], bool)):
+            raise WireFormatError("token frame: an ack is [column, key, row, ok]")
     arr = tensor_from_map(ids)
     if arr.ndim != 2 or arr.dtype != np.int64:
         raise WireFormatError(f"token frame: ids must be [batch, n] int64, got {arr.dtype} "
                               f"{arr.shape}")
-    return epoch, at, arr, done
+    return epoch, at, arr, done, [tuple(a) for a in acks]
 
 
 class TokenInbox:
@@ -90,10 +98,10 @@ class TokenInbox:
             log.warning("no token socket for a generator (%s): it polls the last stage", e)
             return None
 
-    def columns(self, timeout: float) -> list[tuple[int, int, np.ndarray, bool]]:
+    def columns(self, timeout: float) -> list[tuple[int, int, np.ndarray, bool, list]]:
         """The frames that came, waiting up to ``timeout`` for the first one."""
         deadline = time.monotonic() + timeout
-        out: list[tuple[int, int, np.ndarray, bool]] = []
+        out: list[tuple[int, int, np.ndarray, bool, list]] = []
         while True:
             left = deadline - time.monotonic()
             readable, _, _ = select.select([self.listener, *self.conns], [], [], max(left, 0.0))
@@ -117,7 +125,8 @@ class TokenInbox:
             self.conns[conn] = bytearray()
             self.ended = False
 
-    def _read(self, conn: socket.socket, out: list[tuple[int, int, np.ndarray, bool]]) -> None:
+    def _read(self, conn: socket.socket,
+              out: list[tuple[int, int, np.ndarray, bool, list]]) -> None:
         buf = self.conns[conn]
         while True:
             try:
@@ -181,11 +190,13 @@ class TokenOutlet:
     def up(self) -> bool:
         return self.sock is not None
 
-    def send(self, epoch: int, at: int, ids: np.ndarray, done: bool) -> bool:
-        """Write one column's frame; on a short or failed write, close (the driver polls)."""
+    def send(self, epoch: int, at: int, ids: np.ndarray, done: bool,
+             acks: list[tuple[int, str, int, bool]] = ()) -> bool:
+        """Write one column's frame (with the joins taken at it: ``acks``); on a short or
+        failed write, close (the driver polls)."""
         if self.sock is None:
             return False
-        frame = encode_column(epoch, at, ids, done)
+        frame = encode_column(epoch, at, ids, done, acks)
         try:
             sent = self.sock.send(frame)
         except OSError:

@@ -31,7 +31,7 @@ import numpy as np
 import ray
 
 from actors.generation.channel import LINKS, StageLink, socket_name
-from actors.generation.group import GroupSpec, Job, StageGroup
+from actors.generation.group import GroupSpec, Job, Join, StageGroup
 from actors.generation.inbox import TokenOutlet
 from actors.generation.runner import StageRunner
 from actors.generation.split import StagePart
@@ -192,6 +192,16 @@ class GenerationStage:
             g.free()
         self._notify()
 
+    def join(self, gid: str, join: Join) -> bool:
+        """Stage 0: queue ``join`` for ``gid``'s next decode step (continuous batching);
+        False when the group is not open here."""
+        g = self.groups.get(gid)
+        if g is None or not g.caches or join.epoch < g.epoch:
+            return False
+        join.prompt = np.asarray(join.prompt, dtype=np.int64).reshape(-1)
+        g.pending.append(join)
+        return True
+
     def halt(self, gid: str, epoch: int) -> None:
         """Drop ``gid``'s messages of epochs before ``epoch`` (a rewind by the driver)."""
         g = self.groups.get(gid)
@@ -222,7 +232,14 @@ class GenerationStage:
                 for _ in range(job.draws):
                     g.sampler.rng.random((g.batch, 1))
             g.draws = job.draws
+        if self.index == 0 and g.pending:
+            self._admit_joins(g, epoch, job)
+        n = len(job.pieces)
         outs: list[dict[str, Any]] = []
+        joined: list[dict[str, Any]] = []
+        extra = list(carried[n:]) + [{}] * (len(job.joins) - len(carried[n:]))  # stage 0: none
+        for j, came in zip(job.joins, extra):
+            joined.append(self._join_row(g, j, came) if j.ok else {})
         last: Any = None
         for (p, t), came in zip(job.pieces, carried):
             feeds = g.feeds(self.layout, p, t, self.fixed, self.shared)
@@ -238,10 +255,54 @@ class GenerationStage:
                              for n in self.part.carried_out})
         if self.index < self.count - 1:
             self._count(job, time.perf_counter() - started)
-            self.link.send(self.ring[self.index + 1], gid, epoch, job, outs)
+            self.link.send(self.ring[self.index + 1], gid, epoch, job, outs + joined)
             return
-        self._choose(gid, g, epoch, last, job.logits)
+        self._choose(gid, g, epoch, last, job.logits, job.joins)
         self._count(job, time.perf_counter() - started)
+
+    def _admit_joins(self, g: StageGroup, epoch: int, job: Job) -> None:
+        """Stage 0: the pending joins go with this step when it is a decode step (each
+        marked whether it fits); a replay's new epoch drops the older ones."""
+        g.pending = [j for j in g.pending if j.epoch >= epoch]
+        decode = job.rewind is None and len(job.pieces) == 1 \
+            and job.pieces[0] == (job.at, job.at + 1) and job.at > 0
+        if not decode or not g.pending:
+            return
+        taken, rows = [], set()
+        for j in g.pending:
+            j.at = job.at
+            j.ok = j.row not in rows and g.fits(j, job.at)
+            rows.add(j.row)
+            taken.append(j)
+        g.pending = []
+        job.joins = taken
+
+    def _join_row(self, g: StageGroup, join: Join, came: dict[str, Any]) -> dict[str, Any]:
+        """Take the join's row: its prompt but the last token run at batch 1 into a
+        scratch cache, copied into the row's columns; returns what the next stage reads
+        of that prefill (nothing from the last stage, nor for a one-token prompt)."""
+        s = g.take_row(join)
+        n = int(join.prompt.shape[0]) - 1
+        if n == 0:
+            return {}
+        scratch = StageGroup(GroupSpec(1, n, g.spec.pad, np.zeros(1, dtype=np.int64)), self.own,
+                             list(self.layout.entries), self.cache_providers,
+                             lambda prov, shape, dtype: prov.xp.zeros(shape, dtype=dtype))
+        scratch.apply(Job(0, join.prompt[None, :n], [(0, n)]))
+        feeds = scratch.feeds(self.layout, 0, n, False, self.shared)
+        if came:
+            feeds = {**feeds, **came}
+        values = self.runner.run(feeds)
+        self.steps += 1
+        for e in self.own:
+            dst, src = [join.row, slice(None), slice(None)], [0, slice(None), slice(None)]
+            dst.insert(e.axis, slice(s, s + n))
+            src.insert(e.axis, slice(0, n))
+            g.caches[e.past][tuple(dst)] = scratch.caches[e.past][tuple(src)]
+        scratch.free()
+        if self.part.output:
+            return {}
+        return {k: move_value(values[k], self.runner.where[k], None) for k in self.part.carried_out}
 
     def _count(self, job: Job, seconds: float) -> None:
         self.step_s += seconds
@@ -249,8 +310,8 @@ class GenerationStage:
             self.decodes += 1
             self.decode_s += seconds
 
-    def _choose(self, gid: str, g: StageGroup, epoch: int, logits: Any, keep: bool = False
-                ) -> None:
+    def _choose(self, gid: str, g: StageGroup, epoch: int, logits: Any, keep: bool = False,
+                joins: list[Join] | None = None) -> None:
         """The last stage: sample the next token, keep it for the driver, start the next
         step at stage 0 (or, when the group is done, free its cache everywhere); with
         ``keep``, first keep the logits on the host for the driver's `logits`."""
@@ -265,11 +326,13 @@ class GenerationStage:
         chosen = g.sampler.choose(logits, g.banned(o.min_length, g.spec.eos),
                                   g.ids[:, :g.length])
         at = g.take(chosen, np.asarray(g.spec.eos, dtype=np.int64))
+        acks = [(at, j.key, j.row, j.ok) for j in joins or ()]
+        g.acks.extend(acks)
         done = g.done()
         if not done:  # the next step first: the ring, not the driver, bounds a token
             self.link.send(self.ring[0], gid, epoch,
                            Job(at, g.ids[:, at:at + 1].copy(), [(at, at + 1)]), [{}])
-        if g.outlet is not None and g.outlet.send(epoch, at, g.ids[:, at:at + 1], done):
+        if g.outlet is not None and g.outlet.send(epoch, at, g.ids[:, at:at + 1], done, acks):
             self.pushed += 1
         self._notify()
         if done:
@@ -303,7 +366,7 @@ class GenerationStage:
         def ready(g: StageGroup) -> dict[str, Any] | None:
             if g.live == epoch and (g.length > have or g.done()):
                 return {"epoch": g.live, "at": have, "ids": g.ids[:, have:g.length].copy(),
-                        "done": g.done()}
+                        "done": g.done(), "acks": [a for a in g.acks if a[0] >= have]}
             return None
 
         def expired(g: StageGroup) -> dict[str, Any]:

@@ -53,6 +53,14 @@ def main() -> int:
             local = og.Model(model_path("qwen2", "optimum"), providers=["sim-gpu"])
             rows = prompts(2, seed=4)
             report["match"] = _generate(model, rows) == _generate(local, rows)
+            # continuous batching across nodes: joins by Ray calls, acks by the polls
+            from actors.generation.batcher import ContinuousBatcher, wait_all
+
+            reqs = [(r, n) for r, n in zip(prompts(4, seed=9), (4, 9, 5, 6))]
+            with ContinuousBatcher(model, slots=2, max_length=40, groups_in_flight=1) as batcher:
+                got = wait_all([batcher.submit(r, n) for r, n in reqs])
+                report["batcher_joins"] = batcher.stats()["joins"]
+            report["batcher_match"] = got == [_generate(local, [r], n)[0] for r, n in reqs]
             report["stats"] = model.remote.stats()
             report["sockets"] = model.remote.sockets  # the hops cross nodes: Ray calls
         finally:

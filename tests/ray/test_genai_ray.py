@@ -252,6 +252,7 @@ def test_three_node_cluster_runs_the_stages_on_two_nodes():
     assert report["nodes"] == 3
     assert report["stage_nodes"] == 2 and report["on_head"] == 0  # one stage per GPU node
     assert report["match"] is True
+    assert report["batcher_match"] is True and report["batcher_joins"] >= 1
     # all "nodes" are this host, but the link is chosen by node id: Ray calls, not sockets
     assert report["sockets"] == [False, False]
     assert all(s["sent_ray"] > 0 and s["sent_socket"] == 0 and s["pushed"] == 0
@@ -302,7 +303,7 @@ def test_a_malformed_token_frame_drops_that_connection_only():
 
     inbox = TokenInbox.open(inbox_name("test", uuid.uuid4().hex))
     try:
-        for frame in (struct.pack("<I", 3) + b"\x93\x01\x02",  # a list of 3, not 4
+        for frame in (struct.pack("<I", 3) + b"\x93\x01\x02",  # a list of 3, not 5
                       struct.pack("<I", 18) + b"not msgpack at all",
                       struct.pack("<I", 1 << 31)):  # over the limit
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -310,9 +311,10 @@ def test_a_malformed_token_frame_drops_that_connection_only():
                 s.sendall(frame)
                 assert inbox.columns(1.0) == [] and inbox.ended and not inbox.conns
         outlet = TokenOutlet.connect(inbox.address, "test")
-        assert outlet.send(3, 7, np.array([[5], [6]], dtype=np.int64), True)
-        [(epoch, at, ids, done)] = inbox.columns(5.0)
+        assert outlet.send(3, 7, np.array([[5], [6]], dtype=np.int64), True, [(7, "k", 1, True)])
+        [(epoch, at, ids, done, acks)] = inbox.columns(5.0)
         assert (epoch, at, ids.tolist(), done) == (3, 7, [[5], [6]], True)
+        assert acks == [(7, "k", 1, True)]
         outlet.close()
     finally:
         inbox.close()
@@ -324,7 +326,7 @@ def test_a_malformed_frame_on_a_stage_socket_drops_that_connection_only(llama):
 
     _, address = ray.get(llama.remote.actors[1].address.remote())
     assert address.startswith("\0")  # abstract namespace: no file left behind
-    frames = [struct.pack("<I", 3) + b"\x93\x01\x02",  # a list of 3, not a step's 10
+    frames = [struct.pack("<I", 3) + b"\x93\x01\x02",  # a list of 3, not a step's 12
               struct.pack("<I", 18) + b"not msgpack at all",
               struct.pack("<I", 1 << 31)]  # a length over the limit
     for frame in frames:

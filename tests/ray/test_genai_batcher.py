@@ -1,0 +1,167 @@
+"""Continuous batching on the stage ring (actors/generation/batcher.py): requests join a
+running group in the rows others freed, at its next decode step. Each request's tokens
+are checked against the in-process generator running it alone (itself checked against
+onnxruntime in tests/genai)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import ray
+
+import hetero_exec.genai as og
+from actors.generation.batcher import ContinuousBatcher, wait_all
+from tests.genai._ref import model_path, ort_greedy
+from tests.ray.helpers import eventually
+
+pytestmark = pytest.mark.ray
+
+DEVICES = ["sim-gpu:0", "sim-gpu:1"]
+#: (prompt length, new tokens): shorter and longer than what runs when they join
+SHAPES = [(6, 5), (9, 12), (4, 7), (12, 9), (1, 6), (7, 10), (5, 4)]
+
+_local: dict = {}
+
+
+def _local_model(arch: str) -> og.Model:
+    if arch not in _local:
+        _local[arch] = og.Model(model_path(arch, "optimum"), providers=["sim-gpu"])
+    return _local[arch]
+
+
+def _requests(seed: int, shapes=SHAPES) -> list[tuple[list[int], int]]:
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(3, 256, length).tolist(), new) for length, new in shapes]
+
+
+def _alone(model: og.Model, prompt: list[int], new: int) -> list[int]:
+    params = og.GeneratorParams(model)
+    params.set_search_options(batch_size=1, max_length=len(prompt) + new)
+    with og.Generator(model, params) as gen:
+        gen.append_tokens([prompt])
+        while not gen.is_done():
+            gen.generate_next_token()
+        return [int(t) for t in gen.get_sequence(0)[len(prompt):]]
+
+
+def _cache_free(model: og.Model) -> bool:
+    return all(s["groups"] == 0 and s["reserved_bytes"] == 0 and s["cache_bytes"] == 0
+               for s in model.remote.stats())
+
+
+@pytest.fixture(scope="module")
+def llama(ray_session):
+    model = og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES)
+    yield model
+    model.close()
+
+
+def test_requests_join_a_running_group_with_the_tokens_they_get_alone(llama):
+    reqs = _requests(1)
+    with ContinuousBatcher(llama, slots=2, max_length=64) as batcher:
+        handles = [batcher.submit(p, n) for p, n in reqs]
+        got = wait_all(handles)
+        stats = batcher.stats()
+    assert got == [_alone(_local_model("llama"), p, n) for p, n in reqs]
+    assert [len(g) for g in got] == [n for _, n in reqs]
+    # two rows a group, a group per stage, seven requests: the first four start the two
+    # groups, the others take freed rows
+    assert stats["groups"] >= 2 and stats["joins"] >= 2
+    joined = [h.joined_at for h in handles if h.joined_at is not None]
+    assert len(joined) == stats["joins"] and min(joined) > 12  # after the first prompts
+    assert got[0] == ort_greedy(model_path("llama", "optimum"), [reqs[0][0]], reqs[0][1])[0]
+    assert eventually(lambda: _cache_free(llama))
+
+
+def test_gpt2_and_requests_submitted_while_others_run(ray_session):
+    model = og.Model(model_path("gpt2", "optimum"), executor="ray", stages=2, providers=DEVICES)
+    try:
+        reqs = _requests(2, [(5, 20), (8, 6), (3, 8), (10, 5), (2, 9)])
+        with ContinuousBatcher(model, slots=2, max_length=48) as batcher:
+            first = [batcher.submit(p, n) for p, n in reqs[:2]]
+            stream = first[0].stream(timeout=60)
+            early = [next(stream) for _ in range(3)]  # the group runs; then more come
+            later = [batcher.submit(p, n) for p, n in reqs[2:]]
+            got = wait_all(first + later)
+            assert early == got[0][:3]
+            assert batcher.stats()["joins"] >= 1
+        assert got == [_alone(_local_model("gpt2"), p, n) for p, n in reqs]
+        assert eventually(lambda: _cache_free(model))
+    finally:
+        model.close()
+
+
+def test_eos_frees_a_row_for_the_next_request(llama):
+    reqs = _requests(3, [(6, 12), (8, 12), (5, 6), (7, 6)])
+    local = _local_model("llama")
+    free = _alone(local, *reqs[0])
+    eos = next(t for i, t in enumerate(free) if i >= 2 and t not in free[:i])
+    saved = (llama.eos_token_ids, local.eos_token_ids)
+    llama.eos_token_ids = local.eos_token_ids = [eos]
+    try:  # one group: the third request can only take a freed row
+        with ContinuousBatcher(llama, slots=2, max_length=64, groups_in_flight=1) as batcher:
+            handles = [batcher.submit(p, n) for p, n in reqs]
+            got = wait_all(handles)
+        want = [_alone(local, p, n) for p, n in reqs]
+    finally:
+        llama.eos_token_ids, local.eos_token_ids = saved
+    assert got == want
+    assert got[0][-1] == eos and len(got[0]) < 12  # ended at eos, before its max_new
+    assert handles[2].joined_at is not None  # took the row eos freed
+    assert eventually(lambda: _cache_free(llama))
+
+
+def test_bad_requests_get_typed_errors_and_the_batcher_goes_on(llama):
+    with pytest.raises(og.GenaiError, match='executor="ray"'):
+        ContinuousBatcher(_local_model("llama"))
+    with pytest.raises(og.GenaiError, match="slots must be a positive int"):
+        ContinuousBatcher(llama, slots=0)
+    with pytest.raises(og.GenaiError, match="groups_in_flight must be a positive int"):
+        ContinuousBatcher(llama, groups_in_flight=-1)
+    with ContinuousBatcher(llama, slots=2, max_length=32) as batcher:
+        vocab = llama.vocab_size
+        with pytest.raises(og.GenerationInputError, match="outside the vocabulary"):
+            batcher.submit([5, vocab], 4)
+        with pytest.raises(og.GenerationInputError, match="exceeds max_length 32"):
+            batcher.submit(list(range(3, 30)), 8)
+        with pytest.raises(og.GenerationInputError, match="max_new_tokens must be a positive"):
+            batcher.submit([5, 6], 0)
+        prompt, new = _requests(4, [(5, 6)])[0]
+        assert batcher.submit(prompt, new).result(60) == _alone(_local_model("llama"), prompt, new)
+    assert eventually(lambda: _cache_free(llama))
+
+
+def test_closing_with_requests_queued_fails_them_and_frees_the_cache(llama):
+    batcher = ContinuousBatcher(llama, slots=1, max_length=64)
+    handles = [batcher.submit(p, 40) for p, _ in _requests(5, [(6, 0), (6, 0), (6, 0)])]
+    next(handles[0].stream(timeout=60))  # the first group runs
+    batcher.close()
+    for h in handles:
+        assert h.done
+    assert any(isinstance(h.error, og.GenaiError) for h in handles)
+    with pytest.raises(og.GenaiError, match="closed"):
+        batcher.submit([5, 6], 2)
+    assert eventually(lambda: _cache_free(llama))
+
+
+def test_a_stage_killed_mid_batching_loses_no_request(ray_session):
+    model = og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES,
+                     max_replays=2)
+    try:
+        reqs = _requests(6, [(6, 30), (9, 24), (4, 30), (7, 20), (5, 26), (8, 16)])
+        want = [_alone(_local_model("llama"), p, n) for p, n in reqs]
+        with ContinuousBatcher(model, slots=2, max_length=96) as batcher:
+            handles = [batcher.submit(p, n) for p, n in reqs]
+            stream = handles[0].stream(timeout=60)
+            for _ in range(4):
+                next(stream)
+            before = list(model.remote.incarnations)
+            ray.kill(model.remote.actors[1], no_restart=False)  # Ray restarts it
+            got = wait_all(handles)
+            replays = batcher.stats()["replays"]
+        assert got == want
+        assert model.remote.incarnations[1] != before[1]
+        assert 1 <= replays <= 2  # the group running at the kill went on from a prefill
+        assert eventually(lambda: _cache_free(model))
+    finally:
+        model.close()
