@@ -116,6 +116,40 @@ def tokens_per_s(model, prompts: list[np.ndarray], new: int, in_flight: bool) ->
     return total / (time.perf_counter() - t0)
 
 
+def batcher_tokens_per_s(model, requests: list[tuple[np.ndarray, int]], slots: int
+                         ) -> tuple[float, dict]:
+    """Tokens/s of ``requests`` ((prompt [1, n], new tokens)) submitted at once to a
+    ContinuousBatcher of ``slots`` rows (continuous batching on the stage ring)."""
+    from actors.generation.batcher import ContinuousBatcher, wait_all
+
+    cap = max(r.shape[1] + n for r, n in requests) + max(n for _, n in requests)
+    with ContinuousBatcher(model, slots=slots, max_length=cap) as batcher:
+        t0 = time.perf_counter()
+        handles = [batcher.submit(r[0], n) for r, n in requests]
+        total = sum(len(t) for t in wait_all(handles, timeout=600))
+        took = time.perf_counter() - t0
+        return total / took, batcher.stats()
+
+
+def alone_tokens_per_s(model, requests: list[tuple[np.ndarray, int]], batch: int = 1) -> float:
+    """Tokens/s of ``requests`` in process, ``batch`` at a time (batch 1: one after another)."""
+    t0, total = time.perf_counter(), 0
+    for k in range(0, len(requests), batch):
+        part = requests[k:k + batch]
+        new = max(n for _, n in part)
+        params = hg.GeneratorParams(model)
+        params.set_search_options(batch_size=len(part),
+                                  max_length=max(r.shape[1] for r, _ in part) + new)
+        with hg.Generator(model, params) as gen:
+            gen.append_tokens([list(r[0]) for r, _ in part])
+            for _ in range(new):
+                if gen.is_done():
+                    break
+                gen.generate_next_token()
+        total += sum(n for _, n in part)
+    return total / (time.perf_counter() - t0)
+
+
 class _Echo:
     """A bare ring member: what a step costs in Ray alone (an async actor calling the next)."""
 
@@ -168,7 +202,7 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
     print(f"{'model':14} {'P':>4} {'ray 2 stages':>12} {'ray calls':>9} {'in process':>10} "
           f"{'ort loop':>9} {'ray/in-proc':>11} {'calls/in-proc':>13}   (decode ms per token, "
           f"batch 1, medians of {args.rounds}; 'ray calls': stage_link=\"ray\")")
-    throughput = []
+    throughput, batching = [], []
     try:
         for name in names:
             path = os.path.join(models_dir, f"{name}.onnx")
@@ -224,6 +258,17 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
                       f"stage#{k} {(a[0] - b[0]) / wall:.2f} / {(a[1] - b[1]) / wall:.2f}"
                       for k, (a, b) in enumerate(zip([_sched_s(p) for p in pids], before))),
                   flush=True)
+            # continuous batching: 8 requests of different lengths sharing 4 rows
+            requests = [(prompt_rows(1, 32) + i, args.new // 2 + i * args.new // 8)
+                        for i in range(8)]
+            cb, alone, static, st = [], [], [], {}
+            for _ in range(args.rounds):
+                tps, st = batcher_tokens_per_s(remote1, requests, slots=4)
+                cb.append(tps)
+                alone.append(alone_tokens_per_s(local1, requests))
+                static.append(alone_tokens_per_s(local1, requests, batch=4))
+            batching.append((name, statistics.median(cb), statistics.median(alone),
+                             statistics.median(static), st))
             remote1.close()
             throughput.append((name, "1 thread per stage", "1 thread",
                                statistics.median(r), statistics.median(lo_)))
@@ -241,6 +286,13 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
             print(f"{name:14} 4 groups in flight, {ours}: ray {r:7.1f} tok/s, "
                   f"in process ({theirs}, one after another) {lo_:7.1f} tok/s: {r / lo_:.2f}x",
                   flush=True)
+        for name, cb, alone, static, st in batching:
+            print(f"{name:14} continuous batching, 8 requests ({args.new // 2}-"
+                  f"{args.new // 2 + 7 * args.new // 8} new tokens) in 4 rows on two "
+                  f"single-threaded stages: {cb:7.1f} tok/s ({st['groups']} groups, "
+                  f"{st['joins']} joins); in process, 1 thread: one after another "
+                  f"{alone:7.1f} tok/s ({cb / alone:.2f}x), "
+                  f"batches of 4 {static:7.1f} tok/s ({cb / static:.2f}x)", flush=True)
     finally:
         if ray.is_initialized():
             ray.shutdown()
