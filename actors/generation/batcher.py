@@ -57,7 +57,16 @@ class BatchRequest:
         self.joined_at: int | None = None  # the column of its first token, when it joined
         self.error: BaseException | None = None
         self.done = False
+        self.cancelled = False
         self._cond = threading.Condition()
+
+    def cancel(self) -> None:
+        """Stop it (its caller went away): its row is freed at the group's next column,
+        or it leaves the queue."""
+        with self._cond:
+            self.cancelled = True
+        if not self.done:
+            self._finish(GenaiError(f"request {self.key} was cancelled"))
 
     def _push(self, token: int) -> None:
         with self._cond:
@@ -234,6 +243,10 @@ class ContinuousBatcher:
 
     def _joinable(self) -> bool:
         """Whether a running group has a row free for the next queued request."""
+        while self._queue and self._queue[0].cancelled:
+            self._queue.popleft()
+        if not self._queue:
+            return True  # nothing to start a group for
         req = self._queue[0]
         for g in self._groups:
             taken = {row for _req, row, _e in g.joining.values()}
@@ -249,6 +262,9 @@ class ContinuousBatcher:
     def _start_group(self) -> None:
         with self._cond:
             take = [self._queue.popleft() for _ in range(min(self.slots, len(self._queue)))]
+        take = [r for r in take if not r.cancelled]
+        if not take:
+            return
         try:
             g = _BatchGroup(self, self.params)
         except BaseException as e:
@@ -303,6 +319,9 @@ class ContinuousBatcher:
 
     def _dispatch(self, g: _BatchGroup, column: int) -> None:
         for r, req in enumerate(g.rows):
+            if req is not None and req.cancelled:
+                g.rows[r] = None  # free for the next request
+                continue
             if req is None or column < g.first[r]:
                 continue
             token = int(g._ids[r, column])
@@ -317,6 +336,10 @@ class ContinuousBatcher:
         free = [r for r in range(self.slots) if g.rows[r] is None and r not in taken]
         while free:
             with self._cond:
+                if not self._queue:
+                    return
+                while self._queue and self._queue[0].cancelled:
+                    self._queue.popleft()
                 if not self._queue:
                     return
                 req = self._queue[0]
