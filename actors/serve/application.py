@@ -25,7 +25,8 @@ LARGE_MODEL_BYTES = 64 << 20
 #: `build_app`'s own keywords; the others it takes are session options
 BUILD_KEYWORDS = ("name", "num_replicas", "autoscaling_config", "max_batch_size",
                   "batch_wait_timeout_s", "max_request_bytes", "max_ongoing_requests",
-                  "access_log", "num_cpus", "max_concurrent_runs", "generate")
+                  "access_log", "num_cpus", "max_concurrent_runs", "generate", "batch_slots",
+                  "batch_max_length")
 
 
 def build_app(
@@ -43,6 +44,8 @@ def build_app(
     num_cpus: float = 1,
     max_concurrent_runs: int | None = None,
     generate: bool | None = None,
+    batch_slots: int = 4,
+    batch_max_length: int = 1024,
     **session_options: Any,
 ) -> Any:
     """A Serve application serving ``model`` over the Open Inference Protocol.
@@ -62,6 +65,9 @@ def build_app(
     extension (`actors.serve.generation`); None (the default) does so when ``model`` is
     a path to a decoder (`decoder_file`: a genai folder, or an ``.onnx`` with a
     key/value cache), True insists (ValueError otherwise), False serves ``/infer``.
+    ``batch_slots``, ``batch_max_length``: a decoder on stage actors (``executor="ray"``)
+    serves greedy requests by continuous batching, groups of ``batch_slots`` rows of
+    up to ``batch_max_length`` tokens (0 slots: a Generator a request).
     Building plans the model here; deploying it needs Ray Serve:
 
     >>> serve.run(build_app("mlp.onnx", providers=["cpu"]))  # doctest: +SKIP
@@ -74,6 +80,11 @@ def build_app(
         log.warning("a %d MB model given as bytes travels in the deployment's config "
                     "through Ray's GCS (512 MB a message, every app together): pass a path "
                     "readable where the replicas run", len(model) >> 20)
+    if isinstance(batch_slots, bool) or not isinstance(batch_slots, int) or batch_slots < 0:
+        raise ValueError(f"batch_slots must be an int >= 0, got {batch_slots!r}")
+    if isinstance(batch_max_length, bool) or not isinstance(batch_max_length, int) \
+            or batch_max_length < 2:
+        raise ValueError(f"batch_max_length must be an int >= 2, got {batch_max_length!r}")
     if max_concurrent_runs is not None and int(max_concurrent_runs) < 1:
         raise ValueError(f"max_concurrent_runs must be at least 1, got {max_concurrent_runs!r}")
     decoder = decoder_file(model) if generate is not False else None
@@ -81,11 +92,13 @@ def build_app(
         raise ValueError(f"generate=True, but {model!r:.80} is not a path to a decoder (a "
                          "genai folder, or an .onnx with key/value cache inputs and outputs)")
     name = name or model_name(model)
-    res = replica_resources(decoder or model, providers, session_options, num_cpus)
+    res = replica_resources(decoder or model, providers, session_options, num_cpus,
+                            generation=decoder is not None)
     spec = ServeSpec(model, list(providers) if providers is not None else None, name,
                      int(max_batch_size), float(batch_wait_timeout_s), int(max_request_bytes),
                      res.session_options,
-                     int(max_concurrent_runs) if max_concurrent_runs else None)
+                     int(max_concurrent_runs) if max_concurrent_runs else None,
+                     batch_slots=batch_slots, batch_max_length=batch_max_length)
     options: dict[str, Any] = {
         "name": name, "ray_actor_options": res.ray_actor_options,
         "max_ongoing_requests": max_ongoing_requests or max(64, 2 * int(max_batch_size)),

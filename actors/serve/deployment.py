@@ -50,6 +50,10 @@ class ServeSpec:
     #: session runs in flight at once (None: 1 for a plan the replica runs itself, 4
     #: for one on pipelined stage actors); requests beyond wait and are batched
     max_concurrent_runs: int | None = None
+    #: generation on stage actors: rows a running group shares (0: a Generator a
+    #: request), and the longest prompt + max_tokens a group holds
+    batch_slots: int = 4
+    batch_max_length: int = 1024
 
 
 class HeteroModel:

@@ -3,12 +3,18 @@
 
 Every request gets its own Generator (`TokenStream`), admitted against the model's
 cache budget before its first token; the replica's requests share the model (its
-session, and its pipeline when it runs on stage actors). Steps run on the replica's
-pool, one step a job, so concurrent streams take turns token by token (one thread
-for a model the replica runs itself, as its inference runs are; 4 for one on stage
-actors). A request that ends, fails, or whose client goes away closes its generator,
-which returns its cache reservation. Uses the public genai API only (Model,
-GeneratorParams, Generator, Tokenizer), so it serves what that API runs.
+session, and its pipeline when it runs on stage actors). On stage actors
+(``executor="ray"``), greedy requests share running groups instead
+(`BatchedStream`: continuous batching, `actors.generation.batcher`): a request takes a
+row another freed at the group's next step, ``batch_slots`` rows a group; a sampling
+request (its tokens would depend on its group's other rows), one longer than
+``batch_max_length``, or a decoder the batcher cannot take gets its own Generator.
+Steps run on the replica's pool, one step a job, so concurrent streams take turns
+token by token (one thread for a model the replica runs itself, as its inference runs
+are; 4 for one on stage actors). A request that ends, fails, or whose client goes away
+closes its generator (or leaves its row), which returns its cache reservation. Uses
+the public genai API (Model, GeneratorParams, Generator, Tokenizer), and the batcher
+for stage actors.
 """
 
 from __future__ import annotations
@@ -31,6 +37,21 @@ log = logging.getLogger(__name__)
 #: prompt + max_tokens at most when the model names no context length (the cache is
 #: allocated at that capacity: without a bound one request could take the host's memory)
 UNCONFIGURED_MAX_LENGTH = 1 << 15
+#: distinct search options with a batcher of their own (more get a Generator a request)
+MAX_BATCHERS = 8
+
+
+def _no_batching(model: Any, slots: int) -> str:
+    """Why ``model``'s greedy requests get a Generator each ("" when they share groups)."""
+    if not slots:
+        return "batch_slots=0"
+    if getattr(model, "remote", None) is None:
+        return "the model runs in the replica (continuous batching is the stage actors')"
+    if any(e.mode == "shared" for e in model.layout.entries):
+        return "its attention op keeps its own cache buffer"
+    if not model.layout.attention_mask:
+        return "it has no attention_mask input"
+    return ""
 
 
 class TokenStream:
@@ -79,6 +100,45 @@ class TokenStream:
                 self._gen.close()
 
 
+class BatchedStream:
+    """One request in a `ContinuousBatcher`'s group: `TokenStream`'s interface. `start`
+    waits for the first token, so a refusal (the group's admission) raises before any
+    answer is sent."""
+
+    def __init__(self, batcher: Any, prompt: list[int], max_tokens: int, eos: set[int]):
+        self.batcher, self.prompt, self.max_tokens, self.eos = batcher, prompt, max_tokens, eos
+        self.made = 0
+        self.finish_reason: str | None = None
+        self.released = False
+        self._req: Any = None
+        self._tokens: Any = None
+        self._first: int | None = None
+
+    def start(self) -> None:
+        if self.max_tokens == 0:
+            self.finish_reason = "length"
+            return
+        self._req = self.batcher.submit(self.prompt, self.max_tokens)
+        self._tokens = self._req.stream()
+        self._first = next(self._tokens)
+
+    def step(self) -> int:
+        if self._first is not None:
+            token, self._first = self._first, None
+        else:
+            token = next(self._tokens)
+        self.made += 1
+        if token in self.eos:
+            self.finish_reason = "eos"
+        elif self.made >= self.max_tokens:
+            self.finish_reason = "length"
+        return token
+
+    def close(self) -> None:
+        if self._req is not None and not self._req.done:
+            self._req.cancel()  # its row goes to the next request
+
+
 def opened(model: Any, prompt: list[int], max_tokens: int, search: dict[str, Any]) -> TokenStream:
     """A stream admitted and prefilled (one job on the pool), or closed and raised."""
     stream = TokenStream(model, prompt, max_tokens, search)
@@ -98,16 +158,24 @@ def _close_if_opened(job: concurrent.futures.Future) -> None:
 class GenerationCounts:
     """Requests and tokens answered, as the stats route reports them."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, batchers: dict[tuple, Any] | None = None):
         self.model = model
+        self.batchers = batchers if batchers is not None else {}
         self.requests = self.tokens = self.active = self.refused = 0
 
     def stats(self, name: str) -> dict[str, Any]:
-        return {"model_stats": [{"name": name, "version": MODEL_VERSION,
-                                 "request_count": self.requests,
-                                 "generated_tokens": self.tokens}],
-                "generation": {"active_streams": self.active, "refused": self.refused,
-                               "reserved_bytes": self.model.reserved_bytes()}}
+        out = {"model_stats": [{"name": name, "version": MODEL_VERSION,
+                                "request_count": self.requests,
+                                "generated_tokens": self.tokens}],
+               "generation": {"active_streams": self.active, "refused": self.refused,
+                              "reserved_bytes": reserved_bytes(self.model)}}
+        if self.batchers:  # continuous batching: groups started, requests that joined one
+            totals: dict[str, int] = {}
+            for b in list(self.batchers.values()):
+                for k, v in b.stats().items():
+                    totals[k] = totals.get(k, 0) + v
+            out["generation"]["batching"] = totals
+        return out
 
 
 class GenerativeModel:
@@ -129,13 +197,16 @@ class GenerativeModel:
         except og.GenaiError as e:  # no tokenizer.json, or no tokenizers package
             self.no_tokenizer = str(e)
         runners = spec.max_concurrent_runs or (
-            4 if self.model.session.options.executor == "ray" else 1)
+            4 if self.model.remote is not None
+            or self.model.session.options.executor == "ray" else 1)
         self.pool = concurrent.futures.ThreadPoolExecutor(runners,
                                                           thread_name_prefix="hetero-generate")
-        self.counts = GenerationCounts(self.model)
+        self.batchers: dict[tuple, Any] = {}  # search options -> ContinuousBatcher
+        self.counts = GenerationCounts(self.model, self.batchers)
+        self.no_batching = _no_batching(self.model, spec.batch_slots)
         self.metadata = generation_metadata(self)
         log.info("serving decoder %s on %s (tokenizer: %s)", self.name,
-                 ", ".join(self.model.session.get_providers()), self.tokenizer is not None)
+                 ", ".join(providers(self.model)), self.tokenizer is not None)
 
     async def __call__(self, request: Any) -> Any:
         from starlette.responses import Response
@@ -178,7 +249,13 @@ class GenerativeModel:
                      "context_length")
             raise ProtocolError(f"{len(prompt)} prompt tokens + max_tokens {req.max_tokens} "
                                 f"exceed {whose} {limit}")
-        job = self.pool.submit(opened, self.model, prompt, req.max_tokens, req.search)
+        batcher = self._batcher(prompt, req)
+        if batcher is not None:
+            stream: Any = BatchedStream(batcher, prompt, req.max_tokens,
+                                        set(self.model.eos_token_ids or ()))
+            job = self.pool.submit(lambda: (stream.start(), stream)[1])
+        else:
+            job = self.pool.submit(opened, self.model, prompt, req.max_tokens, req.search)
         try:
             stream = await asyncio.wrap_future(job)
         except asyncio.CancelledError:  # the client went away while its stream opened
@@ -186,6 +263,24 @@ class GenerativeModel:
             raise
         self.counts.active += 1
         return stream
+
+    def _batcher(self, prompt: list[int], req: GenerateRequest) -> Any:
+        """The running batcher for ``req``'s search options, or None when it gets a
+        Generator of its own (see the module docstring)."""
+        if self.no_batching or req.max_tokens == 0 or req.search.get("do_sample") \
+                or len(prompt) + req.max_tokens > self.spec.batch_max_length:
+            return None
+        key = tuple(sorted(req.search.items()))
+        batcher = self.batchers.get(key)
+        if batcher is None:
+            if len(self.batchers) >= MAX_BATCHERS:
+                return None
+            from actors.generation.batcher import ContinuousBatcher
+
+            batcher = self.batchers[key] = ContinuousBatcher(  # SearchOptionError here
+                self.model, slots=self.spec.batch_slots,
+                max_length=self.spec.batch_max_length, **req.search)
+        return batcher
 
     async def tokens(self, stream: TokenStream) -> AsyncIterator[int]:
         """The stream's tokens as they are made; its generator is closed when they end,
@@ -223,9 +318,31 @@ class GenerativeModel:
         return out
 
     def __del__(self) -> None:
+        for batcher in list(getattr(self, "batchers", {}).values()):
+            batcher.close(timeout=2.0)
         pool = getattr(self, "pool", None)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+        model = getattr(self, "model", None)
+        if getattr(model, "remote", None) is not None:
+            model.close()  # the stage actors and their placement group go with the replica
+
+
+def providers(model: Any) -> list[str]:
+    """Where ``model`` runs: its session's providers, or its stages' devices."""
+    if model.remote is not None:
+        return list(model.remote.devices)
+    return list(model.session.get_providers())
+
+
+def reserved_bytes(model: Any) -> dict[str, int]:
+    """Cache bytes reserved, by provider in process, by stage (named as a stage's
+    CacheAdmissionError names it) on stage actors."""
+    if model.remote is None:
+        return model.reserved_bytes()
+    stats = model.remote.stats()
+    return {f"{s['stage']} ({d})": int(s["reserved_bytes"])
+            for s, d in zip(stats, model.remote.devices) if s["reserved_bytes"]}
 
 
 def generation_metadata(server: GenerativeModel) -> dict[str, Any]:
@@ -238,7 +355,14 @@ def generation_metadata(server: GenerativeModel) -> dict[str, Any]:
     if text:
         inputs.append({"name": "text_input", "datatype": "BYTES", "shape": [1]})
         outputs.append({"name": "text_output", "datatype": "BYTES", "shape": [1]})
-    plan = s.placement
+    if s is None:  # on stage actors
+        placement: dict[str, Any] = {
+            "providers": providers(model), "heterogeneous": False,
+            "stages": [{"stage": f"stage#{p.index}", "layers": list(p.layers), "device": d}
+                       for p, d in zip(model.remote.parts, model.remote.devices)]}
+    else:
+        placement = {"providers": s.get_providers(), "heterogeneous": s.is_heterogeneous,
+                     "report": s.placement.report() if s.placement is not None else None}
     return {
         "name": server.name, "versions": [MODEL_VERSION], "platform": "hetero_exec_genai",
         "inputs": inputs, "outputs": outputs,
@@ -246,9 +370,12 @@ def generation_metadata(server: GenerativeModel) -> dict[str, Any]:
                        "vocab_size": model.vocab_size, "context_length": model.context_length,
                        "eos_token_ids": list(model.eos_token_ids or ()),
                        "tokenizer": text, "routes": ["generate", "generate_stream"],
-                       "cache_providers": sorted({p.name for p in model.cache_providers.values()})},
-        "placement": {"providers": s.get_providers(), "heterogeneous": s.is_heterogeneous,
-                      "report": plan.report() if plan is not None else None},
+                       "continuous_batching": server.no_batching or {
+                           "slots": server.spec.batch_slots,
+                           "max_length": server.spec.batch_max_length},
+                       "cache_providers": sorted({p.name for p in model.cache_providers.values()}
+                                                 or providers(model))},
+        "placement": placement,
     }
 
 

@@ -30,7 +30,8 @@ class ReplicaResources:
 
 
 def replica_resources(model: Any, providers: Sequence[Any] | None,
-                      session_options: Mapping[str, Any], num_cpus: float = 1) -> ReplicaResources:
+                      session_options: Mapping[str, Any], num_cpus: float = 1,
+                      generation: bool = False) -> ReplicaResources:
     """A replica's resources from its plan.
 
     A mixed plan of several pipeline stages (or any plan with ``executor="ray"``) runs on
@@ -47,6 +48,11 @@ def replica_resources(model: Any, providers: Sequence[Any] | None,
     ({'num_cpus': 2, 'num_gpus': 1}, None, {'intra_op_num_threads': 2})
     """
     opts = dict(session_options)
+    if generation and opts.get("executor") == "ray":
+        # a decoder split over generation stages (``stages``: layers, not segments): its
+        # genai Model starts the stage actors from the replica, in a placement group of
+        # its own, and closes them with the replica (`GenerativeModel.__del__`)
+        return ReplicaResources({"num_cpus": num_cpus, "num_gpus": 0}, None, opts)
     devices, segments = plan_devices(model, providers, opts)
     executor = opts.get("executor")
     if executor == "ray" or (executor is None and segments > 1):

@@ -1,0 +1,151 @@
+"""Triton's generate extension served from a decoder split over stage actors
+(``executor="ray"``, two stages on sim-gpu:0 and sim-gpu:1, started by the replica):
+greedy requests share running groups (continuous batching, actors/generation/batcher.py),
+driven over real HTTP on 127.0.0.1; tokens checked against onnxruntime's greedy loop."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+
+import pytest
+
+from actors.serve.generate_request import parse_sse
+from tests.genai._ref import model_path, ort_greedy, prompts
+from tests.ray.helpers import eventually, free_port
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+
+LLAMA = model_path("llama", "optimum")
+ROUTE = "/stages/v2/models/stages"
+
+
+@pytest.fixture(scope="module")
+def server(ray_session):
+    from ray import serve
+
+    from actors.serve import build_app
+
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        serve.run(build_app(LLAMA, name="stages", num_cpus=0.25, executor="ray", stages=2,
+                            providers=["sim-gpu:0", "sim-gpu:1"], batch_slots=2,
+                            batch_max_length=64),
+                  name="stages", route_prefix="/stages")
+        yield port
+    finally:
+        serve.shutdown()
+    # the replica started the stage actors: they and their placement group went with it
+    assert eventually(lambda: not _stage_actors(), 60)
+
+
+def _stage_actors() -> list:
+    import ray
+
+    return [a for a in ray._private.state.actors().values()
+            if a["State"] != "DEAD" and a["ActorClassName"] == "GenerationStage"]
+
+
+def _post(port: int, path: str, body, method: str = "POST") -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        conn.request(method, path, data if method == "POST" else None,
+                     {"content-type": "application/json"})
+        r = conn.getresponse()
+        return r.status, json.loads(r.read())
+    finally:
+        conn.close()
+
+
+def _stream(port: int, body: dict) -> list[int]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        conn.request("POST", f"{ROUTE}/generate_stream", json.dumps(body).encode(),
+                     {"content-type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200, r.read()
+        return [e["output_ids"][0] for e in parse_sse(r)]
+    finally:
+        conn.close()
+
+
+def _generation(port: int) -> dict:
+    status, body = _post(port, f"{ROUTE}/stats", b"", method="GET")
+    assert status == 200
+    return body["generation"]
+
+
+def test_concurrent_streams_share_groups_with_their_own_tokens(server):
+    rows = [[int(t) for t in r] for r in prompts(3, seed=21)] + \
+        [[int(t) for t in r] for r in prompts(3, seed=22)]
+    news = [6, 14, 9, 11, 5, 8]
+    want = [ort_greedy(LLAMA, [r], n)[0] for r, n in zip(rows, news)]
+    got: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            got[i] = _stream(server, {"input_ids": rows[i], "max_tokens": news[i]})
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(rows))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    assert [got[i] for i in range(len(rows))] == want
+    batching = _generation(server)["batching"]
+    # six streams, two rows a group, a group per stage: some joined a running group
+    assert batching["groups"] >= 1 and batching["joins"] >= 1
+    _, meta = _post(server, f"{ROUTE}", b"", method="GET")
+    assert meta["generation"]["continuous_batching"] == {"slots": 2, "max_length": 64}
+    assert [s["device"] for s in meta["placement"]["stages"]] == ["sim-gpu:0", "sim-gpu:1"]
+    assert len(_stage_actors()) == 2
+
+
+def test_sampling_and_long_requests_get_a_generator_of_their_own(server):
+    prompt = [int(t) for t in prompts(1, seed=23)[0]]
+    before = _generation(server).get("batching")
+    status, body = _post(server, f"{ROUTE}/generate",
+                         {"input_ids": prompt, "max_tokens": 5, "do_sample": True,
+                          "random_seed": 3, "top_k": 4})
+    assert status == 200 and len(body["output_ids"]) == 5
+    status, body = _post(server, f"{ROUTE}/generate", {"input_ids": prompt, "max_tokens": 60})
+    assert status == 200  # 12 + 60 tokens: more than a group holds (64)
+    assert body["output_ids"] == ort_greedy(LLAMA, [prompt], 60)[0]
+    assert _generation(server).get("batching") == before  # neither went through the batcher
+
+
+def test_a_client_gone_mid_stream_frees_its_row(server):
+    prompt = [int(t) for t in prompts(1, seed=24)[0]]
+    conn = http.client.HTTPConnection("127.0.0.1", server, timeout=120)
+    conn.request("POST", f"{ROUTE}/generate_stream",
+                 json.dumps({"input_ids": prompt, "max_tokens": 50}).encode())
+    sock = conn.sock
+    r = conn.getresponse()
+    assert r.status == 200
+    events = parse_sse(r)
+    assert [next(events)["output_ids"][0] for _ in range(2)] == ort_greedy(LLAMA, [prompt], 2)[0]
+    sock.shutdown(socket.SHUT_RDWR)
+    r.close()
+    conn.close()
+    assert eventually(lambda: _generation(server)["active_streams"] == 0, 60)
+    status, body = _post(server, f"{ROUTE}/generate", {"input_ids": prompt, "max_tokens": 4})
+    assert status == 200 and body["output_ids"] == ort_greedy(LLAMA, [prompt], 4)[0]
+
+
+def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
+    status, body = _post(server, f"{ROUTE}/generate", {"input_ids": [5, 10 ** 6], "max_tokens": 3})
+    assert status == 400 and "vocabulary" in body["error"]
+    status, body = _post(server, f"{ROUTE}/generate", {"input_ids": [5, 6], "max_tokens": 3,
+                                                       "temperature": -1.0})
+    assert status == 400 and "temperature" in body["error"]
+    prompt = [int(t) for t in prompts(1, seed=25)[0]]
+    status, body = _post(server, f"{ROUTE}/generate", {"input_ids": prompt, "max_tokens": 3})
+    assert status == 200 and body["output_ids"] == ort_greedy(LLAMA, [prompt], 3)[0]
