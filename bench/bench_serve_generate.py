@@ -155,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--streams", default="1,8", help="concurrent streams")
     ap.add_argument("--json", help="write every round's figures here")
+    ap.add_argument("--stages", type=int, default=0,
+                    help="also serve the model split over this many stage actors on "
+                         "sim-gpu:0.. (executor=\"ray\"): 'stages' with continuous batching "
+                         "(4 rows a group), 'stages-1by1' with a generator a request")
     args = ap.parse_args(argv)
     env = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     os.environ.update(env)  # before numpy loads its BLAS
@@ -188,11 +192,22 @@ def main(argv: list[str] | None = None) -> int:
     app = build_app(args.model, name="gen", num_cpus=1)
     serve.run(app, name="gen", route_prefix="/gen")
     path = "/gen/v2/models/gen/generate_stream"
+    apps = {"serve": path}
+    if args.stages:
+        devices = [f"sim-gpu:{i}" for i in range(args.stages)]
+        for label, slots in (("stages", 4), ("stages-1by1", 0)):
+            serve.run(build_app(args.model, name=label, num_cpus=0.25, executor="ray",
+                                stages=args.stages, providers=devices, batch_slots=slots,
+                                batch_max_length=4 * (args.prompt + args.new)),
+                      name=label, route_prefix=f"/{label}")
+            apps[label] = f"/{label}/v2/models/{label}/generate_stream"
     try:
         want = {i: timed_tokens(targets["in-process"], p, args.new)[0]
                 for i, p in enumerate(prompts)}
         for i, p in enumerate(prompts[:2]):  # warm up, and check every target's tokens
-            assert http_stream(port, path, p, args.new)[0] == want[i], "serve's tokens differ"
+            for label, route in apps.items():
+                assert http_stream(port, route, p, args.new)[0] == want[i], \
+                    f"{label}'s tokens differ"
             for name, make in targets.items():
                 got = timed_tokens(make, p, args.new)[0]
                 if got != want[i]:
@@ -204,13 +219,14 @@ def main(argv: list[str] | None = None) -> int:
                 row[f"{name}@1"] = figures([timed_tokens(make, p, args.new) for p in prompts[:4]])
                 for n in levels[1:]:
                     row[f"{name}@{n}"] = figures(round_robin(make, prompts[:n], args.new))
-            for n in levels:
-                runs = []
-                for _ in range(max(1, 4 // n)):  # at least 4 streams a figure
-                    runs += concurrently(lambda p: http_stream(port, path, p, args.new),
-                                         prompts[:n])
-                assert all(t == want[i % n] for i, (t, _) in enumerate(runs))
-                row[f"serve@{n}"] = figures(runs)
+            for label, route in apps.items():
+                for n in levels:
+                    runs = []
+                    for _ in range(max(1, 4 // n)):  # at least 4 streams a figure
+                        runs += concurrently(lambda p: http_stream(port, route, p, args.new),
+                                             prompts[:n])
+                    assert all(t == want[i % n] for i, (t, _) in enumerate(runs))
+                    row[f"{label}@{n}"] = figures(runs)
             rounds.append(row)
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     finally:
