@@ -102,6 +102,8 @@ class BatchRequest:
 class _BatchGroup(RemoteGenerator):
     """A group whose rows the batcher hands out; learns of joins from the acks."""
 
+    batched = True
+
     def __init__(self, batcher: "ContinuousBatcher", params: Any):
         super().__init__(batcher.model, params, batcher.capacity)
         self.batcher = batcher
@@ -228,8 +230,11 @@ class ContinuousBatcher:
                 self._cond.wait_for(lambda: self._queue or self._groups or self._closed)
                 if self._closed:
                     break
-                start = bool(self._queue) and len(self._groups) < self.groups_in_flight \
-                    and not self._joinable()
+                start = bool(self._queue) and not self._joinable() and (
+                    len(self._groups) < self.groups_in_flight
+                    # every running group is too far along for the next request ever to
+                    # fit: a new one starts beside them while they drain
+                    or (len(self._groups) < 2 * self.groups_in_flight and self._aged()))
             try:
                 if start:
                     self._start_group()
@@ -254,6 +259,10 @@ class ContinuousBatcher:
                     and self._fits(g, req):
                 return True
         return False
+
+    def _aged(self) -> bool:
+        req = self._queue[0]
+        return all(g._got + req.max_new > self.capacity for g in self._groups)
 
     def _fits(self, g: _BatchGroup, req: BatchRequest) -> bool:
         return getattr(req, "refused_by", "") != g.gid and not g._finished \

@@ -33,6 +33,7 @@ POLL_S = 1.0
 
 
 class RemoteGenerator(TokenRows):
+    batched = False  # a batcher's group (batcher.py) is not ended by its rows' eos
     def __init__(self, model: Any, params: Any, capacity: int):
         from hetero_exec.genai.search import SearchOptions
 
@@ -73,7 +74,8 @@ class RemoteGenerator(TokenRows):
         if self._inbox is not None:
             inbox = (ray.get_runtime_context().get_node_id(), self._inbox.address)
         return GroupSpec(self.batch, self.capacity, self._pad, self._start.copy(),
-                         dict(vars(self.options)), tuple(int(e) for e in self._eos), inbox)
+                         dict(vars(self.options)), tuple(int(e) for e in self._eos), inbox,
+                         batched=self.batched)
 
     def _open(self, epoch: int) -> None:
         self._pushing = self.decoder.open(self.gid, self._spec(), epoch)

@@ -33,6 +33,9 @@ class GroupSpec:
     eos: tuple[int, ...] = ()
     #: (node id, address) of the driver's token socket (`inbox.py`), or None: it polls
     inbox: tuple[str, str] | None = None
+    #: a batcher's group (batcher.py): it runs until its capacity or the driver closes
+    #: it, not when every row has ended (a request may be joining a freed row)
+    batched: bool = False
 
 
 @dataclass
@@ -245,4 +248,6 @@ class StageGroup:
         return at
 
     def done(self) -> bool:
+        if self.spec.batched:
+            return self.length >= self.capacity
         return self.length >= self.capacity or bool((self.end >= 0).all())

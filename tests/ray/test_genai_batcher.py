@@ -67,8 +67,9 @@ def test_requests_join_a_running_group_with_the_tokens_they_get_alone(llama):
     # two rows a group, a group per stage, seven requests: the first four start the two
     # groups, the others take freed rows
     assert stats["groups"] >= 2 and stats["joins"] >= 2
-    joined = [h.joined_at for h in handles if h.joined_at is not None]
-    assert len(joined) == stats["joins"] and min(joined) > 12  # after the first prompts
+    joined = [(h.joined_at, len(p)) for h, (p, _) in zip(handles, reqs) if h.joined_at]
+    assert len(joined) == stats["joins"]
+    assert all(at >= n for at, n in joined)  # its prompt fits left of its first token
     assert got[0] == ort_greedy(model_path("llama", "optimum"), [reqs[0][0]], reqs[0][1])[0]
     assert eventually(lambda: _cache_free(llama))
 
@@ -92,10 +93,17 @@ def test_gpt2_and_requests_submitted_while_others_run(ray_session):
 
 
 def test_eos_frees_a_row_for_the_next_request(llama):
-    reqs = _requests(3, [(6, 12), (8, 12), (5, 6), (7, 6)])
     local = _local_model("llama")
-    free = _alone(local, *reqs[0])
-    eos = next(t for i, t in enumerate(free) if i >= 2 and t not in free[:i])
+    # an eos that only the first request makes (at its third token or later): the
+    # second runs on, so its group does, and the third request takes the freed row
+    for seed in range(3, 40):
+        reqs = _requests(seed, [(6, 12), (8, 12), (5, 6), (7, 6)])
+        free = [_alone(local, p, n) for p, n in reqs]
+        others = {t for f in free[1:] for t in f}
+        eos = next((t for i, t in enumerate(free[0]) if i >= 2 and t not in free[0][:i]
+                    and t not in others), None)
+        if eos is not None:
+            break
     saved = (llama.eos_token_ids, local.eos_token_ids)
     llama.eos_token_ids = local.eos_token_ids = [eos]
     try:  # one group: the third request can only take a freed row
@@ -165,3 +173,17 @@ def test_a_stage_killed_mid_batching_loses_no_request(ray_session):
         assert eventually(lambda: _cache_free(model))
     finally:
         model.close()
+
+
+def test_a_request_too_long_to_join_starts_a_group_beside_the_aged_one(llama):
+    # one group in flight, 40 tokens: once B ends, C (6 + 34) cannot fit in A's group
+    # (it would end past 40), so a second group starts beside it rather than after it
+    reqs = _requests(7, [(6, 30), (6, 4), (6, 34)])
+    with ContinuousBatcher(llama, slots=2, max_length=40, groups_in_flight=1) as batcher:
+        handles = [batcher.submit(p, n) for p, n in reqs]
+        got = wait_all(handles)
+        stats = batcher.stats()
+    assert got == [_alone(_local_model("llama"), p, n) for p, n in reqs]
+    # (B may have joined A's group, had the loop started it before B was queued)
+    assert stats["groups"] == 2 and handles[2].joined_at is None
+    assert eventually(lambda: _cache_free(llama))
