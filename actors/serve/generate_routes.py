@@ -42,9 +42,7 @@ async def generate_route(server: Any, request: Any, streaming: bool) -> Any:
         raise ProtocolError(str(e), 400) from None
     except CacheAdmissionError as e:
         server.counts.refused += 1
-        from actors.serve.generation import reserved_bytes
-
-        held = reserved_bytes(server.model).get(e.provider, 0)
+        held = server.reserved_bytes().get(e.provider, 0)
         if e.needed > e.free + held:  # would not fit with every other stream gone
             raise ProtocolError(f"{e}: ask for fewer tokens (max_tokens), or a shorter "
                                 "prompt", 400) from None

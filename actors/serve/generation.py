@@ -264,6 +264,9 @@ class GenerativeModel:
         self.counts.active += 1
         return stream
 
+    def reserved_bytes(self) -> dict[str, int]:
+        return reserved_bytes(self.model)
+
     def _batcher(self, prompt: list[int], req: GenerateRequest) -> Any:
         """The running batcher for ``req``'s search options, or None when it gets a
         Generator of its own (see the module docstring)."""
