@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-import threading
+import time
 from typing import Any, Mapping
 
 import ray
@@ -83,10 +83,14 @@ def logical_gpus(model: Any, build_kwargs: Mapping[str, Any]) -> int | None:
     devices = [n for n in names if not n.startswith("cpu")]
     if not devices or not all(n.startswith("sim-gpu") for n in devices):
         return None
+    replicas = int(build_kwargs.get("num_replicas") or 1)
+    decoder = decoder_file(model)
+    if decoder and build_kwargs.get("executor") == "ray":  # a generation stage per device
+        return max(len(set(devices)), 1) * replicas
     known = set(BUILD_KEYWORDS)
     opts = {k: v for k, v in build_kwargs.items() if k not in known and k != "providers"}
-    used, _ = plan_devices(decoder_file(model) or model, providers, opts)
-    return max(len(used), 1) * int(build_kwargs.get("num_replicas") or 1)
+    used, _ = plan_devices(decoder or model, providers, opts)
+    return max(len(used), 1) * replicas
 
 
 def serve_forever(model: Any, *, host: str = "127.0.0.1", port: int = 8000,
@@ -111,8 +115,11 @@ def serve_forever(model: Any, *, host: str = "127.0.0.1", port: int = 8000,
         with loopback_node() if address is None else contextlib.nullcontext(), token_auth_told():
             ray.init(address=address or "local", logging_level=logging.WARNING, **extra)
         node = ray.get_runtime_context().get_node_id() if started else None
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set())
+    # the handler only appends (atomic, no lock): an Event.set in a handler deadlocks
+    # when a second signal lands while the first one's set holds the Event's lock (seen
+    # with `timeout` forwarding the SIGINT it got beside the one sent to the process)
+    stop: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: stop.append(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     name = None
     try:
@@ -124,7 +131,8 @@ def serve_forever(model: Any, *, host: str = "127.0.0.1", port: int = 8000,
                     name, host, port, name)
         routes = "/generate, /generate_stream" if decoder_file(model) else "/infer"
         print(f"serving {name} at http://{host}:{port}/v2/models/{name} ({routes})", flush=True)
-        stop.wait()
+        while not stop:
+            time.sleep(0.2)
         print("shutting down", flush=True)
     finally:
         try:
