@@ -50,6 +50,8 @@ def _session_options(args: argparse.Namespace) -> dict[str, Any]:
         opts["dim_bounds"] = _dims(args.dim)
     if getattr(args, "executor", None):
         opts["executor"] = args.executor
+    if getattr(args, "stages", None) is not None:
+        opts["stages"] = args.stages
     return opts
 
 
@@ -178,7 +180,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     opts = _session_options(args)
     kwargs: dict[str, Any] = {"providers": _providers(args.providers), "name": args.name,
                               "num_replicas": args.replicas, "max_batch_size": args.max_batch_size,
-                              "batch_wait_timeout_s": args.batch_wait_timeout_s}
+                              "batch_wait_timeout_s": args.batch_wait_timeout_s,
+                              "batch_slots": args.batch_slots}
     return serve_forever(args.model, host=args.host, port=args.port, address=args.address,
                          **kwargs, **opts)
 
@@ -197,8 +200,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     dt = time.perf_counter() - t
     new = seq[len(ids):]
     print(" ".join(str(int(x)) for x in new))
-    print(f"{len(new)} tokens in {dt * 1e3:.1f} ms on {', '.join(model.session.get_providers())}",
-          file=sys.stderr)
+    where = (f"{len(model.remote.devices)} stage actors on {', '.join(model.remote.devices)}"
+             if model.remote is not None else ", ".join(model.session.get_providers()))
+    print(f"{len(new)} tokens in {dt * 1e3:.1f} ms on {where}", file=sys.stderr)
+    model.close()  # the stage actors, on executor="ray"
     return 0
 
 
@@ -222,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--strategy", choices=["greedy", "balanced", "memory"])
         p.add_argument("--dim", action="append", help="symbolic dim bound NAME=INT (repeatable)")
         p.add_argument("--executor", choices=["local", "ray"])
+        p.add_argument("--stages", type=int,
+                       help="pipeline stages (with --executor ray; a decoder generating or "
+                            "served: its layers split over that many stage actors)")
 
     r = sub.add_parser("run", help="run a model")
     r.add_argument("model")
@@ -268,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-batch-size", type=int, default=32, help="rows per batch (1: off)")
     s.add_argument("--batch-wait-timeout-s", type=float, default=0.0)
     s.add_argument("--address", help="a Ray cluster to join (default: start a local Ray)")
+    s.add_argument("--batch-slots", type=int, default=4,
+                   help="a decoder on stage actors (--executor ray --stages N): rows a running "
+                        "group shares by continuous batching (0: a generator a request)")
     placement_args(s)
     s.set_defaults(fn=cmd_serve)
 

@@ -356,3 +356,21 @@ def test_a_stage_that_fails_to_build_names_itself_and_leaves_no_actor(ray_sessio
         og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES,
                  no_such_option=1)
     assert eventually(lambda: generation_actors() == before)
+
+
+def test_cli_generates_on_two_stages():
+    """``hetero-exec generate --executor ray --stages 2``, in its own process (its own Ray,
+    started and stopped by the command)."""
+    import subprocess
+    import sys
+
+    ids = [5, 17, 33, 8, 91, 120]
+    out = subprocess.run([sys.executable, "-m", "hetero_exec.cli", "generate",
+                          model_path("llama", "optimum"), "--prompt-ids", " ".join(map(str, ids)),
+                          "--max-new-tokens", "8", "--executor", "ray", "--stages", "2",
+                          "--providers", "sim-gpu:0,sim-gpu:1"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [int(t) for t in out.stdout.split()] == ort_greedy(model_path("llama", "optimum"),
+                                                             [ids], 8)[0]
+    assert "8 tokens in" in out.stderr and "2 stage actors on sim-gpu:0, sim-gpu:1" in out.stderr
