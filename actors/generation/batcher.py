@@ -9,10 +9,15 @@ at ``at`` and its new tokens end within the capacity). Every stage then rewrites
 row for the prompt (the columns before it masked out, as left padding is), prefills the
 prompt but its last token at batch 1 into the row's columns of its own layers' cache,
 and the step at ``at`` runs the last prompt token with the other rows' tokens: the
-request's first token comes with theirs, and no step waits for a prefill of its own.
+request's first token comes with theirs (that one step also carries its prefill).
 The last stage acknowledges each join with the column it took (or refused it); a
 refused or unacknowledged request waits for the next group. A group closes when no row
-has a request and none waits to join; the next requests start a new one.
+has a request and none waits to join; the next requests start a new one. Up to
+``groups_in_flight`` groups run at once (default one per stage, so each stage has one
+to work on while the next stage works on another), and a request that no running group
+can ever fit (their position plus its new tokens past the capacity) starts one beside
+them while they drain. A group's position only grows: rows that join late run at its
+width (their masked columns still cost attention work) until it drains.
 
 Each request's tokens are those of a generator running it alone (the masked columns
 add nothing to attention; only the sum's order may differ, as in a left-padded batch).
