@@ -9,7 +9,11 @@ Figures per model:
   (``stage_link="ray"``, the path across nodes);
 * 4 groups in flight (batch 1 each, round robin) on two single-threaded stages:
   tokens/s against an in-process single-threaded generator running the same 4
-  sequences one after the other; and the same with default threads on both sides.
+  sequences one after the other; and the same with default threads on both sides;
+* continuous batching (actors/generation/batcher.py): 8 requests of different lengths
+  submitted at once to a ContinuousBatcher of 4 rows on the two single-threaded stages,
+  against one in-process thread running them one after another and as static batches
+  of 4.
 """
 
 from __future__ import annotations
