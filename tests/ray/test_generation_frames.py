@@ -1,0 +1,69 @@
+"""The stage ring's frames (actors/generation/channel.py, inbox.py) with continuous
+batching's fields: a step frame's joins and a token frame's acknowledgements round-trip,
+and a malformed one is refused with WireFormatError naming the field (the receiving
+stage, or the driver, then drops that connection only: tests/ray/test_genai_ray.py)."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+from actors.generation.channel import _HEADER, decode_step, encode_step
+from actors.generation.group import Job, Join
+from actors.generation.inbox import decode_column, encode_column
+from actors.transport.wire import WireFormatError, tensor_to_map
+
+
+def _job() -> Job:
+    join = Join(1, "req-1", np.array([5, 6, 7], dtype=np.int64), 9, epoch=2, at=14, ok=True)
+    return Job(14, np.array([[3], [4]], dtype=np.int64), [(14, 15)], joins=[join])
+
+
+def test_a_step_frame_carries_its_joins_and_their_prefill_values():
+    hidden = {"h": np.ones((1, 2, 4), np.float32)}
+    frame = encode_step("g", 2, _job(), [{"h": np.zeros((2, 1, 4), np.float32)}, hidden])
+    gid, epoch, job, carried = decode_step(frame[_HEADER.size:])
+    assert (gid, epoch, job.at, job.pieces) == ("g", 2, 14, [(14, 15)])
+    [j] = job.joins
+    assert (j.row, j.key, j.prompt.tolist(), j.max_new, j.epoch, j.at, j.ok) == \
+        (1, "req-1", [5, 6, 7], 9, 2, 14, True)
+    assert len(carried) == 2 and carried[1]["h"].shape == (1, 2, 4)
+
+
+def _step_body(joins) -> bytes:
+    ids = tensor_to_map(np.array([[3]], dtype=np.int64))
+    return msgpack.packb(["g", 1, 5, ids, [[5, 6]], None, None, None, None, [{}], False, joins],
+                         use_bin_type=True)
+
+
+@pytest.mark.parametrize("joins, words", [
+    ("x", "joins of the wrong type"),
+    ([[1, "k", tensor_to_map(np.array([5], np.int64)), 3, 0, 5]], "a join is"),
+    ([[1, 2, tensor_to_map(np.array([5], np.int64)), 3, 0, 5, True]], "a join is"),
+    ([[1, "k", tensor_to_map(np.array([5.0], np.float32)), 3, 0, 5, True]], "prompt must be int64"),
+    ([[1, "k", tensor_to_map(np.array([5], np.int64)), 3.5, 0, 5, True]], "join max_new"),
+])
+def test_a_malformed_join_is_refused_naming_it(joins, words):
+    with pytest.raises(WireFormatError, match=words):
+        decode_step(_step_body(joins))
+
+
+def test_carried_maps_must_match_the_pieces_and_joins():
+    ids = tensor_to_map(np.array([[3]], dtype=np.int64))
+    body = msgpack.packb(["g", 1, 5, ids, [[5, 6]], None, None, None, None, [{}, {}, {}], False,
+                          []], use_bin_type=True)
+    with pytest.raises(WireFormatError, match="3 carried maps for 1 pieces and 0 joins"):
+        decode_step(body)
+
+
+def test_a_token_frame_carries_the_acks_of_its_column():
+    frame = encode_column(3, 15, np.array([[7], [8]], np.int64), False,
+                          [(15, "req-1", 1, True), (15, "req-2", 0, False)])
+    epoch, at, ids, done, acks = decode_column(frame[_HEADER.size:])
+    assert (epoch, at, ids.tolist(), done) == (3, 15, [[7], [8]], False)
+    assert acks == [(15, "req-1", 1, True), (15, "req-2", 0, False)]
+    bad = msgpack.packb([3, 15, tensor_to_map(np.array([[7]], np.int64)), False, [[15, "k", 1]]],
+                        use_bin_type=True)
+    with pytest.raises(WireFormatError, match="an ack is"):
+        decode_column(bad)
