@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import socket
 import time
 from typing import Callable
@@ -128,3 +130,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def post_json(port: int, path: str, body, method: str = "POST") -> tuple[int, dict]:
+    """(status, JSON answer) of one request to 127.0.0.1:``port`` (``body``: bytes, or a
+    value sent as JSON; GET sends none)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        conn.request(method, path, data if method == "POST" else None,
+                     {"content-type": "application/json"})
+        r = conn.getresponse()
+        return r.status, json.loads(r.read())
+    finally:
+        conn.close()

@@ -21,7 +21,7 @@ import pytest
 import hetero_exec.genai as hg
 from actors.serve.generate_request import parse_sse
 from tests.genai._ref import MODELS, model_path, ort_greedy, prompts
-from tests.ray.helpers import eventually, free_port
+from tests.ray.helpers import eventually, free_port, post_json
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -82,18 +82,6 @@ def server(ray_session, tmp_path_factory):
         serve.shutdown()
 
 
-def post(port: int, path: str, body, method: str = "POST") -> tuple[int, dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    try:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        conn.request(method, path, data if method == "POST" else None,
-                     {"content-type": "application/json"})
-        r = conn.getresponse()
-        return r.status, json.loads(r.read())
-    finally:
-        conn.close()
-
-
 def stream(port: int, path: str, body: dict) -> list[dict]:
     """Every event of a /generate_stream answer, read as it arrives."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
@@ -109,7 +97,7 @@ def stream(port: int, path: str, body: dict) -> list[dict]:
 
 
 def stats(port: int, app: str, counts: bool = False) -> dict:
-    status, body = post(port, f"/{app}/v2/models/{app}/stats", b"", method="GET")
+    status, body = post_json(port, f"/{app}/v2/models/{app}/stats", b"", method="GET")
     assert status == 200
     return body["model_stats"][0] if counts else body["generation"]
 
@@ -126,7 +114,7 @@ def test_generate_and_stream_match_onnxruntime_and_the_in_process_generator(serv
     prompt = [int(t) for t in prompts(1, seed=5)[0]]
     want = ort_greedy(LLAMA, [prompt], 12)[0]
     assert in_process(LLAMA, prompt, 12) == want
-    status, body = post(server, "/llama/v2/models/llama/generate",
+    status, body = post_json(server, "/llama/v2/models/llama/generate",
                         {"input_ids": prompt, "parameters": {"max_tokens": 12}})
     assert status == 200, body
     assert body["output_ids"] == want and body["finish_reason"] == "length"
@@ -147,7 +135,7 @@ def test_search_parameters_reach_the_generator(server):
     model = hg.Model(LLAMA)
     want = [int(t) for t in hg.generate(model, [prompt], 12, **search)[0][len(prompt):]]
     assert want != ort_greedy(LLAMA, [prompt], 12)[0]
-    status, body = post(server, "/llama/v2/models/llama/generate",
+    status, body = post_json(server, "/llama/v2/models/llama/generate",
                         {"input_ids": prompt, "max_tokens": 12, "parameters": search})
     assert status == 200 and body["output_ids"] == want
     events = stream(server, "/llama/v2/models/llama/generate_stream",
@@ -170,7 +158,7 @@ def test_text_in_and_out_through_the_folders_tokenizer(server):
         gen.generate_next_token()
     want = [int(t) for t in gen.get_sequence(0)[len(ids):]]
     assert in_process(FOLDER, ids, 10) == want
-    status, body = post(server, "/genai/v2/models/genai/generate",
+    status, body = post_json(server, "/genai/v2/models/genai/generate",
                         {"text_input": text, "parameters": {"max_tokens": 10}})
     assert status == 200, body
     assert body["output_ids"] == want and body["text_output"] == tok.decode(want)
@@ -179,9 +167,9 @@ def test_text_in_and_out_through_the_folders_tokenizer(server):
     assert [t for e in events for t in e["output_ids"]] == want
     assert "".join(e["text_output"] for e in events) == tok.decode(want)
     assert events[-1]["finish_reason"] == ("eos" if want[-1] in ref_eos(FOLDER) else "length")
-    status, meta = post(server, "/genai/v2/models/genai", b"", method="GET")
+    status, meta = post_json(server, "/genai/v2/models/genai", b"", method="GET")
     assert meta["generation"]["tokenizer"] and meta["platform"] == "hetero_exec_genai"
-    status, server_meta = post(server, "/genai/v2", b"", method="GET")
+    status, server_meta = post_json(server, "/genai/v2", b"", method="GET")
     assert "generate" in server_meta["extensions"]
 
 
@@ -238,7 +226,7 @@ def test_a_client_gone_mid_stream_frees_its_cache(server):
     after = stats(server, "llama", counts=True)  # stopped, not run to its end
     assert after["request_count"] == before["request_count"]
     assert after["generated_tokens"] - before["generated_tokens"] < 20000
-    status, body = post(server, "/llama/v2/models/llama/generate",
+    status, body = post_json(server, "/llama/v2/models/llama/generate",
                         {"input_ids": prompt, "max_tokens": 3})
     assert status == 200 and body["output_ids"] == ort_greedy(LLAMA, [prompt], 3)[0]
 
@@ -254,17 +242,17 @@ def test_a_stream_refused_by_admission_leaves_the_running_one(server):
     r = conn.getresponse()
     events = parse_sse(r)
     got = [next(events)["output_ids"][0]]  # admitted and running
-    status, body = post(server, url, {"input_ids": prompt, "max_tokens": new})
+    status, body = post_json(server, url, {"input_ids": prompt, "max_tokens": new})
     assert status == 503 and "other streams hold the room" in body["error"]
     assert "sim-gpu:0" in body["error"]
-    status, body = post(server, url, {"input_ids": prompt, "max_tokens": 4000})
+    status, body = post_json(server, url, {"input_ids": prompt, "max_tokens": 4000})
     assert status == 400 and "ask for fewer tokens" in body["error"]  # never fits
     got += [e["output_ids"][0] for e in events]
     conn.close()
     assert got == want
     assert stats(server, "tight")["refused"] == 2
     assert eventually(lambda: stats(server, "tight")["reserved_bytes"] == {}, 30)
-    status, body = post(server, url, {"input_ids": prompt, "max_tokens": 5})  # room again
+    status, body = post_json(server, url, {"input_ids": prompt, "max_tokens": 5})  # room again
     assert status == 200 and body["output_ids"] == want[:5]
 
 
@@ -296,34 +284,34 @@ BAD = [
 @pytest.mark.parametrize("body,status,words", BAD, ids=[w for _, _, w in BAD])
 def test_bad_request_is_named_and_the_server_keeps_serving(server, body, status, words):
     for route in ("generate", "generate_stream"):
-        got, answer = post(server, f"/llama/v2/models/llama/{route}", body)
+        got, answer = post_json(server, f"/llama/v2/models/llama/{route}", body)
         assert got == status and words in answer["error"], answer
-    got, answer = post(server, "/llama/v2/models/llama/generate",
+    got, answer = post_json(server, "/llama/v2/models/llama/generate",
                        {"input_ids": [3, 4, 5], "max_tokens": 2})
     assert got == 200 and answer["output_ids"] == ort_greedy(LLAMA, [[3, 4, 5]], 2)[0]
 
 
 def test_wrong_route_model_or_method_and_the_inference_routes_beside(server):
     ok = {"input_ids": [3, 4], "max_tokens": 1}
-    assert post(server, "/llama/v2/models/nope/generate", ok)[0] == 404
-    assert post(server, "/llama/v2/models/llama/versions/2/generate", ok)[0] == 404
-    assert post(server, "/llama/v2/models/llama/versions/1/generate", ok)[0] == 200
-    assert post(server, "/llama/v2/models/llama/generate", b"", method="GET")[0] == 405
-    status, body = post(server, "/llama/v2/models/llama/infer", {"inputs": []})
+    assert post_json(server, "/llama/v2/models/nope/generate", ok)[0] == 404
+    assert post_json(server, "/llama/v2/models/llama/versions/2/generate", ok)[0] == 404
+    assert post_json(server, "/llama/v2/models/llama/versions/1/generate", ok)[0] == 200
+    assert post_json(server, "/llama/v2/models/llama/generate", b"", method="GET")[0] == 405
+    status, body = post_json(server, "/llama/v2/models/llama/infer", {"inputs": []})
     assert status == 400 and "served for generation" in body["error"]
-    status, body = post(server, "/mlp/v2/models/mlp/generate", ok)
+    status, body = post_json(server, "/mlp/v2/models/mlp/generate", ok)
     assert status == 400 and "not a decoder" in body["error"]
-    status, body = post(server, "/genai/v2/models/genai/generate",
+    status, body = post_json(server, "/genai/v2/models/genai/generate",
                         {"input_ids": [3, 4], "max_tokens": 2000})
     assert status == 400 and "context length 1024" in body["error"]
-    status, body = post(server, "/llama/v2/models/llama/generate",
+    status, body = post_json(server, "/llama/v2/models/llama/generate",
                         {"input_ids": [3, 4], "max_tokens": 1 << 40})  # no context length
     assert status == 400 and "exceed the longest sequence served" in body["error"]
-    status, body = post(server, "/llama/v2/models/llama/generate",
+    status, body = post_json(server, "/llama/v2/models/llama/generate",
                         {"input_ids": [3, 4], "max_tokens": 0})
     assert status == 200 and body["output_ids"] == [] and body["finish_reason"] == "length"
-    assert post(server, "/llama/v2/health/ready", b"", method="GET") == (200, {"ready": True})
-    status, meta = post(server, "/llama/v2/models/llama", b"", method="GET")
+    assert post_json(server, "/llama/v2/health/ready", b"", method="GET") == (200, {"ready": True})
+    status, meta = post_json(server, "/llama/v2/models/llama", b"", method="GET")
     assert [i["name"] for i in meta["inputs"]] == ["input_ids"]  # no tokenizer: no text
     assert meta["generation"]["layers"] == 2
 
@@ -380,7 +368,7 @@ def test_cli_serves_a_decoder_folder_through_haproxy():
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                if post(port, app + "/ready", b"", method="GET")[0] == 200:
+                if post_json(port, app + "/ready", b"", method="GET")[0] == 200:
                     break
             except (OSError, ValueError):
                 pass
@@ -403,12 +391,12 @@ def test_cli_serves_a_decoder_folder_through_haproxy():
         conn.close()
 
         def freed() -> bool:
-            status, body = post(port, app + "/stats", b"", method="GET")
+            status, body = post_json(port, app + "/stats", b"", method="GET")
             return body["generation"]["active_streams"] == 0 and \
                 body["generation"]["reserved_bytes"] == {}
 
         assert eventually(freed, 60)
-        status, body = post(port, app + "/generate", {"input_ids": ids, "max_tokens": -1})
+        status, body = post_json(port, app + "/generate", {"input_ids": ids, "max_tokens": -1})
         assert status == 400 and "max_tokens" in body["error"]
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=120)

@@ -14,7 +14,7 @@ import pytest
 
 from actors.serve.generate_request import parse_sse
 from tests.genai._ref import model_path, ort_greedy, prompts
-from tests.ray.helpers import eventually, free_port
+from tests.ray.helpers import eventually, free_port, post_json
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -49,18 +49,6 @@ def _stage_actors() -> list:
             if a["State"] != "DEAD" and a["ActorClassName"] == "GenerationStage"]
 
 
-def _post(port: int, path: str, body, method: str = "POST") -> tuple[int, dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    try:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        conn.request(method, path, data if method == "POST" else None,
-                     {"content-type": "application/json"})
-        r = conn.getresponse()
-        return r.status, json.loads(r.read())
-    finally:
-        conn.close()
-
-
 def _stream(port: int, body: dict) -> list[int]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
@@ -74,7 +62,7 @@ def _stream(port: int, body: dict) -> list[int]:
 
 
 def _generation(port: int) -> dict:
-    status, body = _post(port, f"{ROUTE}/stats", b"", method="GET")
+    status, body = post_json(port, f"{ROUTE}/stats", b"", method="GET")
     assert status == 200
     return body["generation"]
 
@@ -103,7 +91,7 @@ def test_concurrent_streams_share_groups_with_their_own_tokens(server):
     batching = _generation(server)["batching"]
     # six streams, two rows a group, a group per stage: some joined a running group
     assert batching["groups"] >= 1 and batching["joins"] >= 1
-    _, meta = _post(server, f"{ROUTE}", b"", method="GET")
+    _, meta = post_json(server, f"{ROUTE}", b"", method="GET")
     assert meta["generation"]["continuous_batching"] == {"slots": 2, "max_length": 64}
     assert [s["device"] for s in meta["placement"]["stages"]] == ["sim-gpu:0", "sim-gpu:1"]
     assert len(_stage_actors()) == 2
@@ -112,11 +100,11 @@ def test_concurrent_streams_share_groups_with_their_own_tokens(server):
 def test_sampling_and_long_requests_get_a_generator_of_their_own(server):
     prompt = [int(t) for t in prompts(1, seed=23)[0]]
     before = _generation(server).get("batching")
-    status, body = _post(server, f"{ROUTE}/generate",
+    status, body = post_json(server, f"{ROUTE}/generate",
                          {"input_ids": prompt, "max_tokens": 5, "do_sample": True,
                           "random_seed": 3, "top_k": 4})
     assert status == 200 and len(body["output_ids"]) == 5
-    status, body = _post(server, f"{ROUTE}/generate", {"input_ids": prompt, "max_tokens": 60})
+    status, body = post_json(server, f"{ROUTE}/generate", {"input_ids": prompt, "max_tokens": 60})
     assert status == 200  # 12 + 60 tokens: more than a group holds (64)
     assert body["output_ids"] == ort_greedy(LLAMA, [prompt], 60)[0]
     assert _generation(server).get("batching") == before  # neither went through the batcher
@@ -136,16 +124,16 @@ def test_a_client_gone_mid_stream_frees_its_row(server):
     r.close()
     conn.close()
     assert eventually(lambda: _generation(server)["active_streams"] == 0, 60)
-    status, body = _post(server, f"{ROUTE}/generate", {"input_ids": prompt, "max_tokens": 4})
+    status, body = post_json(server, f"{ROUTE}/generate", {"input_ids": prompt, "max_tokens": 4})
     assert status == 200 and body["output_ids"] == ort_greedy(LLAMA, [prompt], 4)[0]
 
 
 def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
-    status, body = _post(server, f"{ROUTE}/generate", {"input_ids": [5, 10 ** 6], "max_tokens": 3})
+    status, body = post_json(server, f"{ROUTE}/generate", {"input_ids": [5, 10 ** 6], "max_tokens": 3})
     assert status == 400 and "vocabulary" in body["error"]
-    status, body = _post(server, f"{ROUTE}/generate", {"input_ids": [5, 6], "max_tokens": 3,
+    status, body = post_json(server, f"{ROUTE}/generate", {"input_ids": [5, 6], "max_tokens": 3,
                                                        "temperature": -1.0})
     assert status == 400 and "temperature" in body["error"]
     prompt = [int(t) for t in prompts(1, seed=25)[0]]
-    status, body = _post(server, f"{ROUTE}/generate", {"input_ids": prompt, "max_tokens": 3})
+    status, body = post_json(server, f"{ROUTE}/generate", {"input_ids": prompt, "max_tokens": 3})
     assert status == 200 and body["output_ids"] == ort_greedy(LLAMA, [prompt], 3)[0]
