@@ -51,6 +51,21 @@ from hetero_exec.genai.widths import check_rows
 log = logging.getLogger(__name__)
 
 
+def unbatchable(model: Any) -> str:
+    """Why ``model``'s requests cannot share groups ("" when they can)."""
+    if getattr(model, "remote", None) is None:
+        return "continuous batching runs on the stage actors: build the model with " \
+               "executor=\"ray\""
+    if any(e.mode == "shared" for e in model.layout.entries):
+        return "continuous batching needs a cache the rewrite appends to (Concat -> " \
+               "KVAppend); this decoder's attention op keeps its own buffer and reads each " \
+               "row's length from the mask"
+    if not model.layout.attention_mask:
+        return "continuous batching needs an attention_mask input (a row that joins later " \
+               "masks the columns before its prompt)"
+    return ""
+
+
 class BatchRequest:
     """One submitted prompt: its generated ids as they come (`stream`, `result`)."""
 
@@ -160,17 +175,9 @@ class ContinuousBatcher:
         from hetero_exec.genai.generator import GeneratorParams
         from hetero_exec.genai.model import DEFAULT_MAX_LENGTH
 
-        if getattr(model, "remote", None) is None:
-            raise GenaiError("continuous batching runs on the stage actors: build the model "
-                             "with executor=\"ray\"")
-        layout = model.layout
-        if any(e.mode == "shared" for e in layout.entries):
-            raise GenaiError("continuous batching needs a cache the rewrite appends to "
-                             "(Concat -> KVAppend); this decoder's attention op keeps its own "
-                             "buffer and reads each row's length from the mask")
-        if not layout.attention_mask:
-            raise GenaiError("continuous batching needs an attention_mask input (a row that "
-                             "joins later masks the columns before its prompt)")
+        why = unbatchable(model)
+        if why:
+            raise GenaiError(why)
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise GenaiError(f"slots must be a positive int, got {slots!r}")
         self.model = model
@@ -251,19 +258,24 @@ class ContinuousBatcher:
                     self._drop(g, g.failed)  # (a group that failed to start told its requests)
         self._fail_all(GenaiError("the batcher was closed"))
 
-    def _joinable(self) -> bool:
-        """Whether a running group has a row free for the next queued request."""
+    def _head(self) -> BatchRequest | None:
+        """The first queued request not cancelled (the cancelled ones before it leave);
+        call under ``_cond``."""
         while self._queue and self._queue[0].cancelled:
             self._queue.popleft()
-        if not self._queue:
+        return self._queue[0] if self._queue else None
+
+    def _free_rows(self, g: _BatchGroup) -> list[int]:
+        """``g``'s rows with no request and none joining."""
+        taken = {row for _req, row, _e in g.joining.values()}
+        return [r for r in range(self.slots) if g.rows[r] is None and r not in taken]
+
+    def _joinable(self) -> bool:
+        """Whether a running group has a row free for the next queued request."""
+        req = self._head()
+        if req is None:
             return True  # nothing to start a group for
-        req = self._queue[0]
-        for g in self._groups:
-            taken = {row for _req, row, _e in g.joining.values()}
-            if any(g.rows[r] is None and r not in taken for r in range(self.slots)) \
-                    and self._fits(g, req):
-                return True
-        return False
+        return any(self._free_rows(g) and self._fits(g, req) for g in self._groups)
 
     def _aged(self) -> bool:
         req = self._queue[0]
@@ -346,18 +358,11 @@ class ContinuousBatcher:
 
     def _fill(self, g: _BatchGroup) -> None:
         """Free rows to the queued requests that can join this group now (in order)."""
-        taken = {row for _req, row, _e in g.joining.values()}
-        free = [r for r in range(self.slots) if g.rows[r] is None and r not in taken]
+        free = self._free_rows(g)
         while free:
             with self._cond:
-                if not self._queue:
-                    return
-                while self._queue and self._queue[0].cancelled:
-                    self._queue.popleft()
-                if not self._queue:
-                    return
-                req = self._queue[0]
-                if not self._fits(g, req):
+                req = self._head()
+                if req is None or not self._fits(g, req):
                     return  # the next group's (FIFO: nothing overtakes it)
                 self._queue.popleft()
             row = free.pop(0)

@@ -45,13 +45,11 @@ def _no_batching(model: Any, slots: int) -> str:
     """Why ``model``'s greedy requests get a Generator each ("" when they share groups)."""
     if not slots:
         return "batch_slots=0"
-    if getattr(model, "remote", None) is None:
+    if getattr(model, "remote", None) is None:  # no Ray import for a replica-local model
         return "the model runs in the replica (continuous batching is the stage actors')"
-    if any(e.mode == "shared" for e in model.layout.entries):
-        return "its attention op keeps its own cache buffer"
-    if not model.layout.attention_mask:
-        return "it has no attention_mask input"
-    return ""
+    from actors.generation.batcher import unbatchable
+
+    return unbatchable(model)
 
 
 class TokenStream:
@@ -206,7 +204,7 @@ class GenerativeModel:
         self.no_batching = _no_batching(self.model, spec.batch_slots)
         self.metadata = generation_metadata(self)
         log.info("serving decoder %s on %s (tokenizer: %s)", self.name,
-                 ", ".join(providers(self.model)), self.tokenizer is not None)
+                 ", ".join(self.model.providers), self.tokenizer is not None)
 
     async def __call__(self, request: Any) -> Any:
         from starlette.responses import Response
@@ -331,13 +329,6 @@ class GenerativeModel:
             model.close()  # the stage actors and their placement group go with the replica
 
 
-def providers(model: Any) -> list[str]:
-    """Where ``model`` runs: its session's providers, or its stages' devices."""
-    if model.remote is not None:
-        return list(model.remote.devices)
-    return list(model.session.get_providers())
-
-
 def reserved_bytes(model: Any) -> dict[str, int]:
     """Cache bytes reserved, by provider in process, by stage (named as a stage's
     CacheAdmissionError names it) on stage actors."""
@@ -360,7 +351,7 @@ def generation_metadata(server: GenerativeModel) -> dict[str, Any]:
         outputs.append({"name": "text_output", "datatype": "BYTES", "shape": [1]})
     if s is None:  # on stage actors
         placement: dict[str, Any] = {
-            "providers": providers(model), "heterogeneous": False,
+            "providers": model.providers, "heterogeneous": False,
             "stages": [{"stage": f"stage#{p.index}", "layers": list(p.layers), "device": d}
                        for p, d in zip(model.remote.parts, model.remote.devices)]}
     else:
@@ -377,7 +368,7 @@ def generation_metadata(server: GenerativeModel) -> dict[str, Any]:
                            "slots": server.spec.batch_slots,
                            "max_length": server.spec.batch_max_length},
                        "cache_providers": sorted({p.name for p in model.cache_providers.values()}
-                                                 or providers(model))},
+                                                 or model.providers)},
         "placement": placement,
     }
 
