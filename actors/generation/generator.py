@@ -34,6 +34,7 @@ POLL_S = 1.0
 
 class RemoteGenerator(TokenRows):
     batched = False  # a batcher's group (batcher.py) is not ended by its rows' eos
+
     def __init__(self, model: Any, params: Any, capacity: int):
         from hetero_exec.genai.search import SearchOptions
 

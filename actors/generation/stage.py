@@ -166,7 +166,7 @@ class GenerationStage:
                         f"layers {list(self.part.layers)} x 2 x batch {spec.batch} x capacity "
                         f"{spec.capacity}")
             g = StageGroup(spec, self.own, list(self.layout.entries), self.cache_providers,
-                           lambda prov, shape, dtype: prov.xp.zeros(shape, dtype=dtype))
+                           _zeros)
             g.need = need
             self.groups[gid] = g
             self.reserved[gid] = sum(need.values())
@@ -287,7 +287,7 @@ class GenerationStage:
             return {}
         scratch = StageGroup(GroupSpec(1, n, g.spec.pad, np.zeros(1, dtype=np.int64)), self.own,
                              list(self.layout.entries), self.cache_providers,
-                             lambda prov, shape, dtype: prov.xp.zeros(shape, dtype=dtype))
+                             _zeros)
         scratch.apply(Job(0, join.prompt[None, :n], [(0, n)]))
         feeds = scratch.feeds(self.layout, 0, n, False, self.shared)
         if came:
@@ -437,6 +437,11 @@ class GenerationStage:
         if self.part is None:
             return {}
         return {p.name: self.limits.get(p.name) for p in self.cache_providers.values()}
+
+
+def _zeros(provider: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """A group's cache buffer, zeroed on its provider."""
+    return provider.xp.zeros(shape, dtype=dtype)
 
 
 def _cache_providers(session: Any, entries: list[Any]) -> dict[str, Any]:
