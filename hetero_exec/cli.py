@@ -200,8 +200,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     dt = time.perf_counter() - t
     new = seq[len(ids):]
     print(" ".join(str(int(x)) for x in new))
-    where = (f"{len(model.remote.devices)} stage actors on {', '.join(model.remote.devices)}"
-             if model.remote is not None else ", ".join(model.session.get_providers()))
+    where = ", ".join(model.providers)
+    if model.remote is not None:
+        where = f"{len(model.providers)} stage actors on {where}"
     print(f"{len(new)} tokens in {dt * 1e3:.1f} ms on {where}", file=sys.stderr)
     model.close()  # the stage actors, on executor="ray"
     return 0

@@ -88,10 +88,15 @@ class Model:
         return self.config.genai.get("model", {}).get("type", "decoder")
 
     @property
-    def device_type(self) -> str:
+    def providers(self) -> list[str]:
+        """Where it runs: its session's providers, or its stage actors' devices."""
         if self.remote is not None:
-            return self.remote.devices[0]
-        return self.session.get_providers()[0]
+            return list(self.remote.devices)
+        return list(self.session.get_providers())
+
+    @property
+    def device_type(self) -> str:
+        return self.providers[0]
 
     def close(self) -> None:
         """Stop the stage actors of ``executor="ray"`` (nothing to do in process)."""
