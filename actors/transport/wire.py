@@ -77,8 +77,12 @@ def dtype_from_name(name: str) -> np.dtype:
     """
     if not isinstance(name, str):
         raise WireFormatError(f"tensor frame dtype must be a string, got {type(name).__name__}")
+    dt = _KNOWN_DTYPES.get(name)
+    if dt is not None:
+        return dt
     dt = _ml_dtype(name)
     if dt is not None:
+        _KNOWN_DTYPES[name] = dt
         return dt
     try:
         dt = np.dtype(name)
@@ -86,7 +90,14 @@ def dtype_from_name(name: str) -> np.dtype:
         dt = None
     if dt is None or dt.name != name or dt.kind not in NUMERIC_KINDS:
         raise WireFormatError(f"unknown dtype {name!r} in tensor frame")
+    _KNOWN_DTYPES[name] = dt
     return dt
+
+
+#: dtypes by the names already accepted (a finite set: only valid names are kept), so a
+#: decode step's few small tensors do not look each up again (numpy's and ml_dtypes'
+#: lookups are most of a small frame's decode time)
+_KNOWN_DTYPES: dict[str, np.dtype] = {}
 
 
 def tensor_to_map(arr: Any) -> dict[str, Any]:
@@ -98,7 +109,13 @@ def tensor_to_map(arr: Any) -> dict[str, Any]:
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
     data = np.ascontiguousarray(arr).tobytes()
-    return {"v": WIRE_VERSION, "dtype": arr.dtype.name, "shape": list(arr.shape), "data": data}
+    name = _DTYPE_NAMES.get(arr.dtype)
+    if name is None:  # numpy computes a dtype's name on every read
+        name = _DTYPE_NAMES[arr.dtype] = arr.dtype.name
+    return {"v": WIRE_VERSION, "dtype": name, "shape": list(arr.shape), "data": data}
+
+
+_DTYPE_NAMES: dict[np.dtype, str] = {}
 
 
 def _shape(frame: Mapping[str, Any]) -> tuple[int, ...]:
