@@ -21,10 +21,12 @@ width (their masked columns still cost attention work) until it drains.
 
 Each request's tokens are those of a generator running it alone (the masked columns
 add nothing to attention; only the sum's order may differ, as in a left-padded batch).
-Sampling draws from the group's one random stream, so a seeded request's tokens depend
-on what shares its group; greedy ones do not. A stage restart replays the group as a
-generator's (`RemoteGenerator._replay`), joined rows included; joins not yet
-acknowledged wait for the next group.
+A sampling batcher (``do_sample``) gives each row its own random stream, the request's
+seed (its own, else the batcher's ``random_seed``, else a fresh one), restarted when a
+request takes the row: a seeded request draws what it draws alone, whatever shares its
+group. A stage restart replays the group as a generator's (`RemoteGenerator._replay`),
+joined rows included (each row's stream past what it drew); joins not yet acknowledged
+wait for the next group.
 
 Only decoders whose cache the rewrite appends to (Concat -> KVAppend) with an attention
 mask input: an attention op keeping its own buffer (GroupQueryAttention) reads each
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import secrets
 import threading
 import time
 import uuid
@@ -69,10 +72,11 @@ def unbatchable(model: Any) -> str:
 class BatchRequest:
     """One submitted prompt: its generated ids as they come (`stream`, `result`)."""
 
-    def __init__(self, prompt: np.ndarray, max_new: int):
+    def __init__(self, prompt: np.ndarray, max_new: int, seed: int = -1):
         self.key = uuid.uuid4().hex[:16]
         self.prompt = prompt
         self.max_new = max_new
+        self.seed = seed  # its random stream, in a sampling batcher
         self.tokens: list[int] = []
         self.joined_at: int | None = None  # the column of its first token, when it joined
         self.error: BaseException | None = None
@@ -124,11 +128,12 @@ class _BatchGroup(RemoteGenerator):
 
     batched = True
 
-    def __init__(self, batcher: "ContinuousBatcher", params: Any):
-        super().__init__(batcher.model, params, batcher.capacity)
+    def __init__(self, batcher: "ContinuousBatcher", params: Any, seeds: list[int], first: int):
         self.batcher = batcher
+        self.seeds = list(seeds)  # each row's random stream (a sampling batcher's)
+        self.first = np.full(batcher.slots, first, dtype=np.int64)  # each row's first token column
+        super().__init__(batcher.model, params, batcher.capacity)  # opens: after _spec's fields
         self.rows: list[BatchRequest | None] = [None] * self.batch
-        self.first = np.zeros(self.batch, dtype=np.int64)  # each row's first token column
         self.joining: dict[str, tuple[BatchRequest, int, int]] = {}  # key: (request, row, epoch)
         self.prompt_length = 0
         self.seen = 0  # columns handed to the requests
@@ -150,8 +155,15 @@ class _BatchGroup(RemoteGenerator):
         self._end[row] = -1
         self.rows[row] = req
         self.first[row] = column
+        self.seeds[row] = req.seed
         req.joined_at = column
         self.batcher.joins += 1
+
+    def _spec(self) -> Any:
+        spec = super()._spec()
+        if self.batcher.sampling:  # a replay's, too: each row past what it drew
+            spec.row_seeds = tuple((int(s), int(f)) for s, f in zip(self.seeds, self.first))
+        return spec
 
     def collect(self) -> None:
         """At least one more column (or the group's end)."""
@@ -168,7 +180,8 @@ class _BatchGroup(RemoteGenerator):
 class ContinuousBatcher:
     """Requests sharing running groups of ``slots`` rows on a model's stage actors
     (``executor="ray"``); see the module docstring. ``search``: the groups' search
-    options (greedy unless ``do_sample``)."""
+    options (greedy unless ``do_sample``; ``random_seed``: each request's unless it
+    brings its own)."""
 
     def __init__(self, model: Any, slots: int = 4, max_length: int | None = None,
                  groups_in_flight: int | None = None, **search: Any):
@@ -196,6 +209,7 @@ class ContinuousBatcher:
                             or DEFAULT_MAX_LENGTH)
         self.params.set_search_options(max_length=self.capacity)
         self.eos = set(int(e) for e in (model.eos_token_ids or []))
+        self.sampling = bool(self.params.search.do_sample)
         self.groups = self.joins = self.refused = self.replays = 0
         self._queue: collections.deque[BatchRequest] = collections.deque()
         self._cond = threading.Condition()
@@ -206,8 +220,11 @@ class ContinuousBatcher:
 
     # -- requests ------------------------------------------------------------------------
 
-    def submit(self, prompt: Sequence[int] | np.ndarray, max_new_tokens: int) -> BatchRequest:
-        """Queue one prompt (ids); its tokens come on the returned request."""
+    def submit(self, prompt: Sequence[int] | np.ndarray, max_new_tokens: int,
+               seed: int | None = None) -> BatchRequest:
+        """Queue one prompt (ids); its tokens come on the returned request. ``seed``: its
+        random stream in a sampling batcher (None or -1: the batcher's ``random_seed``,
+        or a fresh one)."""
         if self._closed:
             raise GenaiError("the batcher is closed")
         row = check_rows(np.asarray(prompt).reshape(1, -1) if np.ndim(prompt) <= 1 else prompt,
@@ -219,11 +236,22 @@ class ContinuousBatcher:
         if row.shape[0] + max_new_tokens > self.capacity:
             raise GenerationInputError(f"a prompt of {row.shape[0]} tokens + {max_new_tokens} "
                                        f"new exceeds max_length {self.capacity}")
-        req = BatchRequest(row, max_new_tokens)
+        req = BatchRequest(row, max_new_tokens, self._seed(seed))
         with self._cond:
             self._queue.append(req)
             self._cond.notify_all()
         return req
+
+    def _seed(self, seed: int | None) -> int:
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
+                                 or not -1 <= seed < 1 << 63):
+            raise GenerationInputError(f"seed must be an int in [-1, 2**63), got {seed!r}")
+        if not self.sampling:
+            return -1
+        if seed is None or seed < 0:
+            seed = self.params.search.random_seed
+        # a fresh stream is still a seeded one: a replay after a stage restart redraws it
+        return int(seed) if seed >= 0 else secrets.randbits(63)
 
     def _requeue(self, req: BatchRequest, refused: str = "") -> None:
         """Back to the front: it starts the next group (``refused``: the group that had
@@ -291,8 +319,9 @@ class ContinuousBatcher:
         take = [r for r in take if not r.cancelled]
         if not take:
             return
+        seeds = [r.seed for r in take] + [0] * (self.slots - len(take))  # spare rows: unread
         try:
-            g = _BatchGroup(self, self.params)
+            g = _BatchGroup(self, self.params, seeds, max(int(r.prompt.shape[0]) for r in take))
         except BaseException as e:
             for req in take:
                 req._finish(e)
@@ -305,7 +334,6 @@ class ContinuousBatcher:
         g.prompt_length = g.seen = g._got
         for i, req in enumerate(take):
             g.rows[i] = req
-            g.first[i] = g._got
 
     def _advance(self, g: _BatchGroup) -> None:
         """One more column of ``g`` to its requests, free rows to the queue; the group
@@ -368,7 +396,7 @@ class ContinuousBatcher:
             row = free.pop(0)
             g.joining[req.key] = (req, row, g.epoch)
             g.decoder.first.join.remote(g.gid, Join(row, req.key, req.prompt, req.max_new,
-                                                    epoch=g.epoch))
+                                                    epoch=g.epoch, seed=req.seed))
 
     # -- lifetime ------------------------------------------------------------------------
 

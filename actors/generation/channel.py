@@ -77,7 +77,7 @@ def encode_step(gid: str, epoch: int, job: Job, carried: list[dict[str, Any]]) -
          None if job.draws is None else int(job.draws), _opt(job.end), _opt(job.start),
          [{name: tensor_to_map(v) for name, v in c.items()} for c in carried], bool(job.logits),
          [[int(j.row), j.key, tensor_to_map(j.prompt), int(j.max_new), int(j.epoch), int(j.at),
-           bool(j.ok)] for j in job.joins]],
+           bool(j.ok), int(j.seed)] for j in job.joins]],
         use_bin_type=True)
     return _HEADER.pack(len(body)) + body
 
@@ -121,15 +121,16 @@ def decode_step(body: bytes) -> tuple[str, int, Job, list[dict[str, Any]]]:
 
 
 def _join(v: Any) -> Join:
-    if not isinstance(v, list) or len(v) != 7 or not isinstance(v[1], str) \
+    if not isinstance(v, list) or len(v) != 8 or not isinstance(v[1], str) \
             or not isinstance(v[6], bool):
-        raise WireFormatError("step frame: a join is [row, key, prompt, max_new, epoch, at, ok]")
+        raise WireFormatError("step frame: a join is [row, key, prompt, max_new, epoch, at, ok, "
+                              "seed]")
     prompt = tensor_from_map(v[2])
     if prompt.ndim != 1 or prompt.dtype != "int64":
         raise WireFormatError(f"step frame: a join's prompt must be int64 [n], got {prompt.dtype} "
                               f"{prompt.shape}")
     return Join(_int(v[0], "join row"), v[1], prompt, _int(v[3], "join max_new"),
-                _int(v[4], "join epoch"), _int(v[5], "join at"), v[6])
+                _int(v[4], "join epoch"), _int(v[5], "join at"), v[6], _int(v[7], "join seed"))
 
 
 # -- the two ends ---------------------------------------------------------------------------

@@ -36,6 +36,9 @@ class GroupSpec:
     #: a batcher's group (batcher.py): it runs until its capacity or the driver closes
     #: it, not when every row has ended (a request may be joining a freed row)
     batched: bool = False
+    #: a batcher's sampling group: each row's (seed, column of its first token), its
+    #: request's own random stream (None: the rows draw from one, ``search``'s seed)
+    row_seeds: tuple[tuple[int, int], ...] | None = None
 
 
 @dataclass
@@ -54,6 +57,7 @@ class Join:
     epoch: int = 0  # the group's epoch it was sent under (a replay drops it)
     at: int = -1
     ok: bool = False
+    seed: int = -1  # the request's random stream, in a sampling group (-1: a fresh one)
 
 
 @dataclass

@@ -171,7 +171,7 @@ class GenerationStage:
             self.groups[gid] = g
             self.reserved[gid] = sum(need.values())
             if self.index == self.count - 1:
-                g.sampler = Sampler(SearchOptions(**spec.search), *self._sampler_args())
+                g.sampler = self._sampler(spec)
                 if spec.inbox is not None and self.link.enabled \
                         and spec.inbox[0] == ray.get_runtime_context().get_node_id():
                     g.outlet = TokenOutlet.connect(spec.inbox[1], self.label)
@@ -227,10 +227,12 @@ class GenerationStage:
         started = time.perf_counter()
         g.apply(job)
         if job.draws is not None and self.index == self.count - 1:
-            g.sampler = Sampler(SearchOptions(**g.spec.search), *self._sampler_args())
-            if g.sampler.options.do_sample:
-                for _ in range(job.draws):
-                    g.sampler.rng.random((g.batch, 1))
+            g.sampler = self._sampler(g.spec)
+            if g.spec.row_seeds is None:
+                g.sampler.skip(job.draws, g.batch)
+            else:  # each row past what it drew since its first token (the next is g.length)
+                for row, (seed, first) in enumerate(g.spec.row_seeds):
+                    g.sampler.reseed(row, seed, g.length - first)
             g.draws = job.draws
         if self.index == 0 and g.pending:
             self._admit_joins(g, epoch, job)
@@ -240,6 +242,8 @@ class GenerationStage:
         extra = list(carried[n:]) + [{}] * (len(job.joins) - len(carried[n:]))  # stage 0: none
         for j, came in zip(job.joins, extra):
             joined.append(self._join_row(g, j, came) if j.ok else {})
+            if j.ok and g.sampler is not None and g.sampler.row_rngs is not None:
+                g.sampler.reseed(j.row, j.seed)  # the request's own draws from its first token
         last: Any = None
         for (p, t), came in zip(job.pieces, carried):
             feeds = g.feeds(self.layout, p, t, self.fixed, self.shared)
@@ -409,9 +413,13 @@ class GenerationStage:
 
             raise StageNotLoaded(f"{self.label} was restarted and has no stage yet")
 
-    def _sampler_args(self) -> tuple[Any, Any, Any]:
+    def _sampler(self, spec: GroupSpec) -> Sampler:
+        """The last stage's sampler for a group (a stream per row for a batcher's
+        sampling group)."""
         prov = self.runner.output_provider
-        return prov.xp, prov.to_host, prov.to_device
+        seeds = None if spec.row_seeds is None else [s for s, _ in spec.row_seeds]
+        return Sampler(SearchOptions(**spec.search), prov.xp, prov.to_host, prov.to_device,
+                       row_seeds=seeds)
 
     def _need(self, spec: GroupSpec) -> dict[str, int]:
         need: dict[str, int] = {}

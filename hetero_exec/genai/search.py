@@ -3,13 +3,15 @@ top-k / top-p sampling at a temperature. Only the chosen ids come to the host.
 
 Sampling draws one uniform number per sequence from a seeded NumPy generator on the
 host and inverts the kept tokens' cumulative distribution on the device: the same seed
-gives the same tokens on every provider.
+gives the same tokens on every provider. A batch draws its rows' numbers from one
+generator, or, given ``row_seeds``, each row from its own (continuous batching: a
+request's draws are then those it makes alone, whatever shares its group).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -84,13 +86,40 @@ def _coerce(name: str, value: Any, current: Any) -> Any:
 class Sampler:
     """Picks one token per row from the last position's logits, on ``xp``."""
 
-    def __init__(self, options: SearchOptions, xp: Any, to_host: Any, to_device: Any):
+    def __init__(self, options: SearchOptions, xp: Any, to_host: Any, to_device: Any,
+                 row_seeds: Sequence[int] | None = None):
         self.options = options
         self.xp = xp
         self.to_host = to_host
         self.to_device = to_device
-        seed = options.random_seed
-        self.rng = np.random.default_rng(None if seed < 0 else seed)
+        self.rng = _rng(options.random_seed)
+        #: a random stream per row, or None: the batch's rows draw in turn from ``rng``
+        self.row_rngs = None if row_seeds is None else [_rng(int(s)) for s in row_seeds]
+
+    def reseed(self, row: int, seed: int, drawn: int = 0) -> None:
+        """Row ``row`` draws from a new stream of ``seed``, past its first ``drawn``
+        numbers (a request taking the row; a replay's row that had drawn them)."""
+        if self.row_rngs is None:
+            raise ValueError("reseed needs a sampler with a random stream per row")
+        self.row_rngs[row] = _rng(seed)
+        if drawn > 0 and self.options.do_sample:
+            self.row_rngs[row].random(drawn)
+
+    def skip(self, draws: int, rows: int) -> None:
+        """Past the numbers ``draws`` earlier steps of ``rows`` rows took (a replay's
+        sampler)."""
+        if not self.options.do_sample or draws <= 0:
+            return
+        if self.row_rngs is None:
+            self.rng.random(draws * rows)  # a step's rows draw in turn: the same numbers
+        else:
+            for g in self.row_rngs:
+                g.random(draws)
+
+    def _uniform(self, rows: int) -> np.ndarray:
+        if self.row_rngs is None:
+            return self.rng.random((rows, 1))
+        return np.array([[g.random()] for g in self.row_rngs])
 
     def choose(self, logits: Any, banned: np.ndarray | None = None,
                history: Any = None) -> np.ndarray:
@@ -130,7 +159,11 @@ class Sampler:
             probs = xp.where(keep, probs, 0.0)
             probs = probs / probs.sum(axis=-1, keepdims=True)
         cum = xp.cumsum(probs, axis=-1)
-        u = self.to_device(self.rng.random((logits.shape[0], 1)).astype(np.float32))
+        u = self.to_device(self._uniform(logits.shape[0]).astype(np.float32))
         pick = xp.minimum((cum < u).sum(axis=-1), k - 1)
         chosen = xp.take_along_axis(order, pick[:, None], axis=-1)[:, 0]
         return np.asarray(self.to_host(chosen), dtype=np.int64)
+
+
+def _rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(None if seed < 0 else seed)

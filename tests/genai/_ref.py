@@ -1,10 +1,13 @@
 """onnxruntime's greedy loop over the same decoder: each step's presents fed back as the
 next step's pasts, left padding through the attention mask and positions (HF's rule:
-cumsum(mask) - 1, padded positions 1). What the generator is checked against."""
+cumsum(mask) - 1, padded positions 1). What the generator is checked against; with
+`seeded_sampling`'s choice, its sampling too (top-k / top-p at a temperature, written
+here from the rule, not from the generator's code)."""
 
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -36,8 +39,10 @@ def left_padded(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def ort_greedy(path: str, rows: list[list[int]], new_tokens: int,
-               eos: list[int] = ()) -> list[list[int]]:
-    """The generated tokens of each row (up to and including eos)."""
+               eos: list[int] = (), choose: Callable[[np.ndarray], np.ndarray] | None = None
+               ) -> list[list[int]]:
+    """The generated tokens of each row (up to and including eos); ``choose``: the ids
+    from the last position's logits [batch, vocab] (argmax when None)."""
     so = ort.SessionOptions()
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
@@ -54,7 +59,8 @@ def ort_greedy(path: str, rows: list[list[int]], new_tokens: int,
         pos = np.where(mask == 0, 1, pos)[:, -ids.shape[1]:]
         res = sess.run(names, {layout.input_ids: ids, layout.attention_mask: mask,
                                layout.position_ids: pos, **past})
-        nxt = res[0][:, -1].argmax(-1)
+        last = res[0][:, -1]
+        nxt = last.argmax(-1) if choose is None else choose(last)
         nxt = np.where(done, PAD, nxt)
         for i in range(batch):
             if not done[i]:
@@ -66,3 +72,28 @@ def ort_greedy(path: str, rows: list[list[int]], new_tokens: int,
         ids = nxt[:, None].astype(np.int64)
         mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], 1)
     return out
+
+
+def seeded_sampling(seed: int, top_k: int = 50, top_p: float = 1.0,
+                    temperature: float = 1.0) -> Callable[[np.ndarray], np.ndarray]:
+    """The sampling rule `hetero_exec.genai.search` documents, for ``ort_greedy``'s
+    ``choose``: the logits over the temperature, the top_k largest (ties: the lower id
+    first), softmax, the smallest prefix whose probability reaches top_p, then one
+    uniform number per row (the rows in turn) from ``numpy.random.default_rng(seed)``
+    picks the first token whose cumulative probability passes it."""
+    rng = np.random.default_rng(seed)
+
+    def choose(logits: np.ndarray) -> np.ndarray:
+        out = []
+        for row in logits.astype(np.float32) / np.float32(temperature):
+            order = np.argsort(-row, kind="stable")[:top_k or row.shape[0]]
+            p = np.exp(row[order] - row[order[0]])
+            p /= p.sum()
+            if top_p < 1.0:
+                p = np.where(np.cumsum(p) - p < top_p, p, 0.0)
+                p /= p.sum()
+            u = np.float32(rng.random())
+            out.append(order[min(int((np.cumsum(p) < u).sum()), len(order) - 1)])
+        return np.array(out, np.int64)
+
+    return choose

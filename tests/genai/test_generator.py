@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import hetero_exec.genai as og
-from tests.genai._ref import ARCHS, EXPORTERS, model_path, ort_greedy, prompts
+from tests.genai._ref import ARCHS, EXPORTERS, model_path, ort_greedy, prompts, seeded_sampling
 
 NEW = 20
 MIXED = [("sim-gpu", {"exclude_ops": ["Softmax"]}), "cpu"]
@@ -197,6 +197,9 @@ def test_seeded_sampling_reproducible():
                   random_seed=8)
     assert a == b and a != c
     assert all(0 <= t < 256 for row in a for t in row)
+    # the rule, over onnxruntime's logits: the rows draw in turn from the seed's stream
+    assert a == ort_greedy(model_path("gpt2", "optimum"), rows, NEW,
+                           choose=seeded_sampling(7, top_k=20, top_p=0.9, temperature=0.8))
     # top_k=1 sampling is greedy
     greedy = ort_greedy(model_path("gpt2", "optimum"), rows, NEW)
     assert _generate(model, rows, do_sample=True, top_k=1, random_seed=3) == greedy

@@ -11,7 +11,7 @@ import ray
 
 import hetero_exec.genai as og
 from actors.generation.batcher import ContinuousBatcher, wait_all
-from tests.genai._ref import model_path, ort_greedy
+from tests.genai._ref import model_path, ort_greedy, seeded_sampling
 from tests.ray.helpers import eventually
 
 pytestmark = pytest.mark.ray
@@ -19,6 +19,7 @@ pytestmark = pytest.mark.ray
 DEVICES = ["sim-gpu:0", "sim-gpu:1"]
 #: (prompt length, new tokens): shorter and longer than what runs when they join
 SHAPES = [(6, 5), (9, 12), (4, 7), (12, 9), (1, 6), (7, 10), (5, 4)]
+SAMPLING = {"do_sample": True, "top_k": 20, "top_p": 0.9, "temperature": 0.8}
 
 _local: dict = {}
 
@@ -152,14 +153,44 @@ def test_closing_with_requests_queued_fails_them_and_frees_the_cache(llama):
     assert eventually(lambda: _cache_free(llama))
 
 
-def test_a_stage_killed_mid_batching_loses_no_request(ray_session):
-    model = og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES,
-                     max_replays=2)
+def _sampled(path: str, prompt: list[int], new: int, seed: int, eos) -> list[int]:
+    """onnxruntime's loop drawing from ``seed``'s stream by the sampling rule."""
+    return ort_greedy(path, [prompt], new, list(eos), choose=seeded_sampling(seed, **{
+        k: v for k, v in SAMPLING.items() if k != "do_sample"}))[0]
+
+
+def test_sampled_requests_draw_from_their_own_seed_whatever_shares_their_group(llama):
+    path = model_path("llama", "optimum")
+    reqs = _requests(8)
+    seeds = [None, 3, 4, None, 6, 7, 8]  # None: the batcher's random_seed
+    with ContinuousBatcher(llama, slots=2, max_length=64, random_seed=5, **SAMPLING) as batcher:
+        handles = [batcher.submit(p, n, seed=s) for (p, n), s in zip(reqs, seeds)]
+        got = wait_all(handles)
+        stats = batcher.stats()
+        with pytest.raises(og.GenerationInputError, match="seed must be"):
+            batcher.submit([5, 6], 2, seed=1.5)
+    eos = llama.eos_token_ids or ()
+    assert got == [_sampled(path, p, n, 5 if s is None else s, eos)
+                   for (p, n), s in zip(reqs, seeds)]
+    assert stats["joins"] >= 2  # rows taken mid-group draw from the new request's stream
+    assert len({tuple(g) for g in got}) == len(got)
+    assert eventually(lambda: _cache_free(llama))
+
+
+@pytest.mark.parametrize("search", [{}, SAMPLING], ids=["greedy", "sampling"])
+def test_a_stage_killed_mid_batching_loses_no_request(ray_session, search):
+    path = model_path("llama", "optimum")
+    model = og.Model(path, executor="ray", stages=2, providers=DEVICES, max_replays=2)
     try:
         reqs = _requests(6, [(6, 30), (9, 24), (4, 30), (7, 20), (5, 26), (8, 16)])
-        want = [_alone(_local_model("llama"), p, n) for p, n in reqs]
-        with ContinuousBatcher(model, slots=2, max_length=96) as batcher:
-            handles = [batcher.submit(p, n) for p, n in reqs]
+        seeds = list(range(20, 26))
+        if search:  # each row's stream goes on past what it had drawn
+            want = [_sampled(path, p, n, s, model.eos_token_ids or ())
+                    for (p, n), s in zip(reqs, seeds)]
+        else:
+            want = [_alone(_local_model("llama"), p, n) for p, n in reqs]
+        with ContinuousBatcher(model, slots=2, max_length=96, **search) as batcher:
+            handles = [batcher.submit(p, n, seed=s) for (p, n), s in zip(reqs, seeds)]
             stream = handles[0].stream(timeout=60)
             for _ in range(4):
                 next(stream)

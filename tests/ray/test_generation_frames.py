@@ -16,7 +16,8 @@ from actors.transport.wire import WireFormatError, tensor_to_map
 
 
 def _job() -> Job:
-    join = Join(1, "req-1", np.array([5, 6, 7], dtype=np.int64), 9, epoch=2, at=14, ok=True)
+    join = Join(1, "req-1", np.array([5, 6, 7], dtype=np.int64), 9, epoch=2, at=14, ok=True,
+                seed=123)
     return Job(14, np.array([[3], [4]], dtype=np.int64), [(14, 15)], joins=[join])
 
 
@@ -26,8 +27,8 @@ def test_a_step_frame_carries_its_joins_and_their_prefill_values():
     gid, epoch, job, carried = decode_step(frame[_HEADER.size:])
     assert (gid, epoch, job.at, job.pieces) == ("g", 2, 14, [(14, 15)])
     [j] = job.joins
-    assert (j.row, j.key, j.prompt.tolist(), j.max_new, j.epoch, j.at, j.ok) == \
-        (1, "req-1", [5, 6, 7], 9, 2, 14, True)
+    assert (j.row, j.key, j.prompt.tolist(), j.max_new, j.epoch, j.at, j.ok, j.seed) == \
+        (1, "req-1", [5, 6, 7], 9, 2, 14, True, 123)
     assert len(carried) == 2 and carried[1]["h"].shape == (1, 2, 4)
 
 
@@ -39,10 +40,12 @@ def _step_body(joins) -> bytes:
 
 @pytest.mark.parametrize("joins, words", [
     ("x", "joins of the wrong type"),
-    ([[1, "k", tensor_to_map(np.array([5], np.int64)), 3, 0, 5]], "a join is"),
-    ([[1, 2, tensor_to_map(np.array([5], np.int64)), 3, 0, 5, True]], "a join is"),
-    ([[1, "k", tensor_to_map(np.array([5.0], np.float32)), 3, 0, 5, True]], "prompt must be int64"),
-    ([[1, "k", tensor_to_map(np.array([5], np.int64)), 3.5, 0, 5, True]], "join max_new"),
+    ([[1, "k", tensor_to_map(np.array([5], np.int64)), 3, 0, 5, True]], "a join is"),
+    ([[1, 2, tensor_to_map(np.array([5], np.int64)), 3, 0, 5, True, -1]], "a join is"),
+    ([[1, "k", tensor_to_map(np.array([5.0], np.float32)), 3, 0, 5, True, -1]],
+     "prompt must be int64"),
+    ([[1, "k", tensor_to_map(np.array([5], np.int64)), 3.5, 0, 5, True, -1]], "join max_new"),
+    ([[1, "k", tensor_to_map(np.array([5], np.int64)), 3, 0, 5, True, "7"]], "join seed"),
 ])
 def test_a_malformed_join_is_refused_naming_it(joins, words):
     with pytest.raises(WireFormatError, match=words):
