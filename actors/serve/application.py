@@ -66,7 +66,7 @@ def build_app(
     a path to a decoder (`decoder_file`: a genai folder, or an ``.onnx`` with a
     key/value cache), True insists (ValueError otherwise), False serves ``/infer``.
     ``batch_slots``, ``batch_max_length``: a decoder on stage actors (``executor="ray"``)
-    serves greedy requests by continuous batching, groups of ``batch_slots`` rows of
+    serves its requests by continuous batching, groups of ``batch_slots`` rows of
     up to ``batch_max_length`` tokens (0 slots: a Generator a request).
     Building plans the model here; deploying it needs Ray Serve:
 

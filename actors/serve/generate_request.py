@@ -30,6 +30,8 @@ SEARCH_OPTIONS: dict[str, tuple[type, ...]] = {
     "temperature": (int, float), "top_k": (int,), "top_p": (int, float), "do_sample": (bool,),
     "min_length": (int,), "repetition_penalty": (int, float), "random_seed": (int,),
 }
+#: random_seed's bound (exclusive)
+MAX_SEED = 1 << 63
 _PROMPT_KEYS = ("input_ids", "text_input")
 _KNOWN = (*_PROMPT_KEYS, "parameters", "max_tokens", *SEARCH_OPTIONS)
 SSE = "text/event-stream; charset=utf-8"
@@ -85,6 +87,9 @@ def parse_generate_request(body: bytes) -> GenerateRequest:
             raise ProtocolError(f"parameter {key!r} must be a JSON "
                                 f"{' or '.join(k.__name__ for k in kinds)}, got {value!r}")
         search[key] = value
+    seed = search.get("random_seed", -1)
+    if not -1 <= seed < MAX_SEED:  # a request's stream travels between stages as an int64
+        raise ProtocolError(f"random_seed must be -1 (a fresh seed) or in [0, 2**63), got {seed}")
     ids, text = obj.get("input_ids"), obj.get("text_input")
     if (ids is None) == (text is None):
         raise ProtocolError("a generate request needs one prompt: input_ids (token ids) or "

@@ -4,11 +4,12 @@
 Every request gets its own Generator (`TokenStream`), admitted against the model's
 cache budget before its first token; the replica's requests share the model (its
 session, and its pipeline when it runs on stage actors). On stage actors
-(``executor="ray"``), greedy requests share running groups instead
-(`BatchedStream`: continuous batching, `actors.generation.batcher`): a request takes a
-row another freed at the group's next step, ``batch_slots`` rows a group; a sampling
-request (its tokens would depend on its group's other rows), one longer than
-``batch_max_length``, or a decoder the batcher cannot take gets its own Generator.
+(``executor="ray"``), requests share running groups instead (`BatchedStream`:
+continuous batching, `actors.generation.batcher`), a batcher for each set of search
+options but the seed: a request takes a row another freed at the group's next step,
+``batch_slots`` rows a group, and a sampling request draws from its own seed's stream
+there, as alone; one longer than ``batch_max_length``, or a decoder the batcher cannot
+take, gets its own Generator.
 Steps run on the replica's pool, one step a job, so concurrent streams take turns
 token by token (one thread for a model the replica runs itself, as its inference runs
 are; 4 for one on stage actors). A request that ends, fails, or whose client goes away
@@ -103,8 +104,10 @@ class BatchedStream:
     waits for the first token, so a refusal (the group's admission) raises before any
     answer is sent."""
 
-    def __init__(self, batcher: Any, prompt: list[int], max_tokens: int, eos: set[int]):
+    def __init__(self, batcher: Any, prompt: list[int], max_tokens: int, eos: set[int],
+                 seed: int = -1):
         self.batcher, self.prompt, self.max_tokens, self.eos = batcher, prompt, max_tokens, eos
+        self.seed = seed
         self.made = 0
         self.finish_reason: str | None = None
         self.released = False
@@ -116,7 +119,7 @@ class BatchedStream:
         if self.max_tokens == 0:
             self.finish_reason = "length"
             return
-        self._req = self.batcher.submit(self.prompt, self.max_tokens)
+        self._req = self.batcher.submit(self.prompt, self.max_tokens, seed=self.seed)
         self._tokens = self._req.stream()
         self._first = next(self._tokens)
 
@@ -250,7 +253,8 @@ class GenerativeModel:
         batcher = self._batcher(prompt, req)
         if batcher is not None:
             stream: Any = BatchedStream(batcher, prompt, req.max_tokens,
-                                        set(self.model.eos_token_ids or ()))
+                                        set(self.model.eos_token_ids or ()),
+                                        int(req.search.get("random_seed", -1)))
             job = self.pool.submit(lambda: (stream.start(), stream)[1])
         else:
             job = self.pool.submit(opened, self.model, prompt, req.max_tokens, req.search)
@@ -268,10 +272,11 @@ class GenerativeModel:
     def _batcher(self, prompt: list[int], req: GenerateRequest) -> Any:
         """The running batcher for ``req``'s search options, or None when it gets a
         Generator of its own (see the module docstring)."""
-        if self.no_batching or req.max_tokens == 0 or req.search.get("do_sample") \
+        if self.no_batching or req.max_tokens == 0 \
                 or len(prompt) + req.max_tokens > self.spec.batch_max_length:
             return None
-        key = tuple(sorted(req.search.items()))
+        search = {k: v for k, v in req.search.items() if k != "random_seed"}  # a row's own
+        key = tuple(sorted(search.items()))
         batcher = self.batchers.get(key)
         if batcher is None:
             if len(self.batchers) >= MAX_BATCHERS:
@@ -280,7 +285,7 @@ class GenerativeModel:
 
             batcher = self.batchers[key] = ContinuousBatcher(  # SearchOptionError here
                 self.model, slots=self.spec.batch_slots,
-                max_length=self.spec.batch_max_length, **req.search)
+                max_length=self.spec.batch_max_length, **search)
         return batcher
 
     async def tokens(self, stream: TokenStream) -> AsyncIterator[int]:

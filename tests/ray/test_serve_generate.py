@@ -273,6 +273,7 @@ BAD = [
     ({"input_ids": [1, 2], "parameters": {"temperature": 0}}, 400, "temperature must be > 0"),
     ({"input_ids": [1, 2], "parameters": {"top_k": True}}, 400, "'top_k' must be"),
     ({"input_ids": [1, 2], "parameters": {"beams": 2}}, 400, "unknown parameter 'beams'"),
+    ({"input_ids": [1, 2], "random_seed": 1 << 64}, 400, "random_seed must be -1"),
     ({"input_ids": [1, 2], "prompt": "x"}, 400, "unknown field(s) 'prompt'"),
     ({"input_ids": [1, 2], "parameters": [1]}, 400, "parameters must be a JSON object"),
     ({"text_input": "hi"}, 400, "text_input needs a tokenizer"),

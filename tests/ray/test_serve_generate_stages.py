@@ -1,7 +1,8 @@
 """Triton's generate extension served from a decoder split over stage actors
 (``executor="ray"``, two stages on sim-gpu:0 and sim-gpu:1, started by the replica):
-greedy requests share running groups (continuous batching, actors/generation/batcher.py),
-driven over real HTTP on 127.0.0.1; tokens checked against onnxruntime's greedy loop."""
+requests share running groups (continuous batching, actors/generation/batcher.py),
+driven over real HTTP on 127.0.0.1; tokens checked against onnxruntime's loop (greedy,
+or drawing from each request's seed by the sampling rule)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import threading
 import pytest
 
 from actors.serve.generate_request import parse_sse
-from tests.genai._ref import model_path, ort_greedy, prompts
+from tests.genai._ref import model_path, ort_greedy, prompts, seeded_sampling
 from tests.ray.helpers import eventually, free_port, post_json
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
@@ -67,27 +68,32 @@ def _generation(port: int) -> dict:
     return body["generation"]
 
 
-def test_concurrent_streams_share_groups_with_their_own_tokens(server):
-    rows = [[int(t) for t in r] for r in prompts(3, seed=21)] + \
-        [[int(t) for t in r] for r in prompts(3, seed=22)]
-    news = [6, 14, 9, 11, 5, 8]
-    want = [ort_greedy(LLAMA, [r], n)[0] for r, n in zip(rows, news)]
+def _concurrently(port: int, bodies: list[dict]) -> list[list[int]]:
     got: dict[int, list[int]] = {}
     errors: list[BaseException] = []
 
     def worker(i: int) -> None:
         try:
-            got[i] = _stream(server, {"input_ids": rows[i], "max_tokens": news[i]})
+            got[i] = _stream(port, bodies[i])
         except BaseException as e:  # reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(rows))]
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(bodies))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(300)
     assert not errors, errors
-    assert [got[i] for i in range(len(rows))] == want
+    return [got[i] for i in range(len(bodies))]
+
+
+def test_concurrent_streams_share_groups_with_their_own_tokens(server):
+    rows = [[int(t) for t in r] for r in prompts(3, seed=21)] + \
+        [[int(t) for t in r] for r in prompts(3, seed=22)]
+    news = [6, 14, 9, 11, 5, 8]
+    want = [ort_greedy(LLAMA, [r], n)[0] for r, n in zip(rows, news)]
+    got = _concurrently(server, [{"input_ids": r, "max_tokens": n} for r, n in zip(rows, news)])
+    assert got == want
     batching = _generation(server)["batching"]
     # six streams, two rows a group, a group per stage: some joined a running group
     assert batching["groups"] >= 1 and batching["joins"] >= 1
@@ -97,17 +103,28 @@ def test_concurrent_streams_share_groups_with_their_own_tokens(server):
     assert len(_stage_actors()) == 2
 
 
-def test_sampling_and_long_requests_get_a_generator_of_their_own(server):
+def test_sampled_streams_share_groups_each_drawing_from_its_own_seed(server):
+    rows = [[int(t) for t in r] for r in prompts(3, seed=25)] + [[5, 6, 7, 8]]
+    news, seeds = [7, 12, 5, 9], [31, 32, 33, 34]
+    search = {"do_sample": True, "top_k": 8, "top_p": 0.95, "temperature": 0.7}
+    before = _generation(server)["batching"]
+    got = _concurrently(server, [{"input_ids": r, "max_tokens": n, "random_seed": s, **search}
+                                 for r, n, s in zip(rows, news, seeds)])
+    want = [ort_greedy(LLAMA, [r], n, choose=seeded_sampling(s, 8, 0.95, 0.7))[0]
+            for r, n, s in zip(rows, news, seeds)]
+    assert got == want
+    after = _generation(server)["batching"]
+    # the sampling options got a batcher of their own: four requests, two rows a group
+    assert after["groups"] > before["groups"] and after["joins"] > before["joins"]
+
+
+def test_long_requests_get_a_generator_of_their_own(server):
     prompt = [int(t) for t in prompts(1, seed=23)[0]]
     before = _generation(server).get("batching")
-    status, body = post_json(server, f"{ROUTE}/generate",
-                         {"input_ids": prompt, "max_tokens": 5, "do_sample": True,
-                          "random_seed": 3, "top_k": 4})
-    assert status == 200 and len(body["output_ids"]) == 5
     status, body = post_json(server, f"{ROUTE}/generate", {"input_ids": prompt, "max_tokens": 60})
     assert status == 200  # 12 + 60 tokens: more than a group holds (64)
     assert body["output_ids"] == ort_greedy(LLAMA, [prompt], 60)[0]
-    assert _generation(server).get("batching") == before  # neither went through the batcher
+    assert _generation(server).get("batching") == before  # not through the batcher
 
 
 def test_a_client_gone_mid_stream_frees_its_row(server):
