@@ -10,6 +10,8 @@ Figures per model:
 * 4 groups in flight (batch 1 each, round robin) on two single-threaded stages:
   tokens/s against an in-process single-threaded generator running the same 4
   sequences one after the other; and the same with default threads on both sides;
+  each counting the generators' opening (admission on every stage), and with them
+  open before the clock starts (what the ring itself sustains);
 * continuous batching (actors/generation/batcher.py): 8 requests of different lengths
   submitted at once to a ContinuousBatcher of 4 rows on the two single-threaded stages,
   against one in-process thread running them one after another and as static batches
@@ -21,6 +23,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 import onnx
@@ -92,16 +95,30 @@ def stage_pids(model) -> list[int]:
     return [i["pid"] for i in ray.get([a.info.remote() for a in model.remote.actors])]
 
 
-def tokens_per_s(model, prompts: list[np.ndarray], new: int, in_flight: bool) -> float:
+def tokens_per_s(model, prompts: list[np.ndarray], new: int, in_flight: bool
+                 ) -> tuple[float, float]:
     """Tokens/s over ``prompts`` (batch 1 each): all in flight, round robin, or one after
-    the other."""
+    the other; (counting the groups' opening, with the groups already open). Opening
+    (admission on every stage) is a Ray call to each stage actor, which waits behind
+    the steps of the groups already running there: 15-40 ms each on a 2-core host, so
+    with 32 new tokens the first figure is mostly the opening's."""
+    return _tokens_per_s(model, prompts, new, in_flight, False), \
+        _tokens_per_s(model, prompts, new, in_flight, True)
+
+
+def _tokens_per_s(model, prompts: list[np.ndarray], new: int, in_flight: bool,
+                  opened: bool) -> float:
+    def generator() -> Any:
+        params = hg.GeneratorParams(model)
+        params.set_search_options(batch_size=1, max_length=prompts[0].shape[1] + new)
+        return hg.Generator(model, params)
+
+    ready = [generator() for _ in prompts] if opened else []  # untimed
     t0 = time.perf_counter()
     gens = []
     total = 0
-    for rows in prompts:
-        params = hg.GeneratorParams(model)
-        params.set_search_options(batch_size=1, max_length=rows.shape[1] + new)
-        gen = hg.Generator(model, params)
+    for k, rows in enumerate(prompts):
+        gen = ready[k] if opened else generator()
         gen.append_tokens(rows)
         if in_flight:
             gens.append(gen)
@@ -118,6 +135,39 @@ def tokens_per_s(model, prompts: list[np.ndarray], new: int, in_flight: bool) ->
                 gen.close()
                 gens.remove(gen)
     return total / (time.perf_counter() - t0)
+
+
+def _ceiling_worker(path: str, prompts: list[np.ndarray], new: int, start: Any, out: Any) -> None:
+    model = hg.Model(path, providers=["sim-gpu:0"], intra_op_num_threads=1)
+    _tokens_per_s(model, prompts, new, False, True)  # warm: plans bound for these shapes
+    start.wait()
+    t0 = time.perf_counter()
+    tps = _tokens_per_s(model, prompts, new, False, True)
+    out.put((tps, t0, time.perf_counter()))
+
+
+def parallel_ceiling(path: str, prompts: list[np.ndarray], new: int) -> tuple[float, float]:
+    """Tokens/s of the in-process single-threaded generator in one process, and of two
+    such processes running at once (together): what two-way parallelism of this work
+    can give on this host at best, with no pipeline and no messages between them (two
+    vCPUs that share one physical core give far less than 2x)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    result = []
+    for n in (1, 2):
+        start, out = ctx.Barrier(n), ctx.Queue()
+        procs = [ctx.Process(target=_ceiling_worker, args=(path, prompts, new, start, out))
+                 for _ in range(n)]
+        for p in procs:
+            p.start()
+        got = [out.get(timeout=600) for _ in procs]
+        for p in procs:
+            p.join()
+        wall = max(e for _, _, e in got) - min(b for _, b, _ in got)
+        tokens = sum(tps * (e - b) for tps, b, e in got)
+        result.append(tokens / wall)
+    return result[0], result[1]
 
 
 def batcher_tokens_per_s(model, requests: list[tuple[np.ndarray, int]], slots: int
@@ -256,6 +306,7 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
                 r.append(tokens_per_s(remote1, prompts, args.new, in_flight=True))
                 wall = time.perf_counter() - t0
                 lo_.append(tokens_per_s(local1, prompts, args.new, in_flight=False))
+            r, lo_ = list(zip(*r)), list(zip(*lo_))  # (with opening, opened) each
             # the last round's: a full pipeline keeps each stage on a core or waiting for one
             print(f"{name:14} 4 groups in flight, 1 thread per stage, share of the time each "
                   "stage was on a core / runnable but waiting for one: " + ", ".join(
@@ -275,21 +326,32 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
                              statistics.median(static), st))
             remote1.close()
             throughput.append((name, "1 thread per stage", "1 thread",
-                               statistics.median(r), statistics.median(lo_)))
+                               [statistics.median(x) for x in r],
+                               [statistics.median(x) for x in lo_]))
             # the same with default threads on both sides
             r, lo_ = [], []
             for _ in range(args.rounds):
                 r.append(tokens_per_s(remote, prompts, args.new, in_flight=True))
                 lo_.append(tokens_per_s(local, prompts, args.new, in_flight=False))
             remote.close()
+            r, lo_ = list(zip(*r)), list(zip(*lo_))
             throughput.append((name, "default threads", "default threads",
-                               statistics.median(r), statistics.median(lo_)))
+                               [statistics.median(x) for x in r],
+                               [statistics.median(x) for x in lo_]))
         print(f"bare two-actor Ray ring on this host (no compute): {ring_floor_ms():.3f} ms per "
               "round, the floor of a token on two stages with stage_link=\"ray\"", flush=True)
-        for name, ours, theirs, r, lo_ in throughput:
-            print(f"{name:14} 4 groups in flight, {ours}: ray {r:7.1f} tok/s, "
-                  f"in process ({theirs}, one after another) {lo_:7.1f} tok/s: {r / lo_:.2f}x",
+        for name in names:
+            one, two = parallel_ceiling(os.path.join(models_dir, f"{name}.onnx"),
+                                        [prompt_rows(1, 32) + i for i in range(4)], args.new)
+            print(f"{name:14} the ceiling of two-way parallelism here: two processes each "
+                  f"running the in-process generator (1 thread) at once make {two:7.1f} tok/s "
+                  f"together, one alone {one:7.1f}: {two / one:.2f}x (no Ray, no pipeline)",
                   flush=True)
+        for name, ours, theirs, r, lo_ in throughput:
+            for k, what in enumerate(("opening them too", "already open")):
+                print(f"{name:14} 4 groups in flight ({what}), {ours}: ray {r[k]:7.1f} tok/s, "
+                      f"in process ({theirs}, one after another) {lo_[k]:7.1f} tok/s: "
+                      f"{r[k] / lo_[k]:.2f}x", flush=True)
         for name, cb, alone, static, st in batching:
             print(f"{name:14} continuous batching, 8 requests ({args.new // 2}-"
                   f"{args.new // 2 + 7 * args.new // 8} new tokens) in 4 rows on two "

@@ -5,7 +5,8 @@ HTTP, at 1 and 8 concurrent streams, beside the same generation in process.
     python bench/bench_serve_generate.py --model tests/genai/models/gpt2_optimum.onnx
 
 Three targets generate the same greedy tokens from the same prompts (``--prompt``
-tokens, ``--new`` new ones):
+tokens, ``--new`` new ones; with ``--sample``, top-k sampling, each prompt its own
+``random_seed``):
 
 * ``ort-genai``: onnxruntime-genai's Generator in this process (the anchor; builder
   folders only);
@@ -53,6 +54,15 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
 
 
+#: --sample's search options (and each prompt's random_seed); {} greedy
+SEARCH: dict[str, Any] = {}
+SEEDS: dict[tuple[int, ...], int] = {}
+
+
+def search_for(prompt: list[int]) -> dict[str, Any]:
+    return {**SEARCH, "random_seed": SEEDS[tuple(prompt)]} if SEARCH else {}
+
+
 def timed_tokens(make: Any, prompt: list[int], new: int) -> tuple[list[int], list[float]]:
     """A generator API's (ours or onnxruntime-genai's) tokens and each one's time."""
     import numpy as np
@@ -60,7 +70,7 @@ def timed_tokens(make: Any, prompt: list[int], new: int) -> tuple[list[int], lis
     mod, model = make
     t0 = time.perf_counter()
     params = mod.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + new)
+    params.set_search_options(max_length=len(prompt) + new, **search_for(prompt))
     gen = mod.Generator(model, params)
     gen.append_tokens(np.asarray([prompt], np.int64))
     tokens, times = [], []
@@ -82,7 +92,7 @@ def round_robin(make: Any, prompts: list[list[int]], new: int) -> list[tuple[lis
     gens, out = [], []
     for p in prompts:
         params = mod.GeneratorParams(model)
-        params.set_search_options(max_length=len(p) + new)
+        params.set_search_options(max_length=len(p) + new, **search_for(p))
         gen = mod.Generator(model, params)
         gen.append_tokens(np.asarray([p], np.int64))
         gens.append(gen)
@@ -102,8 +112,8 @@ def http_stream(port: int, path: str, prompt: list[int], new: int) -> tuple[list
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
     try:
         t0 = time.perf_counter()
-        conn.request("POST", path, json.dumps({"input_ids": prompt, "max_tokens": new}).encode(),
-                     {"content-type": "application/json"})
+        body = {"input_ids": prompt, "max_tokens": new, **search_for(prompt)}
+        conn.request("POST", path, json.dumps(body).encode(), {"content-type": "application/json"})
         r = conn.getresponse()
         if r.status != 200:
             raise RuntimeError(f"{r.status}: {r.read()!r}")
@@ -159,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also serve the model split over this many stage actors on "
                          "sim-gpu:0.. (executor=\"ray\"): 'stages' with continuous batching "
                          "(4 rows a group), 'stages-1by1' with a generator a request")
+    ap.add_argument("--sample", action="store_true",
+                    help="sampled streams (top_k 20, temperature 0.8, a seed a prompt) "
+                         "instead of greedy ones")
     args = ap.parse_args(argv)
     env = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     os.environ.update(env)  # before numpy loads its BLAS
@@ -176,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     vocab = ours.vocab_size or 256
     rng = np.random.default_rng(0)
     prompts = [[int(t) for t in rng.integers(3, vocab, args.prompt)] for _ in range(max(levels))]
+    if args.sample:
+        SEARCH.update(do_sample=True, top_k=20, temperature=0.8)
+        SEEDS.update({tuple(p): i for i, p in enumerate(prompts)})
     targets: dict[str, Any] = {"in-process": (hg, ours)}
     if os.path.isdir(args.model):
         try:
@@ -236,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     keys = list(rounds[0]["serve@1"])
     med = {k: {m: statistics.median(rd[k][m] for rd in rounds) for m in keys} for k in rounds[0]}
     print(f"\n{os.path.basename(args.model.rstrip('/'))}: prompt {args.prompt}, {args.new} new "
-          f"tokens a stream, greedy, {args.rounds} rounds (medians)")
+          f"tokens a stream, {'sampled' if args.sample else 'greedy'}, {args.rounds} rounds "
+          "(medians)")
     print(f"{'target':<16}" + "".join(f"{m:>14}" for m in keys))
     for k, v in med.items():
         print(f"{k:<16}" + "".join(f"{v[m]:>14.2f}" for m in keys))
