@@ -8,6 +8,10 @@ bytes wins (the residual stream, and the few small values every layer reads: the
 expanded mask, rotary tables, shape scalars). Values computed from weights alone
 are not carried: every stage that reads one computes it itself. A cache (a KVAppend's
 output) never crosses a cut: only activations do.
+
+A stage sends on what the stages after it read from it or from before it: a value
+stage 0 makes that stage 2 reads (Llama's rotary tables, read by every layer) goes
+through stage 1 unchanged (`StagePart.passed`).
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ class StagePart:
     entries: tuple[str, ...]  # the past names of its cache entries
     inputs: tuple[str, ...]  # the graph inputs it reads and the values carried into it
     carried_in: tuple[str, ...]  # values computed by earlier stages
-    carried_out: tuple[str, ...]  # values later stages read (none from the last stage)
+    carried_out: tuple[str, ...]  # values it makes that later stages read (none from the last)
     output: str | None  # the logits, on the last stage
+    #: values an earlier stage made that a later one reads: received and sent on as they are
+    passed: tuple[str, ...] = ()
 
 
 def split_decoder(model: onnx.ModelProto, layout: CacheLayout, stages: int) -> list[StagePart]:
@@ -69,7 +75,7 @@ def split_decoder(model: onnx.ModelProto, layout: CacheLayout, stages: int) -> l
                              "between them")
         bounds.append(_best_cut(graph, lo, hi, produced, last_read, constant, caches))
     bounds.append(len(graph.nodes))
-    parts = []
+    cuts = []  # per stage: (its nodes, the graph inputs and carried values it reads)
     for k in range(stages):
         lo, hi = bounds[k], bounds[k + 1]
         mine = graph.nodes[lo:hi]
@@ -90,15 +96,23 @@ def split_decoder(model: onnx.ModelProto, layout: CacheLayout, stages: int) -> l
         made = {o for n in nodes for o in n.outputs if o}
         inputs = list(dict.fromkeys(r for n in nodes for r in node_reads(n)
                                     if r and r not in made and r not in graph.initializers))
-        carried_in = [r for r in inputs if r in produced]
-        later = graph.nodes[hi:]
-        read_later = {r for n in later for r in node_reads(n)}
-        carried_out = [o for o in dict.fromkeys(o for n in mine for o in n.outputs if o)
-                       if o in read_later and o not in constant]
+        cuts.append((nodes, inputs, [r for r in inputs if r in produced]))
+    owner = {}  # a carried value -> the stage whose own nodes make it
+    for k in range(stages):
+        for n in graph.nodes[bounds[k]:bounds[k + 1]]:
+            owner.update({o: k for o in n.outputs if o})
+    parts = []
+    for k in range(stages):
+        lo, hi = bounds[k], bounds[k + 1]
+        nodes, inputs, carried_in = cuts[k]
+        wanted = dict.fromkeys(v for _, _, later in cuts[k + 1:] for v in later)
+        carried_out = [v for v in wanted if owner.get(v) == k]
+        passed = [v for v in wanted if owner.get(v, k) < k]
         bad = [v for v in carried_out if v in caches]
         if bad:
             raise GenaiError(f"a cut after node {hi} carries the cache {bad[0]!r}")
         output = layout.logits if k == stages - 1 else None
+        made = {o for n in nodes for o in n.outputs if o}
         if k == stages - 1 and layout.logits not in made:
             raise GenaiError(f"the last stage does not compute {layout.logits!r}")
         from actors.stage_model import stage_model
@@ -108,7 +122,7 @@ def split_decoder(model: onnx.ModelProto, layout: CacheLayout, stages: int) -> l
         held = [e for e in layout.entries if position[e.node] in range(lo, hi)]
         parts.append(StagePart(k, proto.SerializeToString(), tuple(sorted({e.layer for e in held})),
                                tuple(e.past for e in held), tuple(inputs), tuple(carried_in),
-                               tuple(carried_out), output))
+                               tuple(carried_out), output, tuple(passed)))
     return parts
 
 

@@ -255,8 +255,7 @@ class GenerationStage:
             if self.part.output:
                 last = values[self.part.output]
             else:
-                outs.append({n: move_value(values[n], self.runner.where[n], None)
-                             for n in self.part.carried_out})
+                outs.append(self._sent(values, came))
         if self.index < self.count - 1:
             self._count(job, time.perf_counter() - started)
             self.link.send(self.ring[self.index + 1], gid, epoch, job, outs + joined)
@@ -306,7 +305,15 @@ class GenerationStage:
         scratch.free()
         if self.part.output:
             return {}
-        return {k: move_value(values[k], self.runner.where[k], None) for k in self.part.carried_out}
+        return self._sent(values, came)
+
+    def _sent(self, values: dict[str, Any], came: dict[str, Any]) -> dict[str, Any]:
+        """What the next stage gets of a step: the values this stage made that later
+        stages read, on the host, and those it got from before that later ones read."""
+        out = {n: move_value(values[n], self.runner.where[n], None)
+               for n in self.part.carried_out}
+        out.update((n, came[n]) for n in self.part.passed)
+        return out
 
     def _count(self, job: Job, seconds: float) -> None:
         self.step_s += seconds

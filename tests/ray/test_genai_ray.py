@@ -374,3 +374,30 @@ def test_cli_generates_on_two_stages():
     assert [int(t) for t in out.stdout.split()] == ort_greedy(model_path("llama", "optimum"),
                                                              [ids], 8)[0]
     assert "8 tokens in" in out.stderr and "2 stage actors on sim-gpu:0, sim-gpu:1" in out.stderr
+
+
+def test_a_deeper_decoder_over_three_and_four_stages(ray_session):
+    # Llama's rotary tables are made before layer 0 and read by every layer: stage 1
+    # passes them on to stage 2 and 3 unchanged, beside the residual stream it makes
+    from actors.generation.batcher import ContinuousBatcher, wait_all
+
+    path = model_path("llama4", "optimum")
+    rows = prompts(2, seed=41)
+    want = ort_greedy(path, rows, NEW)
+    for stages in (3, 4):
+        model = og.Model(path, executor="ray", stages=stages, providers=DEVICES)
+        try:
+            info = [ray.get(a.info.remote()) for a in model.remote.actors]
+            assert [len(i["layers"]) for i in info] == ([1, 1, 2] if stages == 3 else [1] * 4)
+            assert _generate(model, rows) == want
+            if stages == 3:  # rows joining a running group: their prefill passes them on too
+                reqs = [(r, n) for r, n in zip(prompts(4, seed=42), (3, 12, 6, 4))]
+                with ContinuousBatcher(model, slots=2, max_length=40,
+                                       groups_in_flight=1) as batcher:
+                    got = wait_all([batcher.submit(p, n) for p, n in reqs])
+                    assert batcher.stats()["joins"] >= 1
+                assert got == [ort_greedy(path, [p], n)[0] for p, n in reqs]
+            assert eventually(lambda: _cache_free(model))
+        finally:
+            model.close()
+
