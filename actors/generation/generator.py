@@ -161,6 +161,7 @@ class RemoteGenerator(TokenRows):
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
                 ray.exceptions.ActorUnavailableError):
             got = {"missing": True}
+        _raise_failed(got)
         if got.get("missing") or (got["ids"].shape[1] == 0 and not got["done"]
                                   and not self.decoder.check()):
             self.decoder.recover(self._seen)
@@ -257,6 +258,7 @@ class RemoteGenerator(TokenRows):
                 except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
                         ray.exceptions.ActorUnavailableError):
                     got = {"missing": True}
+                _raise_failed(got)
                 if got.get("logits") is not None:
                     if self.is_done():  # the last stage freed the group's cache again
                         self._finished, self._running = True, False
@@ -319,3 +321,11 @@ class RemoteGenerator(TokenRows):
             self.close()
         except Exception:
             pass
+
+
+def _raise_failed(reply: dict[str, Any]) -> None:
+    """A step of the live epoch failed on a stage: its error, as in process (the
+    `SegmentRunError` carries the stage's original, a KernelError naming the node)."""
+    carrier = reply.get("error")
+    if carrier is not None:
+        raise getattr(carrier, "error", carrier)

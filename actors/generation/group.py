@@ -102,6 +102,8 @@ class StageGroup:
         self.sampler: Any = None  # the last stage's
         self.outlet: Any = None  # the last stage's token socket to the driver (inbox.py)
         self.logits: tuple[int, np.ndarray] | None = None  # (epoch, [batch, vocab]) on request
+        #: the last stage's: (epoch, SegmentRunError) when a step of that epoch failed on a stage
+        self.error: tuple[int, Any] | None = None
         self.ids = np.full((self.batch, self.capacity), spec.pad, dtype=np.int64)
         self.mask = np.zeros((self.batch, self.capacity), dtype=np.int64)
         self.start = np.asarray(spec.start, dtype=np.int64)

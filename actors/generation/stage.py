@@ -35,6 +35,7 @@ from actors.generation.group import GroupSpec, Job, Join, StageGroup
 from actors.generation.inbox import TokenOutlet
 from actors.generation.runner import StageRunner
 from actors.generation.split import StagePart
+from actors.remote_errors import SegmentRunError
 from hetero_exec.exec.chain import move_value
 from hetero_exec.genai.errors import CacheAdmissionError
 from hetero_exec.genai.layout import CacheLayout
@@ -220,6 +221,25 @@ class GenerationStage:
     # -- the ring -----------------------------------------------------------------------
 
     def step(self, gid: str, epoch: int, job: Job, carried: list[dict[str, Any]]) -> None:
+        try:
+            self._step(gid, epoch, job, carried)
+        except Exception as e:  # a kernel's failure: the group's driver raises it, not waits
+            log.exception("%s: a step of group %s failed", self.label, gid)
+            error = SegmentRunError(self.label, e)
+            if self.index == self.count - 1:
+                self.fail(gid, epoch, error)
+            else:
+                self.ring[-1].fail.remote(gid, epoch, error)
+
+    def fail(self, gid: str, epoch: int, error: Any) -> None:
+        """The last stage: a step of ``gid``'s ``epoch`` failed on a stage (``error``, a
+        `SegmentRunError`); the driver's next `tokens` or `logits` poll gets it."""
+        g = self.groups.get(gid)
+        if g is not None and epoch >= g.epoch:
+            g.error = (epoch, error)
+            self._notify()
+
+    def _step(self, gid: str, epoch: int, job: Job, carried: list[dict[str, Any]]) -> None:
         g = self.groups.get(gid)
         if self.part is None or g is None or epoch < g.epoch or not g.caches:
             return  # a closed group's, an old epoch's, or sent to a restarted actor
@@ -361,6 +381,8 @@ class GenerationStage:
         the group's cache was freed (that step was dropped); ``{"missing": True}`` when
         the group is unknown here (a restarted actor)."""
         def ready(g: StageGroup) -> dict[str, Any] | None:
+            if g.error is not None and g.error[0] == epoch:
+                return {"error": g.error[1]}
             if g.logits is not None and g.logits[0] == epoch:
                 return {"logits": g.logits[1]}
             if not g.caches:  # the ring had ended the group: the step was dropped
@@ -375,6 +397,8 @@ class GenerationStage:
         ``{"epoch", "at", "ids", "done"}``; ``{"missing": True}`` when the group is
         unknown here (a restarted actor)."""
         def ready(g: StageGroup) -> dict[str, Any] | None:
+            if g.error is not None and g.error[0] == epoch:
+                return {"error": g.error[1]}
             if g.live == epoch and (g.length > have or g.done()):
                 return {"epoch": g.live, "at": have, "ids": g.ids[:, have:g.length].copy(),
                         "done": g.done(), "acks": [a for a in g.acks if a[0] >= have]}

@@ -401,3 +401,19 @@ def test_a_deeper_decoder_over_three_and_four_stages(ray_session):
         finally:
             model.close()
 
+
+def test_a_step_that_fails_on_a_stage_raises_its_error_and_the_model_goes_on(ray_session):
+    # GPT-2 has 1024 positions: a 1030-token prompt fails in stage 0's position
+    # embedding (as in process: KernelError naming the node), not a ring that waits
+    from hetero_exec.errors import KernelError
+
+    path = model_path("gpt2", "optimum")
+    model = og.Model(path, executor="ray", stages=2, providers=DEVICES)
+    try:
+        with pytest.raises(KernelError, match="wpe/Gather.*out of bounds"):
+            _generate(model, [[5] * 1030], new=4)
+        rows = prompts(1, seed=43)
+        assert _generate(model, rows) == ort_greedy(path, rows, NEW)
+        assert eventually(lambda: _cache_free(model))
+    finally:
+        model.close()
