@@ -1,7 +1,8 @@
 """Generation over a 3-node ray.cluster_utils.Cluster, in its own process: a CPU head and
 two workers with one logical GPU each, so the two stages of a decoder (sim-gpu:0 and
 sim-gpu:1, each reserving a GPU) run on different nodes and the ring crosses between
-them. Tokens are compared with the in-process generator. Prints one JSON line.
+them; then a deeper decoder over three stages on those two nodes. Tokens are compared
+with the in-process generator. Prints one JSON line.
 
 Run by tests/ray/test_genai_ray.py; also by hand: ``python -m tests.ray.genai_multinode_main``.
 """
@@ -65,6 +66,20 @@ def main() -> int:
             report["sockets"] = model.remote.sockets  # the hops cross nodes: Ray calls
         finally:
             model.close()
+        # a 4-layer decoder over 3 stages on the 2 GPU nodes: stages 0 and 2 share one
+        # (a socket hop between them), the other hops cross nodes (Ray calls), and the
+        # rotary tables go from stage 0 through stage 1 to stage 2
+        deep = og.Model(model_path("llama4", "optimum"), executor="ray", stages=3,
+                        providers=["sim-gpu:0", "sim-gpu:1"])
+        try:
+            info = ray.get([a.info.remote() for a in deep.remote.actors])
+            report["deep_nodes"] = [i["node"] for i in info]
+            rows = prompts(2, seed=6)
+            local = og.Model(model_path("llama4", "optimum"), providers=["sim-gpu"])
+            report["deep_match"] = _generate(deep, rows) == _generate(local, rows)
+            report["deep_sockets"] = deep.remote.sockets
+        finally:
+            deep.close()
     finally:
         ray.shutdown()
         cluster.shutdown()

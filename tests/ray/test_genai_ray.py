@@ -258,6 +258,9 @@ def test_three_node_cluster_runs_the_stages_on_two_nodes():
     assert all(s["sent_ray"] > 0 and s["sent_socket"] == 0 and s["pushed"] == 0
                for s in report["stats"])  # the driver on the head node: tokens by polls
     assert all(s["groups"] == 0 and s["reserved_bytes"] == 0 for s in report["stats"])
+    nodes = report["deep_nodes"]  # stages 0 and 2 on sim-gpu:0's node, stage 1 on the other
+    assert nodes[0] == nodes[2] != nodes[1] and report["deep_match"] is True
+    assert report["deep_sockets"] == [False, False, True]  # stage 2 -> stage 0: one node
 
 
 def test_the_ray_call_link_gives_the_same_tokens(ray_session):
