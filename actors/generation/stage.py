@@ -228,7 +228,7 @@ class GenerationStage:
             error = SegmentRunError(self.label, e)
             if self.index == self.count - 1:
                 self.fail(gid, epoch, error)
-            else:
+            elif self.ring:  # (not yet connected: the driver's poll finds no progress)
                 self.ring[-1].fail.remote(gid, epoch, error)
 
     def fail(self, gid: str, epoch: int, error: Any) -> None:
