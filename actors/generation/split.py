@@ -75,7 +75,7 @@ def split_decoder(model: onnx.ModelProto, layout: CacheLayout, stages: int) -> l
                              "between them")
         bounds.append(_best_cut(graph, lo, hi, produced, last_read, constant, caches))
     bounds.append(len(graph.nodes))
-    cuts = []  # per stage: (its nodes, the graph inputs and carried values it reads)
+    cuts = []  # per stage: (its nodes, what they make, the inputs and carried values it reads)
     for k in range(stages):
         lo, hi = bounds[k], bounds[k + 1]
         mine = graph.nodes[lo:hi]
@@ -96,7 +96,7 @@ def split_decoder(model: onnx.ModelProto, layout: CacheLayout, stages: int) -> l
         made = {o for n in nodes for o in n.outputs if o}
         inputs = list(dict.fromkeys(r for n in nodes for r in node_reads(n)
                                     if r and r not in made and r not in graph.initializers))
-        cuts.append((nodes, inputs, [r for r in inputs if r in produced]))
+        cuts.append((nodes, made, inputs, [r for r in inputs if r in produced]))
     owner = {}  # a carried value -> the stage whose own nodes make it
     for k in range(stages):
         for n in graph.nodes[bounds[k]:bounds[k + 1]]:
@@ -104,15 +104,14 @@ def split_decoder(model: onnx.ModelProto, layout: CacheLayout, stages: int) -> l
     parts = []
     for k in range(stages):
         lo, hi = bounds[k], bounds[k + 1]
-        nodes, inputs, carried_in = cuts[k]
-        wanted = dict.fromkeys(v for _, _, later in cuts[k + 1:] for v in later)
+        nodes, made, inputs, carried_in = cuts[k]
+        wanted = dict.fromkeys(v for *_, later in cuts[k + 1:] for v in later)
         carried_out = [v for v in wanted if owner.get(v) == k]
         passed = [v for v in wanted if owner.get(v, k) < k]
         bad = [v for v in carried_out if v in caches]
         if bad:
             raise GenaiError(f"a cut after node {hi} carries the cache {bad[0]!r}")
         output = layout.logits if k == stages - 1 else None
-        made = {o for n in nodes for o in n.outputs if o}
         if k == stages - 1 and layout.logits not in made:
             raise GenaiError(f"the last stage does not compute {layout.logits!r}")
         from actors.stage_model import stage_model

@@ -106,15 +106,10 @@ class Sampler:
             self.row_rngs[row].random(drawn)
 
     def skip(self, draws: int, rows: int) -> None:
-        """Past the numbers ``draws`` earlier steps of ``rows`` rows took (a replay's
-        sampler)."""
-        if not self.options.do_sample or draws <= 0:
-            return
-        if self.row_rngs is None:
+        """Past the numbers ``draws`` earlier steps of ``rows`` rows took from the one
+        stream (a replay's sampler; a stream per row is `reseed`'s)."""
+        if self.options.do_sample and draws > 0:
             self.rng.random(draws * rows)  # a step's rows draw in turn: the same numbers
-        else:
-            for g in self.row_rngs:
-                g.random(draws)
 
     def _uniform(self, rows: int) -> np.ndarray:
         if self.row_rngs is None:
