@@ -5,8 +5,9 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import threading
 import time
-from typing import Callable
+from typing import Callable, TypeVar
 
 import ray
 
@@ -144,3 +145,44 @@ def post_json(port: int, path: str, body, method: str = "POST") -> tuple[int, di
         return r.status, json.loads(r.read())
     finally:
         conn.close()
+
+
+def sse_stream(port: int, path: str, body: dict) -> list[dict]:
+    """Every event of a /generate_stream answer, read as it arrives."""
+    from actors.serve.generate_request import parse_sse
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        conn.request("POST", path, json.dumps(body).encode(),
+                     {"content-type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200, r.read()
+        assert r.getheader("content-type").startswith("text/event-stream")
+        return list(parse_sse(r))
+    finally:
+        conn.close()
+
+
+T = TypeVar("T")
+
+
+def at_once(work: Callable[[int], T], n: int, timeout: float = 300.0) -> list[T]:
+    """``work(0) .. work(n - 1)``, each in a thread of its own, all at once; their results
+    in order, or the first error one raised."""
+    got: dict[int, T] = {}
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            got[i] = work(i)
+        except BaseException as e:  # raised below, in the caller's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    if errors:
+        raise errors[0]
+    return [got[i] for i in range(n)]

@@ -13,7 +13,6 @@ import http.client
 import json
 import os
 import socket
-import threading
 
 import numpy as np
 import pytest
@@ -21,7 +20,8 @@ import pytest
 import hetero_exec.genai as hg
 from actors.serve.generate_request import parse_sse
 from tests.genai._ref import MODELS, model_path, ort_greedy, prompts
-from tests.ray.helpers import eventually, free_port, post_json
+from tests.ray.helpers import at_once, eventually, free_port, post_json
+from tests.ray.helpers import sse_stream as stream
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -80,20 +80,6 @@ def server(ray_session, tmp_path_factory):
         yield port
     finally:
         serve.shutdown()
-
-
-def stream(port: int, path: str, body: dict) -> list[dict]:
-    """Every event of a /generate_stream answer, read as it arrives."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    try:
-        conn.request("POST", path, json.dumps(body).encode(),
-                     {"content-type": "application/json"})
-        r = conn.getresponse()
-        assert r.status == 200, r.read()
-        assert r.getheader("content-type").startswith("text/event-stream")
-        return list(parse_sse(r))
-    finally:
-        conn.close()
 
 
 def stats(port: int, app: str, counts: bool = False) -> dict:
@@ -180,24 +166,10 @@ def ref_eos(folder: str) -> list[int]:
 def test_concurrent_streams_each_get_their_own_tokens(server):
     rows = [[int(t) for t in r] for r in prompts(4, seed=7)]
     want = [ort_greedy(LLAMA, [r], 16)[0] for r in rows]
-    got: dict[int, list[int]] = {}
-    errors: list[BaseException] = []
-
-    def worker(i: int) -> None:
-        try:
-            events = stream(server, "/llama/v2/models/llama/generate_stream",
-                            {"input_ids": rows[i], "max_tokens": 16})
-            got[i] = [e["output_ids"][0] for e in events]
-        except BaseException as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors, errors
-    assert [got[i] for i in range(4)] == want
+    got = at_once(lambda i: [e["output_ids"][0] for e in stream(
+        server, "/llama/v2/models/llama/generate_stream",
+        {"input_ids": rows[i], "max_tokens": 16})], 4)
+    assert got == want
     assert eventually(lambda: stats(server, "llama")["reserved_bytes"] == {}, 30)
 
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-import threading
 
 import pytest
 
 from actors.serve.generate_request import parse_sse
 from tests.genai._ref import model_path, ort_greedy, prompts, seeded_sampling
-from tests.ray.helpers import eventually, free_port, post_json
+from tests.ray.helpers import at_once, eventually, free_port, post_json, sse_stream
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -50,16 +49,8 @@ def _stage_actors() -> list:
             if a["State"] != "DEAD" and a["ActorClassName"] == "GenerationStage"]
 
 
-def _stream(port: int, body: dict) -> list[int]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    try:
-        conn.request("POST", f"{ROUTE}/generate_stream", json.dumps(body).encode(),
-                     {"content-type": "application/json"})
-        r = conn.getresponse()
-        assert r.status == 200, r.read()
-        return [e["output_ids"][0] for e in parse_sse(r)]
-    finally:
-        conn.close()
+def _tokens(port: int, body: dict) -> list[int]:
+    return [e["output_ids"][0] for e in sse_stream(port, f"{ROUTE}/generate_stream", body)]
 
 
 def _generation(port: int) -> dict:
@@ -69,22 +60,7 @@ def _generation(port: int) -> dict:
 
 
 def _concurrently(port: int, bodies: list[dict]) -> list[list[int]]:
-    got: dict[int, list[int]] = {}
-    errors: list[BaseException] = []
-
-    def worker(i: int) -> None:
-        try:
-            got[i] = _stream(port, bodies[i])
-        except BaseException as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(bodies))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors, errors
-    return [got[i] for i in range(len(bodies))]
+    return at_once(lambda i: _tokens(port, bodies[i]), len(bodies))
 
 
 def test_concurrent_streams_share_groups_with_their_own_tokens(server):
