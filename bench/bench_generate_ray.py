@@ -149,8 +149,8 @@ def _ceiling_worker(path: str, prompts: list[np.ndarray], new: int, start: Any, 
 def parallel_ceiling(path: str, prompts: list[np.ndarray], new: int) -> tuple[float, float]:
     """Tokens/s of the in-process single-threaded generator in one process, and of two
     such processes running at once (together): what two-way parallelism of this work
-    can give on this host at best, with no pipeline and no messages between them (two
-    vCPUs that share one physical core give far less than 2x)."""
+    can give on this host at best, with no pipeline and no messages between them (the
+    pipeline's figure is to be read against this one, not against 2x)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
