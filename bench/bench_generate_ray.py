@@ -10,8 +10,9 @@ Figures per model:
 * 4 groups in flight (batch 1 each, round robin) on two single-threaded stages:
   tokens/s against an in-process single-threaded generator running the same 4
   sequences one after the other; and the same with default threads on both sides;
-  each counting the generators' opening (admission on every stage), and with them
-  open before the clock starts (what the ring itself sustains);
+  each counting the generators' opening (the driver's admission; each stage opens a
+  group with its first step), and with them open before the clock starts (what the
+  ring itself sustains);
 * continuous batching (actors/generation/batcher.py): 8 requests of different lengths
   submitted at once to a ContinuousBatcher of 4 rows on the two single-threaded stages,
   against one in-process thread running them one after another and as static batches
@@ -99,9 +100,9 @@ def tokens_per_s(model, prompts: list[np.ndarray], new: int, in_flight: bool
                  ) -> tuple[float, float]:
     """Tokens/s over ``prompts`` (batch 1 each): all in flight, round robin, or one after
     the other; (counting the groups' opening, with the groups already open). Opening
-    (admission on every stage) is a Ray call to each stage actor, which waits behind
-    the steps of the groups already running there: 15-40 ms each on a 2-core host, so
-    with 32 new tokens the first figure is mostly the opening's."""
+    is the driver's admission and the first step's trip through the ring (until
+    2026-12-05 it was a Ray call to every stage, which waited behind the running
+    groups' steps: 15-40 ms each on a 2-core host)."""
     return _tokens_per_s(model, prompts, new, in_flight, False), \
         _tokens_per_s(model, prompts, new, in_flight, True)
 

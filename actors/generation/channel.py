@@ -24,7 +24,8 @@ The sender keeps one connection to its successor (stage i+1, the last stage's is
 the link is off (``stage_link="ray"``), or when a send finds the connection gone (the
 peer died), the step goes by ``.remote()``. A message to a dead peer is lost either way;
 the driver sees no progress and replays the groups (`RayDecoder.recover`), which
-connects every stage again.
+connects every stage again. The driver connects to stage 0's socket the same way
+(`DriverLink`) for the steps it starts.
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ import logging
 import socket
 import struct
 import sys
+import threading
 from typing import Any, Callable
 
 import msgpack
+import numpy as np
 
-from actors.generation.group import Job, Join
+from actors.generation.group import GroupSpec, Job, Join
 from actors.transport.wire import WireFormatError, tensor_from_map, tensor_to_map, unpack_frame
 
 log = logging.getLogger(__name__)
@@ -77,7 +80,8 @@ def encode_step(gid: str, epoch: int, job: Job, carried: list[dict[str, Any]]) -
          None if job.draws is None else int(job.draws), _opt(job.end), _opt(job.start),
          [{name: tensor_to_map(v) for name, v in c.items()} for c in carried], bool(job.logits),
          [[int(j.row), j.key, tensor_to_map(j.prompt), int(j.max_new), int(j.epoch), int(j.at),
-           bool(j.ok), int(j.seed)] for j in job.joins]],
+           bool(j.ok), int(j.seed)] for j in job.joins],
+         None if job.spec is None else _spec_fields(job.spec)],
         use_bin_type=True)
     return _HEADER.pack(len(body)) + body
 
@@ -97,9 +101,9 @@ def _pair(v: Any, what: str) -> tuple[int, int]:
 def decode_step(body: bytes) -> tuple[str, int, Job, list[dict[str, Any]]]:
     """The (gid, epoch, job, carried) of a frame's body; WireFormatError when malformed."""
     obj = unpack_frame(body, MAX_FRAME_BYTES)
-    if not isinstance(obj, list) or len(obj) != 12:
-        raise WireFormatError("a step frame is a list of 12 fields")
-    gid, epoch, at, ids, pieces, rewind, draws, end, start, carried, logits, joins = obj
+    if not isinstance(obj, list) or len(obj) != 13:
+        raise WireFormatError("a step frame is a list of 13 fields")
+    gid, epoch, at, ids, pieces, rewind, draws, end, start, carried, logits, joins, spec = obj
     if not isinstance(gid, str) or not isinstance(pieces, list) or not isinstance(carried, list) \
             or not isinstance(logits, bool) or not isinstance(joins, list):
         raise WireFormatError("step frame: gid, pieces, carried, logits or joins of the wrong type")
@@ -108,7 +112,7 @@ def decode_step(body: bytes) -> tuple[str, int, Job, list[dict[str, Any]]]:
               draws=None if draws is None else _int(draws, "draws"),
               end=None if end is None else tensor_from_map(end),
               start=None if start is None else tensor_from_map(start), logits=logits,
-              joins=[_join(j) for j in joins])
+              joins=[_join(j) for j in joins], spec=None if spec is None else _spec(spec))
     values: list[dict[str, Any]] = []
     for c in carried:
         if not isinstance(c, dict):
@@ -118,6 +122,44 @@ def decode_step(body: bytes) -> tuple[str, int, Job, list[dict[str, Any]]]:
         raise WireFormatError(f"step frame: {len(values)} carried maps for {len(job.pieces)} "
                               f"pieces and {len(job.joins)} joins")
     return gid, _int(epoch, "epoch"), job, values
+
+
+def _spec_fields(spec: GroupSpec) -> list[Any]:
+    return [int(spec.batch), int(spec.capacity), int(spec.pad),
+            tensor_to_map(np.asarray(spec.start, dtype=np.int64)),
+            dict(spec.search), [int(e) for e in spec.eos],
+            None if spec.inbox is None else [str(spec.inbox[0]), str(spec.inbox[1])],
+            bool(spec.batched),
+            None if spec.row_seeds is None else [[int(s), int(f)] for s, f in spec.row_seeds]]
+
+
+#: a search option's value on the wire (SearchOptions' fields: numbers, flags, None)
+_OPTION_TYPES = (int, float, bool, type(None))
+
+
+def _spec(v: Any) -> GroupSpec:
+    if not isinstance(v, list) or len(v) != 9:
+        raise WireFormatError("step frame: a group spec is [batch, capacity, pad, start, search, "
+                              "eos, inbox, batched, row_seeds]")
+    batch, capacity, pad, start, search, eos, inbox, batched, seeds = v
+    if not isinstance(search, dict) or not all(
+            isinstance(k, str) and isinstance(x, _OPTION_TYPES) for k, x in search.items()):
+        raise WireFormatError("step frame: a group spec's search options are a map of "
+                              "names to numbers")
+    if not isinstance(eos, list) or not isinstance(batched, bool) or not (
+            inbox is None or (isinstance(inbox, list) and len(inbox) == 2
+                              and all(isinstance(x, str) for x in inbox))):
+        raise WireFormatError("step frame: a group spec's eos, inbox or batched of the "
+                              "wrong type")
+    rows = tensor_from_map(start)
+    if rows.ndim != 1 or rows.dtype != np.int64:
+        raise WireFormatError(f"step frame: a group spec's start must be int64 [batch], got "
+                              f"{rows.dtype} {rows.shape}")
+    return GroupSpec(_int(batch, "spec batch"), _int(capacity, "spec capacity"),
+                     _int(pad, "spec pad"), rows, search,
+                     tuple(_int(e, "spec eos") for e in eos),
+                     None if inbox is None else (inbox[0], inbox[1]), batched,
+                     None if seeds is None else tuple(_pair(s, "spec row seed") for s in seeds))
 
 
 def _join(v: Any) -> Join:
@@ -178,6 +220,60 @@ class _Sender(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+
+
+class DriverLink:
+    """The driver's connection to stage 0's socket, on stage 0's node: a group's steps
+    from the driver (a prompt, a rewind's tokens) go in as the ring's own do, without
+    a Ray call that waits behind the running groups' steps on the actor's loop.
+    Thread-safe (generators on several threads share it); a send that fails closes it,
+    and the caller sends by Ray until `RayDecoder` connects again after a recovery."""
+
+    def __init__(self, address: str):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.sock.connect(address)
+        except OSError:
+            self.sock.close()
+            raise
+        self.lock = threading.Lock()
+        self.sent = 0
+
+    @classmethod
+    def connect(cls, address: str) -> "DriverLink | None":
+        """A link to stage 0 at ``address``, or None (no address: not on this node, the
+        link off; or the socket refused: steps go by Ray calls)."""
+        if not (address and supported()):
+            return None
+        try:
+            return cls(address)
+        except OSError as e:
+            log.warning("cannot connect to stage 0's socket (%s): the driver's steps go by "
+                        "Ray calls", e)
+            return None
+
+    @property
+    def up(self) -> bool:
+        return self.sock.fileno() >= 0
+
+    def send(self, gid: str, epoch: int, job: Job, carried: list[dict[str, Any]]) -> bool:
+        """Write the step whole; False when the link is down (then it stays closed)."""
+        frame = encode_step(gid, epoch, job, carried)
+        with self.lock:
+            if not self.up:
+                return False
+            try:
+                self.sock.sendall(frame)
+            except OSError as e:
+                log.warning("the driver's link to stage 0 failed (%s): Ray calls from now on", e)
+                self.sock.close()
+                return False
+            self.sent += 1
+            return True
+
+    def close(self) -> None:
+        with self.lock:
+            self.sock.close()
 
 
 class StageLink:

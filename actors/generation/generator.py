@@ -64,6 +64,8 @@ class RemoteGenerator(TokenRows):
         self._inbox = TokenInbox.open(inbox_name(self.decoder.ring_id, self.gid)) \
             if self.decoder.link == "socket" else None
         self._pushing = False
+        self._fresh = True  # never sent: the first step opens the group on each stage
+        self._verified = True  # the pushed tokens may be taken (see _send)
         try:
             self._open(self.epoch)  # admission: before any token, as in process
         except BaseException:
@@ -79,8 +81,14 @@ class RemoteGenerator(TokenRows):
                          batched=self.batched)
 
     def _open(self, epoch: int) -> None:
-        self._pushing = self.decoder.open(self.gid, self._spec(), epoch)
-        if self._pushing and self._inbox is not None:
+        """Admit the group (the driver keeps the stages' books); a group that ran before
+        (replayed, resumed after its end) opens on every stage now, a fresh one with its
+        first step (`_send`: no Ray call waits behind the running groups' steps)."""
+        self.decoder.admit(self.gid, self._spec())
+        if not self._fresh:
+            self.decoder.open(self.gid, self._spec(), epoch)
+        self._pushing = self._inbox is not None and self.decoder.pushing
+        if self._pushing:
             self._inbox.ended = False  # a new connection waits to be accepted
 
     # -- tokens in -------------------------------------------------------------------
@@ -117,9 +125,16 @@ class RemoteGenerator(TokenRows):
     def _send(self, job: Job) -> None:
         """Hand the group to the ring under a new epoch (its older messages dropped)."""
         self.epoch += 1
-        for a in self.decoder.actors:
-            a.halt.remote(self.gid, self.epoch)
-        self.decoder.first.step.remote(self.gid, self.epoch, job, [{}] * len(job.pieces))
+        if self._fresh:
+            job.spec = self._spec()  # each stage opens the group when this step gets there
+            self._fresh = False
+        else:
+            for a in self.decoder.actors:
+                a.halt.remote(self.gid, self.epoch)
+            # the ring may have ended the group unseen (it runs ahead): a poll tells,
+            # the pushed tokens would not
+            self._verified = False
+        self.decoder.send_step(self.gid, self.epoch, job)
         self._running = True
         self._finished = False
         self._got = self._length
@@ -153,7 +168,7 @@ class RemoteGenerator(TokenRows):
         if self._seen != self.decoder.incarnations:
             self._replay()  # a stage restarted since this group last ran
         if self._pushing and self._inbox is not None and not self._inbox.ended \
-                and self._take_pushed():
+                and self._verified and self._take_pushed():
             return
         try:
             got = ray.get(self.decoder.last.tokens.remote(self.gid, self.epoch, self._got, POLL_S),
@@ -162,6 +177,14 @@ class RemoteGenerator(TokenRows):
                 ray.exceptions.ActorUnavailableError):
             got = {"missing": True}
         _raise_failed(got)
+        if got.get("freed"):  # the ring had ended the group unseen: all the tokens again
+            self._finished = True
+            self.decoder.release(self.gid)
+            self._resume()
+            return
+        if got.get("missing") and self.decoder.check():
+            return  # the group's first step has not reached the last stage yet
+        self._verified = True
         if got.get("missing") or (got["ids"].shape[1] == 0 and not got["done"]
                                   and not self.decoder.check()):
             self.decoder.recover(self._seen)
@@ -180,6 +203,7 @@ class RemoteGenerator(TokenRows):
         self._got += n
         if done:
             self._finished = True
+            self.decoder.release(self.gid)  # the stages freed its cache
             if self._got <= self._length:
                 raise ActorError(f"group {self.gid}: the ring ended at position {self._got}")
 

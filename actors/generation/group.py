@@ -78,6 +78,8 @@ keeps the logits it sampled from for the driver when ``logits`` is set);
     start: np.ndarray | None = None  # the left padding, with a group's first prompt
     logits: bool = False  # the last stage keeps this step's logits for `get_logits`
     joins: list[Join] = field(default_factory=list)  # set by stage 0 (continuous batching)
+    #: with a group's first step of an epoch: each stage opens the group when it gets there
+    spec: GroupSpec | None = None
 
 
 class StageGroup:

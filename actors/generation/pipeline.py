@@ -15,7 +15,15 @@ tokens so far through the whole ring (the surviving stages rewrite the same valu
 then goes on. ``max_replays`` bounds the replays of one group.
 
 The ring's hops go over a Unix socket between stages on one node and by Ray calls
-across nodes (`channel.py`); ``stage_link="ray"`` makes every hop a Ray call.
+across nodes (`channel.py`); ``stage_link="ray"`` makes every hop a Ray call. The
+driver's own steps (a prompt, a rewind's tokens) go to stage 0 the same way
+(`channel.DriverLink`).
+
+Admission: the stages are this decoder's alone, so the driver keeps their books
+(`admit`, from each stage's budget, weights and cache bytes per position, read once
+at load): a generator that does not fit a stage's ``mem_limit`` is refused when made,
+naming the stage, with no call to any actor; its first step then opens it on each
+stage as it passes (`Job.spec`).
 """
 
 from __future__ import annotations
@@ -31,14 +39,14 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.connect import close_at_exit, ensure_ray, ray_usable
-from actors.generation.channel import LINKS
+from actors.generation.channel import LINKS, DriverLink
 from actors.generation.split import split_decoder
 from actors.generation.stage import remote_class
 from actors.options import RayOptions
 from actors.reservation import bundles_for, cluster_has_gpus
 from actors.runtime_env import default_runtime_env
 from hetero_exec.errors import ActorError
-from hetero_exec.genai.errors import GenaiError
+from hetero_exec.genai.errors import CacheAdmissionError, GenaiError
 from hetero_exec.providers import parse_provider
 
 log = logging.getLogger(__name__)
@@ -87,6 +95,8 @@ class RayDecoder:
         self.lock = threading.RLock()
         self.closed = False
         self.replays = 0
+        self.admitted: dict[str, list[dict[str, int]]] = {}  # gid -> bytes per stage, device
+        self.books = threading.Lock()  # the admissions (not held through a recovery)
         emulated = cluster_has_gpus()
         self.bundles = bundles_for(self.devices, self.opts, emulated)
         self.pg = placement_group(self.bundles, strategy=self.opts.placement_strategy)
@@ -100,6 +110,7 @@ class RayDecoder:
             self.boxes = [[ray.put(p)] for p in self.parts]
             self.actors = [self._new_actor(k, options) for k in range(stages)]
             self.incarnations = self._load(range(stages), self.opts.actor_start_timeout_s)
+            self.figures = ray.get([a.admission.remote() for a in self.actors])
             self.sockets = self._connect()
         except BaseException:
             self.close()
@@ -135,8 +146,22 @@ class RayDecoder:
 
     def _connect(self) -> list[bool]:
         """Tell every stage the ring and its successor's address; which hops are sockets."""
-        addresses = ray.get([a.address.remote() for a in self.actors])
-        return ray.get([a.connect.remote(self.actors, addresses) for a in self.actors])
+        self.addresses = ray.get([a.address.remote() for a in self.actors])
+        sockets = ray.get([a.connect.remote(self.actors, self.addresses) for a in self.actors])
+        if getattr(self, "inlet", None) is not None:
+            self.inlet.close()
+        node, address = self.addresses[0]
+        self.inlet = DriverLink.connect(address) \
+            if node == ray.get_runtime_context().get_node_id() else None
+        return sockets
+
+    def send_step(self, gid: str, epoch: int, job: Any) -> None:
+        """Hand a group's step to stage 0: over the driver's socket to it where it can
+        (`channel.DriverLink`), else by a Ray call."""
+        carried = [{}] * len(job.pieces)
+        inlet = self.inlet
+        if inlet is None or not inlet.send(gid, epoch, job, carried):
+            self.first.step.remote(gid, epoch, job, carried)
 
     # -- groups ---------------------------------------------------------------------------
 
@@ -148,17 +173,60 @@ class RayDecoder:
     def last(self) -> Any:
         return self.actors[-1]
 
-    def open(self, gid: str, spec: Any, epoch: int) -> bool:
-        """Admit ``gid`` on every stage, or raise the first stage's CacheAdmissionError
-        (what the others admitted is released first); returns whether the last stage
-        writes the group's tokens to the driver's socket (``spec.inbox``)."""
-        refs = [a.open.remote(gid, spec, epoch) for a in self.actors]
-        try:
-            return bool(ray.get(refs)[-1]["pushing"])
-        except ray.exceptions.RayTaskError as e:
-            self.close_group(gid)
-            cause = getattr(e, "cause", None)
-            raise (cause if isinstance(cause, BaseException) else e) from None
+    def admit(self, gid: str, spec: Any) -> None:
+        """Reserve ``gid``'s cache on every stage against its budget, or raise the first
+        stage's CacheAdmissionError (nothing reserved). The stages are this decoder's
+        alone, so the driver keeps their books; each stage allocates the cache when the
+        group's first step gets there (`GenerationStage.open`). A group admitted already
+        keeps its reservation."""
+        with self.books:
+            if gid in self.admitted:
+                return
+            need = [{name: spec.batch * spec.capacity * int(f["per_position"])
+                     for name, f in figures.items()} for figures in self.figures]
+            for k, (figures, wanted) in enumerate(zip(self.figures, need)):
+                for name, nbytes in wanted.items():
+                    budget = figures[name]["budget"]
+                    if budget is None:
+                        continue
+                    held = int(figures[name]["weights"]) + sum(
+                        other[k].get(name, 0) for other in self.admitted.values())
+                    free = int(budget) - held
+                    if nbytes > free:
+                        raise CacheAdmissionError(
+                            f"stage#{k} ({name})", nbytes, max(free, 0),
+                            f"layers {list(self.parts[k].layers)} x 2 x batch {spec.batch} x "
+                            f"capacity {spec.capacity}")
+            self.admitted[gid] = need
+
+    def release(self, gid: str) -> None:
+        """Drop ``gid``'s reservation (closed, or ended by the ring)."""
+        with self.books:
+            self.admitted.pop(gid, None)
+
+    def reserved(self) -> dict[str, int]:
+        """Bytes reserved by the groups admitted, by stage and device, as a stage's
+        CacheAdmissionError names it."""
+        with self.books:
+            out: dict[str, int] = {}
+            for need in self.admitted.values():
+                for k, wanted in enumerate(need):
+                    for name, nbytes in wanted.items():
+                        key = f"stage#{k} ({name})"
+                        out[key] = out.get(key, 0) + nbytes
+            return {k: v for k, v in out.items() if v}
+
+    def open(self, gid: str, spec: Any, epoch: int) -> None:
+        """Open an admitted group on every stage now (a replay, a resumed group); a
+        fresh group opens with its first step instead (`Job.spec`)."""
+        ray.get([a.open.remote(gid, spec, epoch) for a in self.actors])
+
+    @property
+    def pushing(self) -> bool:
+        """Whether the last stage writes its tokens to a driver's socket (`inbox.py`):
+        its link is on and it runs on the driver's node."""
+        node, address = self.addresses[-1]
+        return bool(address) and node == ray.get_runtime_context().get_node_id()
 
     def generator(self, model: Any, params: Any, capacity: int) -> Any:
         """A generator over this pipeline (what ``genai.Generator(model, params)`` is on
@@ -170,6 +238,7 @@ class RayDecoder:
         return RemoteGenerator(model, params, capacity)
 
     def close_group(self, gid: str) -> None:
+        self.release(gid)
         if self.closed or not ray_usable():
             return
         for a in self.actors:
@@ -223,6 +292,8 @@ class RayDecoder:
             if self.closed:
                 return
             self.closed = True
+            if getattr(self, "inlet", None) is not None:
+                self.inlet.close()
             if not ray_usable():
                 return
             for a in getattr(self, "actors", []):

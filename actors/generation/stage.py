@@ -9,9 +9,12 @@ stage 0 as the next step. The driver hands a group to the ring once; the decode 
 then runs between the actors. Every message carries its group's epoch: a rewind or a
 replay starts a new one, and the messages of the old one still in flight are dropped.
 
-Admission: each stage reserves its layers' cache bytes for a group against its
-provider's budget (``mem_limit``) before allocating, and refuses with
-CacheAdmissionError naming the stage; its groups' bytes are counted in `stats`.
+Opening and admission: the driver admits a group against every stage's budget
+(``mem_limit``; `admission` tells it the stage's figures) when the generator is made,
+and hands the group's spec to the ring with its first step (`Job.spec`): each stage
+allocates the group's cache for its layers when that step gets there, with no call of
+its own (a Ray call to an actor busy with other groups' steps waits 5-20 ms on a
+loaded host). Its groups' bytes are counted in `stats`.
 
 The actor is an asyncio actor: a step's compute runs on its loop without awaiting (one
 step at a time, in arrival order), and a driver's long poll for tokens waits between
@@ -37,7 +40,6 @@ from actors.generation.runner import StageRunner
 from actors.generation.split import StagePart
 from actors.remote_errors import SegmentRunError
 from hetero_exec.exec.chain import move_value
-from hetero_exec.genai.errors import CacheAdmissionError
 from hetero_exec.genai.layout import CacheLayout
 from hetero_exec.genai.rewrite import CAPACITY, cache_input
 from hetero_exec.genai.search import Sampler, SearchOptions
@@ -45,6 +47,9 @@ from hetero_exec.placement.sizes import weight_bytes
 from hetero_exec.providers import parse_provider
 
 log = logging.getLogger(__name__)
+
+#: closed groups a stage remembers, so a step of theirs still in flight opens nothing
+ENDED_KEPT = 4096
 
 
 class GenerationStage:
@@ -62,7 +67,9 @@ class GenerationStage:
         self.part: StagePart | None = None
         self.runner: StageRunner | None = None
         self.groups: dict[str, StageGroup] = {}
-        self.reserved: dict[str, int] = {}  # group -> bytes admitted
+        self.reserved: dict[str, int] = {}  # group -> bytes its cache holds here
+        self.ended: dict[str, None] = {}  # groups the driver closed (the latest ENDED_KEPT)
+        self.failures: dict[str, tuple[int, Any]] = {}  # the last stage's: groups that failed
         self.ring: list[Any] = []  # every stage's handle, by index
         self.link = StageLink(self.label, self.step)  # to the next stage (channel.py)
         self.changed = asyncio.Event()
@@ -144,48 +151,53 @@ class GenerationStage:
 
     # -- groups -----------------------------------------------------------------------
 
-    def open(self, gid: str, spec: GroupSpec, epoch: int) -> dict[str, Any]:
-        """Admit and allocate ``gid``'s cache for this stage's layers (a group already
-        open keeps its cache); returns ``{"reserved": bytes reserved for it, "pushing":
-        whether this (last) stage writes its tokens to the driver's socket}``."""
+    def admission(self) -> dict[str, dict[str, int | None]]:
+        """What the driver admits groups against (`RayDecoder.admit`), per provider of
+        this stage's cache: its budget (None: no ``mem_limit``), the bytes its weights
+        hold there, and the bytes a cache takes there per row and position."""
+        self._loaded()
+        out: dict[str, dict[str, int | None]] = {}
+        per = self._need(GroupSpec(1, 1, 0, np.zeros(1, dtype=np.int64)))
+        for name, budget in self._budgets().items():
+            out[name] = {"budget": budget, "weights": self._weights(name),
+                         "per_position": per.get(name, 0)}
+        return out
+
+    def open(self, gid: str, spec: GroupSpec, epoch: int) -> None:
+        """Allocate ``gid``'s cache for this stage's layers (a group already open keeps
+        its cache). The driver admitted it first (`RayDecoder.admit`): a group opens at
+        a stage when its first step gets there, its spec in the step (`Job.spec`)."""
         self._loaded()
         g = self.groups.get(gid)
         if g is not None and not g.caches:  # finished: its cache went; a new one comes
-            self.close(gid)
+            self.close(gid, g.epoch)
             g = None
         if g is None:
-            need = self._need(spec)
-            budgets = self._budgets()
-            for name, nbytes in need.items():
-                budget = budgets.get(name)
-                if budget is None:
-                    continue
-                free = budget - self._held(name)
-                if nbytes > free:
-                    raise CacheAdmissionError(
-                        f"{self.label} ({name})", nbytes, max(free, 0),
-                        f"layers {list(self.part.layers)} x 2 x batch {spec.batch} x capacity "
-                        f"{spec.capacity}")
             g = StageGroup(spec, self.own, list(self.layout.entries), self.cache_providers,
                            _zeros)
-            g.need = need
+            g.need = self._need(spec)
             self.groups[gid] = g
-            self.reserved[gid] = sum(need.values())
+            self.reserved[gid] = sum(g.need.values())
+            self._notify()  # a long poll waiting for the group
             if self.index == self.count - 1:
                 g.sampler = self._sampler(spec)
                 if spec.inbox is not None and self.link.enabled \
                         and spec.inbox[0] == ray.get_runtime_context().get_node_id():
                     g.outlet = TokenOutlet.connect(spec.inbox[1], self.label)
         g.epoch = max(g.epoch, epoch)
-        return {"reserved": self.reserved.get(gid, 0),
-                "pushing": g.outlet is not None and g.outlet.up}
 
     def close(self, gid: str, epoch: int | None = None) -> None:
-        """Free ``gid``'s cache and admission (finished, cancelled, dropped); with
-        ``epoch`` (the last stage ending that epoch), only while the group is not open
-        at a later one: the driver, told of the end first, may have opened it again."""
+        """Free ``gid``'s cache and admission; without ``epoch`` (the driver closed the
+        generator: cancelled, dropped) for good: a step of it still on its way opens
+        nothing. With ``epoch`` (the last stage ending that epoch), only while the group
+        is not open at a later one: the driver, told of the end first, may have opened
+        it again."""
         g = self.groups.get(gid)
-        if g is not None and epoch is not None and g.epoch > epoch:
+        if epoch is None:
+            self.ended[gid] = None
+            while len(self.ended) > ENDED_KEPT:
+                del self.ended[next(iter(self.ended))]
+        elif g is not None and g.epoch > epoch:
             return
         self.groups.pop(gid, None)
         self.reserved.pop(gid, None)
@@ -235,14 +247,25 @@ class GenerationStage:
         """The last stage: a step of ``gid``'s ``epoch`` failed on a stage (``error``, a
         `SegmentRunError`); the driver's next `tokens` or `logits` poll gets it."""
         g = self.groups.get(gid)
-        if g is not None and epoch >= g.epoch:
+        if g is None:  # its first step failed before it got here: it never opened here
+            self.failures[gid] = (epoch, error)
+            while len(self.failures) > ENDED_KEPT:
+                del self.failures[next(iter(self.failures))]
+            self._notify()
+        elif epoch >= g.epoch:
             g.error = (epoch, error)
             self._notify()
 
     def _step(self, gid: str, epoch: int, job: Job, carried: list[dict[str, Any]]) -> None:
+        if self.part is None:
+            return  # sent to a restarted actor: the driver replays
         g = self.groups.get(gid)
-        if self.part is None or g is None or epoch < g.epoch or not g.caches:
-            return  # a closed group's, an old epoch's, or sent to a restarted actor
+        if job.spec is not None and gid not in self.ended \
+                and (g is None or not g.caches or epoch > g.epoch):
+            self.open(gid, job.spec, epoch)  # the group's first step here (of this epoch)
+            g = self.groups[gid]
+        if g is None or epoch < g.epoch or not g.caches:
+            return  # a closed group's or an old epoch's
         g.epoch = g.live = epoch
         started = time.perf_counter()
         g.apply(job)
@@ -389,16 +412,19 @@ class GenerationStage:
                 return {"freed": True}
             return None
 
-        return await self._long_poll(gid, ready, lambda g: {"logits": None}, timeout)
+        return await self._long_poll(gid, epoch, ready, lambda g: {"logits": None}, timeout)
 
     async def tokens(self, gid: str, epoch: int, have: int, timeout: float = 1.0
                      ) -> dict[str, Any]:
         """The ids of positions ``have``.. once there are any (or after ``timeout``):
-        ``{"epoch", "at", "ids", "done"}``; ``{"missing": True}`` when the group is
-        unknown here (a restarted actor)."""
+        ``{"epoch", "at", "ids", "done"}``; ``{"freed": True}`` when the ring had ended
+        the group (its cache freed) before ``epoch`` ran: that step was dropped;
+        ``{"missing": True}`` when the group is unknown here (a restarted actor)."""
         def ready(g: StageGroup) -> dict[str, Any] | None:
             if g.error is not None and g.error[0] == epoch:
                 return {"error": g.error[1]}
+            if not g.caches and g.live < epoch:
+                return {"freed": True}
             if g.live == epoch and (g.length > have or g.done()):
                 return {"epoch": g.live, "at": have, "ids": g.ids[:, have:g.length].copy(),
                         "done": g.done(), "acks": [a for a in g.acks if a[0] >= have]}
@@ -407,21 +433,27 @@ class GenerationStage:
         def expired(g: StageGroup) -> dict[str, Any]:
             return {"epoch": g.live, "at": have, "ids": g.ids[:, have:have], "done": False}
 
-        return await self._long_poll(gid, ready, expired, timeout)
+        return await self._long_poll(gid, epoch, ready, expired, timeout)
 
-    async def _long_poll(self, gid: str, ready: Callable[[StageGroup], dict[str, Any] | None],
+    async def _long_poll(self, gid: str, epoch: int,
+                         ready: Callable[[StageGroup], dict[str, Any] | None],
                          expired: Callable[[StageGroup], dict[str, Any]], timeout: float
                          ) -> dict[str, Any]:
         """``ready(group)`` once it answers (it is asked again at each change here), or
-        ``expired(group)`` after ``timeout``; ``{"missing": True}`` when ``gid`` is
-        unknown here."""
+        ``expired(group)`` after ``timeout``; ``{"error": ...}`` when the step of
+        ``epoch`` that would have opened the group failed on an earlier stage;
+        ``{"missing": True}`` when ``gid`` is still unknown here then (not opened yet:
+        its first step is on its way; or a restarted actor)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             g = self.groups.get(gid)
-            if g is None:
+            failed = self.failures.get(gid)
+            if g is None and failed is not None and failed[0] == epoch:
+                return {"error": failed[1]}
+            if g is None and loop.time() >= deadline:
                 return {"missing": True}
-            reply = ready(g)
+            reply = None if g is None else ready(g)
             if reply is not None:
                 return reply
             left = deadline - loop.time()
@@ -460,17 +492,11 @@ class GenerationStage:
                                               * e.head_size * e.dtype.itemsize)
         return need
 
-    def _held(self, provider: str) -> int:
-        """Bytes held on ``provider``: the stage's weights there and the groups' caches."""
-        total = 0
+    def _weights(self, provider: str) -> int:
+        """Bytes the stage's weights hold on ``provider``."""
         graph = self.session.placement.graph
-        for seg in self.session.placement.segments:
-            if seg.provider.name == provider:
-                total += seg.mem_need if seg.mem_need is not None else weight_bytes(graph, seg.nodes)
-        for g in self.groups.values():
-            if g.caches:
-                total += getattr(g, "need", {}).get(provider, 0)
-        return total
+        return sum(seg.mem_need if seg.mem_need is not None else weight_bytes(graph, seg.nodes)
+                   for seg in self.session.placement.segments if seg.provider.name == provider)
 
     def _budgets(self) -> dict[str, int | None]:
         if self.part is None:

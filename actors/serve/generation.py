@@ -339,9 +339,7 @@ def reserved_bytes(model: Any) -> dict[str, int]:
     CacheAdmissionError names it) on stage actors."""
     if model.remote is None:
         return model.reserved_bytes()
-    stats = model.remote.stats()
-    return {f"{s['stage']} ({d})": int(s["reserved_bytes"])
-            for s, d in zip(stats, model.remote.devices) if s["reserved_bytes"]}
+    return model.remote.reserved()
 
 
 def generation_metadata(server: GenerativeModel) -> dict[str, Any]:

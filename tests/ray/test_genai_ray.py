@@ -39,8 +39,10 @@ def _generate(model: og.Model, rows, new: int = NEW, **search) -> list[list[int]
 
 
 def _cache_free(model: og.Model) -> bool:
-    return all(s["groups"] == 0 and s["reserved_bytes"] == 0 and s["cache_bytes"] == 0
-               for s in model.remote.stats())
+    """No cache on any stage, nothing reserved in the driver's books."""
+    return not model.remote.reserved() and all(
+        s["groups"] == 0 and s["reserved_bytes"] == 0 and s["cache_bytes"] == 0
+        for s in model.remote.stats())
 
 
 _local: dict = {}
@@ -165,9 +167,10 @@ def test_groups_in_flight_share_the_pipeline_and_free_their_caches(llama):
     new = 200
     want = [_generate(_local_model("llama"), rows, new) for rows in groups]
     gens = [_start(llama, rows, new) for rows in groups]
-    stats = llama.remote.stats()
-    assert [s["groups"] for s in stats] == [4, 4]
-    assert all(s["reserved_bytes"] > 0 for s in stats)
+    # each stage opens a group when its first step gets there
+    assert eventually(lambda: [s["groups"] for s in llama.remote.stats()] == [4, 4])
+    assert all(s["reserved_bytes"] > 0 for s in llama.remote.stats())
+    assert sorted(llama.remote.reserved()) == ["stage#0 (sim-gpu:0)", "stage#1 (sim-gpu:1)"]
     while not all(g.is_done() for g in gens):  # round robin: the ring runs them all
         for g in gens:
             if not g.is_done():
@@ -187,6 +190,48 @@ def test_a_cancelled_or_abandoned_group_frees_its_cache(llama):
     gen = _start(llama, rows, new=400)
     gen.generate_next_token()
     del gen  # abandoned: collected, its caches go
+    assert eventually(lambda: _cache_free(llama))
+
+
+def test_a_group_opens_on_the_stages_with_its_first_step(llama):
+    # admitted by the driver when made (its books), allocated on each stage when the
+    # first step gets there: no Ray call to a stage busy with other groups' steps
+    rows = prompts(1, seed=31)
+    params = og.GeneratorParams(llama)
+    params.set_search_options(batch_size=1, max_length=len(rows[0]) + 40)
+    with og.Generator(llama, params) as gen:
+        assert sum(llama.remote.reserved().values()) > 0
+        assert [s["groups"] for s in llama.remote.stats()] == [0, 0]
+        gen.append_tokens(rows)
+        gen.generate_next_token()
+        assert [s["groups"] for s in llama.remote.stats()] == [1, 1]
+        assert llama.remote.inlet is not None and llama.remote.inlet.sent >= 1  # not a Ray call
+    assert eventually(lambda: _cache_free(llama))
+    # closed while its first step is still on its way: no stage keeps a cache for it
+    for _ in range(5):
+        gen = og.Generator(llama, params)
+        gen.append_tokens(rows)
+        gen.close()
+    assert eventually(lambda: _cache_free(llama))
+    # and the pipeline goes on
+    assert _generate(llama, rows, new=8) == _generate(_local_model("llama"), rows, new=8)
+
+
+def test_a_rewind_after_the_ring_ended_the_group_unseen_runs_all_the_tokens_again(llama):
+    # the ring runs ahead of the driver: by the time the driver rewinds, the stages may
+    # have ended the group and freed its cache; the rewound step is then dropped there,
+    # and the driver, told so by its poll, runs all the tokens again (it used to wait)
+    rows = prompts(1, seed=32)
+    local = _start(_local_model("llama"), rows, new=6)
+    remote = _start(llama, rows, new=6)
+    remote.generate_next_token()
+    assert eventually(lambda: [s["groups"] for s in llama.remote.stats()] == [0, 0])  # ended
+    for gen in (local, remote):
+        gen.generate_next_token()
+        gen.rewind_to(len(rows[0]) + 1)
+        gen.append_tokens([[9, 4]])
+    assert _finish(remote, rows) == _finish(local, rows)
+    remote.close()
     assert eventually(lambda: _cache_free(llama))
 
 

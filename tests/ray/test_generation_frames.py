@@ -1,7 +1,8 @@
 """The stage ring's frames (actors/generation/channel.py, inbox.py) with continuous
-batching's fields: a step frame's joins and a token frame's acknowledgements round-trip,
-and a malformed one is refused with WireFormatError naming the field (the receiving
-stage, or the driver, then drops that connection only: tests/ray/test_genai_ray.py)."""
+batching's fields and a group's spec: a step frame's joins and spec and a token frame's
+acknowledgements round-trip, and a malformed one is refused with WireFormatError
+naming the field (the receiving stage, or the driver, then drops that connection only:
+tests/ray/test_genai_ray.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from actors.generation.channel import _HEADER, decode_step, encode_step
-from actors.generation.group import Job, Join
+from actors.generation.group import GroupSpec, Job, Join
 from actors.generation.inbox import decode_column, encode_column
 from actors.transport.wire import WireFormatError, tensor_to_map
 
@@ -32,10 +33,45 @@ def test_a_step_frame_carries_its_joins_and_their_prefill_values():
     assert len(carried) == 2 and carried[1]["h"].shape == (1, 2, 4)
 
 
-def _step_body(joins) -> bytes:
+def test_a_first_step_frame_carries_its_group_spec():
+    spec = GroupSpec(2, 40, 0, np.array([0, 3], np.int64), {"max_length": 40, "top_p": 0.9,
+                                                             "do_sample": True, "min_length": None},
+                     (2, 7), ("node", "\0inbox"), batched=True, row_seeds=((5, 12), (9, 14)))
+    job = Job(0, np.array([[3], [4]], dtype=np.int64), [(0, 1)], spec=spec)
+    _, _, got, _ = decode_step(encode_step("g", 1, job, [{}])[_HEADER.size:])
+    assert got.spec.start.tolist() == [0, 3]
+    assert (got.spec.batch, got.spec.capacity, got.spec.pad, got.spec.search, got.spec.eos,
+            got.spec.inbox, got.spec.batched, got.spec.row_seeds) == \
+        (2, 40, 0, spec.search, (2, 7), ("node", "\0inbox"), True, ((5, 12), (9, 14)))
+    assert decode_step(encode_step("g", 2, _job(), [{}, {}])[_HEADER.size:])[2].spec is None
+
+
+def _step_body(joins, spec=None) -> bytes:
     ids = tensor_to_map(np.array([[3]], dtype=np.int64))
-    return msgpack.packb(["g", 1, 5, ids, [[5, 6]], None, None, None, None, [{}], False, joins],
-                         use_bin_type=True)
+    return msgpack.packb(["g", 1, 5, ids, [[5, 6]], None, None, None, None, [{}], False, joins,
+                          spec], use_bin_type=True)
+
+
+def _spec_fields(**change) -> list:
+    fields = {"batch": 1, "capacity": 9, "pad": 0, "start": tensor_to_map(np.zeros(1, np.int64)),
+              "search": {"max_length": 9}, "eos": [2], "inbox": None, "batched": False,
+              "row_seeds": None}
+    fields.update(change)
+    return list(fields.values())
+
+
+@pytest.mark.parametrize("spec, words", [
+    ([1, 9, 0], "a group spec is"),
+    (_spec_fields(search={"max_length": [9]}), "search options are a map"),
+    (_spec_fields(eos="2"), "eos, inbox or batched"),
+    (_spec_fields(inbox=["node"]), "eos, inbox or batched"),
+    (_spec_fields(start=tensor_to_map(np.zeros(1, np.float32))), "start must be int64"),
+    (_spec_fields(capacity=9.5), "spec capacity"),
+    (_spec_fields(row_seeds=[[1]]), "spec row seed"),
+])
+def test_a_malformed_group_spec_is_refused_naming_it(spec, words):
+    with pytest.raises(WireFormatError, match=words):
+        decode_step(_step_body([], spec))
 
 
 @pytest.mark.parametrize("joins, words", [
@@ -55,7 +91,7 @@ def test_a_malformed_join_is_refused_naming_it(joins, words):
 def test_carried_maps_must_match_the_pieces_and_joins():
     ids = tensor_to_map(np.array([[3]], dtype=np.int64))
     body = msgpack.packb(["g", 1, 5, ids, [[5, 6]], None, None, None, None, [{}, {}, {}], False,
-                          []], use_bin_type=True)
+                          [], None], use_bin_type=True)
     with pytest.raises(WireFormatError, match="3 carried maps for 1 pieces and 0 joins"):
         decode_step(body)
 
