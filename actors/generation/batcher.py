@@ -270,14 +270,12 @@ class ContinuousBatcher:
                 self._cond.wait_for(lambda: self._queue or self._groups or self._closed)
                 if self._closed:
                     break
-                start = bool(self._queue) and not self._joinable() and (
-                    len(self._groups) < self.groups_in_flight
-                    # every running group is too far along for the next request ever to
-                    # fit: a new one starts beside them while they drain
-                    or (len(self._groups) < 2 * self.groups_in_flight and self._aged()))
+                start = self._should_start()
             try:
-                if start:
+                while start:  # every group that can start now, before waiting on any
                     self._start_group()
+                    with self._cond:
+                        start = not self._closed and self._should_start()
                 for g in list(self._groups):
                     self._advance(g)
             except BaseException as e:  # noqa: BLE001 - the requests get it; the loop goes on
@@ -285,6 +283,14 @@ class ContinuousBatcher:
                 for g in [g for g in self._groups if g.failed is not None]:
                     self._drop(g, g.failed)  # (a group that failed to start told its requests)
         self._fail_all(GenaiError("the batcher was closed"))
+
+    def _should_start(self) -> bool:
+        """Whether the next queued request starts a new group; call under ``_cond``."""
+        return bool(self._queue) and not self._joinable() and (
+            len(self._groups) < self.groups_in_flight
+            # every running group is too far along for the next request ever to fit: a
+            # new one starts beside them while they drain
+            or (len(self._groups) < 2 * self.groups_in_flight and self._aged()))
 
     def _head(self) -> BatchRequest | None:
         """The first queued request not cancelled (the cancelled ones before it leave);
