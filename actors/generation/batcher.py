@@ -4,7 +4,7 @@
 A group has ``slots`` rows. The first requests start it (left-padded to the longest
 prompt); when a request ends (eos or its ``max_new_tokens``), its row is free, and the
 next queued request joins the running group there: the driver sends a `Join` to stage
-0, which takes it at the group's next decode step ``at`` when it fits (its prompt ends
+0 (over stage 0's socket on its node, as the group's steps go), which takes it at the group's next decode step ``at`` when it fits (its prompt ends
 at ``at`` and its new tokens end within the capacity). Every stage then rewrites that
 row for the prompt (the columns before it masked out, as left padding is), prefills the
 prompt but its last token at batch 1 into the row's columns of its own layers' cache,
@@ -401,8 +401,8 @@ class ContinuousBatcher:
                 self._queue.popleft()
             row = free.pop(0)
             g.joining[req.key] = (req, row, g.epoch)
-            g.decoder.first.join.remote(g.gid, Join(row, req.key, req.prompt, req.max_new,
-                                                    epoch=g.epoch, seed=req.seed))
+            g.decoder.send_join(g.gid, Join(row, req.key, req.prompt, req.max_new,
+                                            epoch=g.epoch, seed=req.seed))
 
     # -- lifetime ------------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ _HEADER = struct.Struct("<I")
 LINKS = ("socket", "ray")
 
 Step = Callable[[str, int, Job, list[dict[str, Any]]], None]
+JoinTo = Callable[[str, Join], Any]
 
 
 def socket_name(ring_id: str, index: int, incarnation: str) -> str:
@@ -79,11 +80,32 @@ def encode_step(gid: str, epoch: int, job: Job, carried: list[dict[str, Any]]) -
          None if job.rewind is None else [int(job.rewind[0]), int(job.rewind[1])],
          None if job.draws is None else int(job.draws), _opt(job.end), _opt(job.start),
          [{name: tensor_to_map(v) for name, v in c.items()} for c in carried], bool(job.logits),
-         [[int(j.row), j.key, tensor_to_map(j.prompt), int(j.max_new), int(j.epoch), int(j.at),
-           bool(j.ok), int(j.seed)] for j in job.joins],
+         [_join_fields(j) for j in job.joins],
          None if job.spec is None else _spec_fields(job.spec)],
         use_bin_type=True)
     return _HEADER.pack(len(body)) + body
+
+
+def _join_fields(j: Join) -> list[Any]:
+    return [int(j.row), j.key, tensor_to_map(j.prompt), int(j.max_new), int(j.epoch), int(j.at),
+            bool(j.ok), int(j.seed)]
+
+
+def encode_join(gid: str, join: Join) -> bytes:
+    """A request joining ``gid``'s next decode step (continuous batching), for stage 0."""
+    body = msgpack.packb(["join", gid, _join_fields(join)], use_bin_type=True)
+    return _HEADER.pack(len(body)) + body
+
+
+def decode_frame(body: bytes) -> tuple[str, tuple[Any, ...]]:
+    """("step", (gid, epoch, job, carried)) or ("join", (gid, join)) of a frame's body;
+    WireFormatError when malformed."""
+    obj = unpack_frame(body, MAX_FRAME_BYTES)
+    if isinstance(obj, list) and len(obj) == 3 and obj[0] == "join":
+        if not isinstance(obj[1], str):
+            raise WireFormatError("join frame: the group id must be a string")
+        return "join", (obj[1], _join(obj[2]))
+    return "step", _step(obj)
 
 
 def _int(v: Any, what: str) -> int:
@@ -99,8 +121,12 @@ def _pair(v: Any, what: str) -> tuple[int, int]:
 
 
 def decode_step(body: bytes) -> tuple[str, int, Job, list[dict[str, Any]]]:
-    """The (gid, epoch, job, carried) of a frame's body; WireFormatError when malformed."""
-    obj = unpack_frame(body, MAX_FRAME_BYTES)
+    """The (gid, epoch, job, carried) of a step frame's body; WireFormatError when
+    malformed."""
+    return _step(unpack_frame(body, MAX_FRAME_BYTES))
+
+
+def _step(obj: Any) -> tuple[str, int, Job, list[dict[str, Any]]]:
     if not isinstance(obj, list) or len(obj) != 13:
         raise WireFormatError("a step frame is a list of 13 fields")
     gid, epoch, at, ids, pieces, rewind, draws, end, start, carried, logits, joins, spec = obj
@@ -179,10 +205,11 @@ def _join(v: Any) -> Join:
 
 
 class _Receiver(asyncio.Protocol):
-    """One incoming connection: frames in, each run as a step on the actor's loop."""
+    """One incoming connection: frames in, each run as a step (or a join queued) on the
+    actor's loop."""
 
-    def __init__(self, step: Step, label: str):
-        self.step, self.label = step, label
+    def __init__(self, step: Step, join: JoinTo, label: str):
+        self.step, self.join, self.label = step, join, label
         self.buffer = bytearray()
         self.transport: Any = None
 
@@ -200,13 +227,13 @@ class _Receiver(asyncio.Protocol):
             body = bytes(self.buffer[_HEADER.size:_HEADER.size + n])
             del self.buffer[:_HEADER.size + n]
             try:
-                message = decode_step(body)
+                kind, message = decode_frame(body)
             except WireFormatError as e:
                 return self._refuse(str(e))
             try:
-                self.step(*message)
+                (self.step if kind == "step" else self.join)(*message)
             except Exception:  # a step's failure is the step's: the link stays
-                log.exception("%s: a step received over its socket failed", self.label)
+                log.exception("%s: a %s received over its socket failed", self.label, kind)
 
     def _refuse(self, why: str) -> None:
         log.warning("%s: dropped a stage link connection: %s", self.label, why)
@@ -258,7 +285,13 @@ class DriverLink:
 
     def send(self, gid: str, epoch: int, job: Job, carried: list[dict[str, Any]]) -> bool:
         """Write the step whole; False when the link is down (then it stays closed)."""
-        frame = encode_step(gid, epoch, job, carried)
+        return self._write(encode_step(gid, epoch, job, carried))
+
+    def send_join(self, gid: str, join: Join) -> bool:
+        """Write a join for ``gid``'s next decode step (as `GenerationStage.join`)."""
+        return self._write(encode_join(gid, join))
+
+    def _write(self, frame: bytes) -> bool:
         with self.lock:
             if not self.up:
                 return False
@@ -279,8 +312,8 @@ class DriverLink:
 class StageLink:
     """A stage's listening socket and its connection to its successor."""
 
-    def __init__(self, label: str, step: Step, enabled: bool = True):
-        self.label, self.step = label, step
+    def __init__(self, label: str, step: Step, join: JoinTo, enabled: bool = True):
+        self.label, self.step, self.join = label, step, join
         self.enabled = enabled and supported()
         self.address = ""
         self.server: Any = None
@@ -298,8 +331,8 @@ class StageLink:
         try:  # bound here: an event loop's own path handling may not know abstract names
             sock.bind(address)
             sock.listen(64)
-            self.server = await loop.create_unix_server(lambda: _Receiver(self.step, self.label),
-                                                        sock=sock)
+            self.server = await loop.create_unix_server(
+                lambda: _Receiver(self.step, self.join, self.label), sock=sock)
             self.address = address
         except OSError as e:
             sock.close()

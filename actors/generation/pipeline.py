@@ -163,6 +163,13 @@ class RayDecoder:
         if inlet is None or not inlet.send(gid, epoch, job, carried):
             self.first.step.remote(gid, epoch, job, carried)
 
+    def send_join(self, gid: str, join: Any) -> None:
+        """Hand stage 0 a request joining ``gid``'s next decode step (continuous
+        batching), the way `send_step` hands it a step."""
+        inlet = self.inlet
+        if inlet is None or not inlet.send_join(gid, join):
+            self.first.join.remote(gid, join)
+
     # -- groups ---------------------------------------------------------------------------
 
     @property

@@ -71,7 +71,7 @@ class GenerationStage:
         self.ended: dict[str, None] = {}  # groups the driver closed (the latest ENDED_KEPT)
         self.failures: dict[str, tuple[int, Any]] = {}  # the last stage's: groups that failed
         self.ring: list[Any] = []  # every stage's handle, by index
-        self.link = StageLink(self.label, self.step)  # to the next stage (channel.py)
+        self.link = StageLink(self.label, self.step, self.join)  # to the next stage (channel.py)
         self.changed = asyncio.Event()
         self.steps = 0
         self.pushed = 0  # token columns written to a driver's socket (inbox.py)

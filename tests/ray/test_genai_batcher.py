@@ -59,10 +59,13 @@ def llama(ray_session):
 
 def test_requests_join_a_running_group_with_the_tokens_they_get_alone(llama):
     reqs = _requests(1)
+    sent = llama.remote.inlet.sent
     with ContinuousBatcher(llama, slots=2, max_length=64) as batcher:
         handles = [batcher.submit(p, n) for p, n in reqs]
         got = wait_all(handles)
         stats = batcher.stats()
+    # the groups' first steps and the joins went over the driver's socket to stage 0
+    assert llama.remote.inlet.sent - sent >= stats["groups"] + stats["joins"]
     assert got == [_alone(_local_model("llama"), p, n) for p, n in reqs]
     assert [len(g) for g in got] == [n for _, n in reqs]
     # two rows a group, a group per stage, seven requests: the first four start the two

@@ -10,7 +10,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from actors.generation.channel import _HEADER, decode_step, encode_step
+from actors.generation.channel import _HEADER, decode_frame, decode_step, encode_join, encode_step
 from actors.generation.group import GroupSpec, Job, Join
 from actors.generation.inbox import decode_column, encode_column
 from actors.transport.wire import WireFormatError, tensor_to_map
@@ -86,6 +86,20 @@ def test_a_malformed_group_spec_is_refused_naming_it(spec, words):
 def test_a_malformed_join_is_refused_naming_it(joins, words):
     with pytest.raises(WireFormatError, match=words):
         decode_step(_step_body(joins))
+
+
+def test_a_join_frame_from_the_driver_round_trips_and_a_bad_one_is_refused():
+    join = Join(2, "req-9", np.array([4, 5], dtype=np.int64), 7, epoch=3, seed=11)
+    kind, (gid, got) = decode_frame(encode_join("g", join)[_HEADER.size:])
+    assert (kind, gid, got.row, got.key, got.prompt.tolist(), got.max_new, got.epoch,
+            got.seed) == ("join", "g", 2, "req-9", [4, 5], 7, 3, 11)
+    assert decode_frame(encode_step("g", 2, _job(), [{}, {}])[_HEADER.size:])[0] == "step"
+    with pytest.raises(WireFormatError, match="a join is"):
+        decode_frame(msgpack.packb(["join", "g", [2, "k"]], use_bin_type=True))
+    with pytest.raises(WireFormatError, match="group id must be a string"):
+        decode_frame(msgpack.packb(["join", 5, []], use_bin_type=True))
+    with pytest.raises(WireFormatError, match="a step frame is a list of 13"):
+        decode_frame(msgpack.packb(["leave", "g", []], use_bin_type=True))
 
 
 def test_carried_maps_must_match_the_pieces_and_joins():
