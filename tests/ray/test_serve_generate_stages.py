@@ -80,8 +80,9 @@ def test_concurrent_streams_share_groups_with_their_own_tokens(server):
 
 
 def test_sampled_streams_share_groups_each_drawing_from_its_own_seed(server):
-    rows = [[int(t) for t in r] for r in prompts(3, seed=25)] + [[5, 6, 7, 8]]
-    news, seeds = [7, 12, 5, 9], [31, 32, 33, 34]
+    rows = [[int(t) for t in r] for r in prompts(3, seed=25) + prompts(2, seed=26)] \
+        + [[5, 6, 7, 8]]
+    news, seeds = [7, 12, 5, 9, 6, 8], [31, 32, 33, 34, 35, 36]
     search = {"do_sample": True, "top_k": 8, "top_p": 0.95, "temperature": 0.7}
     before = _generation(server)["batching"]
     got = _concurrently(server, [{"input_ids": r, "max_tokens": n, "random_seed": s, **search}
@@ -90,7 +91,8 @@ def test_sampled_streams_share_groups_each_drawing_from_its_own_seed(server):
             for r, n, s in zip(rows, news, seeds)]
     assert got == want
     after = _generation(server)["batching"]
-    # the sampling options got a batcher of their own: four requests, two rows a group
+    # the sampling options got a batcher of their own: six requests, two groups of two
+    # rows start at once, the last two requests take rows freed in them
     assert after["groups"] > before["groups"] and after["joins"] > before["joins"]
 
 
