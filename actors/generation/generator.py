@@ -84,9 +84,10 @@ class RemoteGenerator(TokenRows):
         """Admit the group (the driver keeps the stages' books); a group that ran before
         (replayed, resumed after its end) opens on every stage now, a fresh one with its
         first step (`_send`: no Ray call waits behind the running groups' steps)."""
-        self.decoder.admit(self.gid, self._spec())
+        spec = self._spec()
+        self.decoder.admit(self.gid, spec)
         if not self._fresh:
-            self.decoder.open(self.gid, self._spec(), epoch)
+            self.decoder.open(self.gid, spec, epoch)
         self._pushing = self._inbox is not None and self.decoder.pushing
         if self._pushing:
             self._inbox.ended = False  # a new connection waits to be accepted
