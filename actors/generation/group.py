@@ -100,7 +100,6 @@ class StageGroup:
         self.acks: list[tuple[int, str, int, bool]] = []  # the last stage's: (column, key, row, ok)
         self.epoch = -1  # messages of epochs below are dropped
         self.live = -1  # the epoch of the last step run
-        self.need: dict[str, int] = {}  # bytes admitted, by provider
         self.sampler: Any = None  # the last stage's
         self.outlet: Any = None  # the last stage's token socket to the driver (inbox.py)
         self.logits: tuple[int, np.ndarray] | None = None  # (epoch, [batch, vocab]) on request

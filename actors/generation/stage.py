@@ -175,9 +175,8 @@ class GenerationStage:
         if g is None:
             g = StageGroup(spec, self.own, list(self.layout.entries), self.cache_providers,
                            _zeros)
-            g.need = self._need(spec)
             self.groups[gid] = g
-            self.reserved[gid] = sum(g.need.values())
+            self.reserved[gid] = sum(self._need(spec).values())
             self._notify()  # a long poll waiting for the group
             if self.index == self.count - 1:
                 g.sampler = self._sampler(spec)
@@ -260,8 +259,7 @@ class GenerationStage:
         if self.part is None:
             return  # sent to a restarted actor: the driver replays
         g = self.groups.get(gid)
-        if job.spec is not None and gid not in self.ended \
-                and (g is None or not g.caches or epoch > g.epoch):
+        if job.spec is not None and (g is None or not g.caches) and gid not in self.ended:
             self.open(gid, job.spec, epoch)  # the group's first step here (of this epoch)
             g = self.groups[gid]
         if g is None or epoch < g.epoch or not g.caches:
