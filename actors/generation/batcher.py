@@ -4,8 +4,9 @@
 A group has ``slots`` rows. The first requests start it (left-padded to the longest
 prompt); when a request ends (eos or its ``max_new_tokens``), its row is free, and the
 next queued request joins the running group there: the driver sends a `Join` to stage
-0 (over stage 0's socket on its node, as the group's steps go), which takes it at the group's next decode step ``at`` when it fits (its prompt ends
-at ``at`` and its new tokens end within the capacity). Every stage then rewrites that
+0 (over stage 0's socket on its node, as the group's steps go), which takes it at the
+group's next decode step ``at`` when it fits (its prompt ends at ``at`` and its new
+tokens end within the capacity). Every stage then rewrites that
 row for the prompt (the columns before it masked out, as left padding is), prefills the
 prompt but its last token at batch 1 into the row's columns of its own layers' cache,
 and the step at ``at`` runs the last prompt token with the other rows' tokens: the
