@@ -12,6 +12,12 @@ output) never crosses a cut: only activations do.
 A stage sends on what the stages after it read from it or from before it: a value
 stage 0 makes that stage 2 reads (Llama's rotary tables, read by every layer) goes
 through stage 1 unchanged (`StagePart.passed`).
+
+Values a later stage could make from the feeds alone with a few cheap nodes (the
+expanded attention mask: 54-64 of the 200-218 plan steps of the tiny test decoders'
+second stage) are sent when small and made again when not (`StagePart.remade`, made
+by `StagePart.prelude`): a decode step's mask is one row of positions, a prompt's
+their square (sent, it would outgrow the hidden states it goes with).
 """
 
 from __future__ import annotations
@@ -44,6 +50,13 @@ class StagePart:
     output: str | None  # the logits, on the last stage
     #: values an earlier stage made that a later one reads: received and sent on as they are
     passed: tuple[str, ...] = ()
+    #: of ``carried_in``, those this stage makes again from the feeds (``prelude``, an ONNX
+    #: model from the graph inputs to them) when a step does not carry them
+    remade: tuple[str, ...] = ()
+    prelude: bytes = b""
+    #: of ``carried_out`` and ``passed``, those later stages can make again: sent only
+    #: when small (`send_again`)
+    optional: tuple[str, ...] = ()
 
 
 def split_decoder(model: onnx.ModelProto, layout: CacheLayout, stages: int) -> list[StagePart]:
@@ -81,22 +94,18 @@ def split_decoder(model: onnx.ModelProto, layout: CacheLayout, stages: int) -> l
         mine = graph.nodes[lo:hi]
         own = {o for n in mine for o in n.outputs if o}
         reads = [r for n in mine for r in node_reads(n) if r]
-        # values from weights alone that an earlier stage made, and small ones from the
-        # feeds alone (the expanded mask, rotary tables, shapes): computed here again, so
-        # only the residual stream crosses and this stage's attention fuses as in process
+        # values from weights alone that an earlier stage made: computed here again; cheap
+        # ones from the feeds alone (the expanded mask, shapes): carried when small, else
+        # made again by the stage's prelude (``remade``)
         earlier = [r for r in dict.fromkeys(reads) if r not in own and r in produced]
         again = [r for r in earlier if r in constant]
-        for r in earlier:
-            if r not in constant and r not in tainted:
-                closure = _constant_closure(graph, [r])
-                if _cheap(graph, closure):
-                    again.append(r)
-        extra = _constant_closure(graph, again)
-        nodes = extra + list(mine)
+        remade = [r for r in earlier if r not in constant and r not in tainted
+                  and _cheap(graph, _constant_closure(graph, [r]))]
+        nodes = _constant_closure(graph, again) + list(mine)
         made = {o for n in nodes for o in n.outputs if o}
         inputs = list(dict.fromkeys(r for n in nodes for r in node_reads(n)
                                     if r and r not in made and r not in graph.initializers))
-        cuts.append((nodes, made, inputs, [r for r in inputs if r in produced]))
+        cuts.append((nodes, made, inputs, [r for r in inputs if r in produced], remade))
     owner = {}  # a carried value -> the stage whose own nodes make it
     for k in range(stages):
         for n in graph.nodes[bounds[k]:bounds[k + 1]]:
@@ -104,8 +113,9 @@ def split_decoder(model: onnx.ModelProto, layout: CacheLayout, stages: int) -> l
     parts = []
     for k in range(stages):
         lo, hi = bounds[k], bounds[k + 1]
-        nodes, made, inputs, carried_in = cuts[k]
-        wanted = dict.fromkeys(v for *_, later in cuts[k + 1:] for v in later)
+        nodes, made, inputs, carried_in, remade = cuts[k]
+        wanted = dict.fromkeys(v for *_, later, _ in cuts[k + 1:] for v in later)
+        optional = {v for *_, later_remade in cuts[k + 1:] for v in later_remade}
         carried_out = [v for v in wanted if owner.get(v) == k]
         passed = [v for v in wanted if owner.get(v, k) < k]
         bad = [v for v in carried_out if v in caches]
@@ -119,10 +129,30 @@ def split_decoder(model: onnx.ModelProto, layout: CacheLayout, stages: int) -> l
         proto, _ = stage_model(graph, f"{graph.name}_stage{k}", nodes, inputs,
                                carried_out + ([output] if output else []))
         held = [e for e in layout.entries if position[e.node] in range(lo, hi)]
+        prelude = b""
+        if remade:
+            closure = _constant_closure(graph, remade)
+            made_there = {o for n in closure for o in n.outputs if o}
+            feeds = list(dict.fromkeys(r for n in closure for r in node_reads(n) if r
+                                       and r not in made_there and r not in graph.initializers))
+            prelude = stage_model(graph, f"{graph.name}_stage{k}_prelude", closure, feeds,
+                                  remade)[0].SerializeToString()
         parts.append(StagePart(k, proto.SerializeToString(), tuple(sorted({e.layer for e in held})),
                                tuple(e.past for e in held), tuple(inputs), tuple(carried_in),
-                               tuple(carried_out), output, tuple(passed)))
+                               tuple(carried_out), output, tuple(passed), tuple(remade), prelude,
+                               tuple(v for v in carried_out + passed if v in optional)))
     return parts
+
+
+#: a value a later stage can make again is sent when at most this many bytes, or at most
+#: as many as the step's other carried values (so it at most doubles a message)
+SEND_AGAIN_BYTES = 1 << 16
+
+
+def send_again(nbytes: int, others: int) -> bool:
+    """Whether to send a value of ``nbytes`` that the next stage can make again, beside
+    ``others`` bytes of values it cannot."""
+    return nbytes <= max(SEND_AGAIN_BYTES, others)
 
 
 def _weights_only(graph: Graph) -> set[str]:

@@ -37,7 +37,7 @@ from actors.generation.channel import LINKS, StageLink, socket_name
 from actors.generation.group import GroupSpec, Job, Join, StageGroup
 from actors.generation.inbox import TokenOutlet
 from actors.generation.runner import StageRunner
-from actors.generation.split import StagePart
+from actors.generation.split import StagePart, send_again
 from actors.remote_errors import SegmentRunError
 from hetero_exec.exec.chain import move_value
 from hetero_exec.genai.layout import CacheLayout
@@ -77,6 +77,7 @@ class GenerationStage:
         self.pushed = 0  # token columns written to a driver's socket (inbox.py)
         self.step_s = 0.0  # seconds computing steps (the rest of a token's time is Ray)
         self.decodes, self.decode_s = 0, 0.0  # one-token steps only (no prompt, no replay)
+        self.remade = 0  # steps that made again values too big to carry (`_with`)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -110,6 +111,11 @@ class GenerationStage:
             if limit is not None:
                 self.limits[parse_provider((name, popts)).name] = int(limit)
         self.session = InferenceSession(part.model, providers=providers or None, **opts)
+        # what the step's carried values may leave out and this stage makes again (split.py)
+        self.prelude = InferenceSession(part.prelude, providers=providers or None, **opts) \
+            if part.prelude else None
+        self.prelude_inputs = [i.name for i in self.prelude.get_inputs()] if self.prelude else []
+        self.optional = set(part.optional)
         entries = {e.past: e for e in self.layout.entries}
         self.own = [entries[p] for p in part.entries]
         self.cache_providers = _cache_providers(self.session, self.own)
@@ -147,6 +153,7 @@ class GenerationStage:
                 "node": ray.get_runtime_context().get_node_id(),
                 "layers": list(self.part.layers) if self.part else [],
                 "carried_in": list(self.part.carried_in) if self.part else [],
+                "remade": list(self.part.remade) if self.part else [],
                 "budget": self._budgets()}
 
     # -- groups -----------------------------------------------------------------------
@@ -226,7 +233,7 @@ class GenerationStage:
                 "cache_bytes": sum(g.cache_bytes for g in self.groups.values()),
                 "steps": self.steps, "step_s": self.step_s,
                 "sent_socket": self.link.sent_socket, "sent_ray": self.link.sent_ray,
-                "pushed": self.pushed,
+                "pushed": self.pushed, "remade": self.remade,
                 "decode_ms": self.decode_s / max(self.decodes, 1) * 1e3}
 
     # -- the ring -----------------------------------------------------------------------
@@ -287,9 +294,7 @@ class GenerationStage:
                 g.sampler.reseed(j.row, j.seed)  # the request's own draws from its first token
         last: Any = None
         for (p, t), came in zip(job.pieces, carried):
-            feeds = g.feeds(self.layout, p, t, self.fixed, self.shared)
-            if came:
-                feeds = {**feeds, **came}
+            feeds, came = self._with(g.feeds(self.layout, p, t, self.fixed, self.shared), came)
             values = self.runner.run(feeds)
             g.computed(p, t)
             self.steps += 1
@@ -333,9 +338,7 @@ class GenerationStage:
                              list(self.layout.entries), self.cache_providers,
                              _zeros)
         scratch.apply(Job(0, join.prompt[None, :n], [(0, n)]))
-        feeds = scratch.feeds(self.layout, 0, n, False, self.shared)
-        if came:
-            feeds = {**feeds, **came}
+        feeds, came = self._with(scratch.feeds(self.layout, 0, n, False, self.shared), came)
         values = self.runner.run(feeds)
         self.steps += 1
         for e in self.own:
@@ -348,12 +351,31 @@ class GenerationStage:
             return {}
         return self._sent(values, came)
 
+    def _with(self, feeds: dict[str, Any], came: dict[str, Any]
+              ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A step's feeds with what came with it, and what came: the values this stage
+        makes again that the step left out (too big to send) made here first, from the
+        feeds (the stage after may read them too)."""
+        missing = [n for n in self.part.remade if n not in came]
+        if missing:
+            made = self.prelude.run(missing, {n: feeds[n] for n in self.prelude_inputs})
+            self.remade += 1
+            came = {**came, **dict(zip(missing, made))}
+        return ({**feeds, **came} if came else feeds), came
+
     def _sent(self, values: dict[str, Any], came: dict[str, Any]) -> dict[str, Any]:
         """What the next stage gets of a step: the values this stage made that later
-        stages read, on the host, and those it got from before that later ones read."""
-        out = {n: move_value(values[n], self.runner.where[n], None)
-               for n in self.part.carried_out}
-        out.update((n, came[n]) for n in self.part.passed)
+        stages read, on the host, and those it got from before that later ones read;
+        of those later stages can make again, the small ones (`send_again`)."""
+        where, optional = self.runner.where, self.optional
+        out = {n: move_value(values[n], where[n], None)
+               for n in self.part.carried_out if n not in optional}
+        out.update((n, came[n]) for n in self.part.passed if n not in optional)
+        others = sum(int(v.nbytes) for v in out.values())
+        for n in self.part.optional:
+            v = values[n] if n in where else came.get(n)
+            if v is not None and send_again(int(v.nbytes), others):
+                out[n] = move_value(v, where[n], None) if n in where else v
         return out
 
     def _count(self, job: Job, seconds: float) -> None:

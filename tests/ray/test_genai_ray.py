@@ -180,6 +180,31 @@ def test_groups_in_flight_share_the_pipeline_and_free_their_caches(llama):
     assert eventually(lambda: _cache_free(llama))  # finished: freed by the stages
 
 
+def test_a_mask_too_big_to_send_is_made_again_on_the_next_stage(llama):
+    # stage#1 reads the expanded attention mask, [batch, 1, steps, positions]: a decode
+    # step's (a row) goes with the step; a long prompt's (its square) is made again
+    # there from the feeds (split.py, StagePart.prelude)
+    info = ray.get(llama.remote.actors[1].info.remote())
+    assert info["remade"]  # the mask (and what else it can make from the feeds alone)
+    rows = [prompts(1, seed=61)[0] * 43]  # 516 tokens: 516 x 516 booleans, 260 KiB, more
+    # than the hidden states and rotary tables it goes with (516 x 96 floats, 194 KiB)
+
+    def generate(model: og.Model) -> list[list[int]]:
+        params = og.GeneratorParams(model)
+        params.set_search_options(batch_size=1, max_length=len(rows[0]) + 8)
+        with og.Generator(model, params) as gen:
+            gen.append_tokens(rows)
+            for _ in range(6):
+                gen.generate_next_token()
+            return [[int(t) for t in gen.get_sequence(i)[len(r):]] for i, r in enumerate(rows)]
+
+    before = llama.remote.stats()[1]
+    assert generate(llama) == generate(_local_model("llama"))
+    after = llama.remote.stats()[1]
+    # the prompt's step only: every decode step after it (the ring ran at least 5) carried it
+    assert after["remade"] - before["remade"] == 1
+
+
 def test_a_cancelled_or_abandoned_group_frees_its_cache(llama):
     rows = prompts(2, seed=3)
     gen = _start(llama, rows, new=400)
