@@ -239,6 +239,14 @@ class StageGroup:
             return None
         return [(e, short) for e in eos]
 
+    def history(self) -> Any:
+        """The ids each row's repetition penalty counts: all so far, as the in-process
+        generator (and onnxruntime-genai) count a left-padded batch's; a batcher's row
+        from its request's first token (before it: padding, or an earlier request's)."""
+        if not self.spec.batched:
+            return self.ids[:, :self.length]
+        return [self.ids[r, s:self.length] for r, s in enumerate(self.start)]
+
     def take(self, chosen: np.ndarray, eos: np.ndarray) -> int:
         """Write the chosen ids at the next position; returns that position."""
         running = self.end < 0

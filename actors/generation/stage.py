@@ -398,7 +398,7 @@ class GenerationStage:
                 return
         o = g.sampler.options
         chosen = g.sampler.choose(logits, g.banned(o.min_length, g.spec.eos),
-                                  g.ids[:, :g.length])
+                                  g.history() if o.repetition_penalty != 1.0 else None)
         at = g.take(chosen, np.asarray(g.spec.eos, dtype=np.int64))
         acks = [(at, j.key, j.row, j.ok) for j in joins or ()]
         g.acks.extend(acks)

@@ -74,6 +74,23 @@ def ort_greedy(path: str, rows: list[list[int]], new_tokens: int,
     return out
 
 
+def penalized(prompt: list[int], penalty: float) -> Callable[[np.ndarray], np.ndarray]:
+    """Greedy under onnxruntime-genai's repetition penalty, for ``ort_greedy``'s
+    ``choose`` on one row: each id so far (the prompt's and those chosen) has its logit
+    divided by ``penalty`` when positive, multiplied by it when not."""
+    seen = list(prompt)
+
+    def choose(logits: np.ndarray) -> np.ndarray:
+        row = logits[0].astype(np.float32)
+        ids = np.unique(seen)
+        row[ids] = np.where(row[ids] > 0, row[ids] / np.float32(penalty),
+                            row[ids] * np.float32(penalty))
+        seen.append(int(row.argmax()))
+        return np.array([seen[-1]], np.int64)
+
+    return choose
+
+
 def seeded_sampling(seed: int, top_k: int = 50, top_p: float = 1.0,
                     temperature: float = 1.0) -> Callable[[np.ndarray], np.ndarray]:
     """The sampling rule `hetero_exec.genai.search` documents, for ``ort_greedy``'s

@@ -11,7 +11,7 @@ import ray
 
 import hetero_exec.genai as og
 from actors.generation.batcher import ContinuousBatcher, wait_all
-from tests.genai._ref import model_path, ort_greedy, seeded_sampling
+from tests.genai._ref import model_path, ort_greedy, penalized, seeded_sampling
 from tests.ray.helpers import eventually
 
 pytestmark = pytest.mark.ray
@@ -35,9 +35,9 @@ def _requests(seed: int, shapes=SHAPES) -> list[tuple[list[int], int]]:
     return [(rng.integers(3, 256, length).tolist(), new) for length, new in shapes]
 
 
-def _alone(model: og.Model, prompt: list[int], new: int) -> list[int]:
+def _alone(model: og.Model, prompt: list[int], new: int, **search) -> list[int]:
     params = og.GeneratorParams(model)
-    params.set_search_options(batch_size=1, max_length=len(prompt) + new)
+    params.set_search_options(batch_size=1, max_length=len(prompt) + new, **search)
     with og.Generator(model, params) as gen:
         gen.append_tokens([prompt])
         while not gen.is_done():
@@ -120,6 +120,29 @@ def test_eos_frees_a_row_for_the_next_request(llama):
     assert got == want
     assert got[0][-1] == eos and len(got[0]) < 12  # ended at eos, before its max_new
     assert handles[2].joined_at is not None  # took the row eos freed
+    assert eventually(lambda: _cache_free(llama))
+
+
+def test_the_repetition_penalty_counts_a_request_own_tokens_only(llama):
+    # a row's columns before its request's first token are left padding or an earlier
+    # request's: the penalty must not count them (alone, a request has neither). With
+    # the pad id a token the requests pick, counting the padding would change them.
+    path = model_path("llama", "optimum")
+    local = _local_model("llama")
+    reqs = _requests(12)
+    free = [_alone(local, p, n, repetition_penalty=1.8) for p, n in reqs]
+    assert free[0] == ort_greedy(path, [reqs[0][0]], reqs[0][1],
+                                 choose=penalized(reqs[0][0], 1.8))[0]
+    pad = next(t for f in free for t in f if t not in {p[0] for p, _ in reqs})
+    saved = llama.pad_token_id
+    llama.pad_token_id = pad
+    try:
+        with ContinuousBatcher(llama, slots=2, max_length=64, repetition_penalty=1.8) as batcher:
+            got = wait_all([batcher.submit(p, n) for p, n in reqs])
+            assert batcher.stats()["joins"] >= 2
+    finally:
+        llama.pad_token_id = saved
+    assert got == free
     assert eventually(lambda: _cache_free(llama))
 
 
