@@ -33,6 +33,9 @@ import hetero_exec.genai as hg
 from hetero_exec.genai.layout import discover
 
 DEVICES = ["sim-gpu:0", "sim-gpu:1"]
+#: rounds of the 4-groups figure, each a pair (the ring, then in process): on a shared
+#: 2-core host one round's tokens/s moves +-15% either side, the pair's ratio less
+PAIRED_ROUNDS = 9
 
 
 def decode_ms(model, rows: np.ndarray, new: int) -> float:
@@ -302,7 +305,7 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
             prompts = [prompt_rows(1, 32) + i for i in range(4)]
             r, lo_ = [], []
             pids = stage_pids(remote1)
-            for _ in range(args.rounds):
+            for _ in range(max(args.rounds, PAIRED_ROUNDS)):
                 before, t0 = [_sched_s(p) for p in pids], time.perf_counter()
                 r.append(tokens_per_s(remote1, prompts, args.new, in_flight=True))
                 wall = time.perf_counter() - t0
@@ -326,19 +329,15 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
             batching.append((name, statistics.median(cb), statistics.median(alone),
                              statistics.median(static), st))
             remote1.close()
-            throughput.append((name, "1 thread per stage", "1 thread",
-                               [statistics.median(x) for x in r],
-                               [statistics.median(x) for x in lo_]))
+            throughput.append((name, "1 thread per stage", "1 thread", r, lo_))
             # the same with default threads on both sides
             r, lo_ = [], []
-            for _ in range(args.rounds):
+            for _ in range(max(args.rounds, PAIRED_ROUNDS)):
                 r.append(tokens_per_s(remote, prompts, args.new, in_flight=True))
                 lo_.append(tokens_per_s(local, prompts, args.new, in_flight=False))
             remote.close()
             r, lo_ = list(zip(*r)), list(zip(*lo_))
-            throughput.append((name, "default threads", "default threads",
-                               [statistics.median(x) for x in r],
-                               [statistics.median(x) for x in lo_]))
+            throughput.append((name, "default threads", "default threads", r, lo_))
         print(f"bare two-actor Ray ring on this host (no compute): {ring_floor_ms():.3f} ms per "
               "round, the floor of a token on two stages with stage_link=\"ray\"", flush=True)
         for name in names:
@@ -350,9 +349,12 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
                   flush=True)
         for name, ours, theirs, r, lo_ in throughput:
             for k, what in enumerate(("opening them too", "already open")):
-                print(f"{name:14} 4 groups in flight ({what}), {ours}: ray {r[k]:7.1f} tok/s, "
-                      f"in process ({theirs}, one after another) {lo_[k]:7.1f} tok/s: "
-                      f"{r[k] / lo_[k]:.2f}x", flush=True)
+                ratios = sorted(a / b for a, b in zip(r[k], lo_[k]))
+                print(f"{name:14} 4 groups in flight ({what}), {ours}: ray "
+                      f"{statistics.median(r[k]):7.1f} tok/s, in process ({theirs}, one after "
+                      f"another) {statistics.median(lo_[k]):7.1f} tok/s: "
+                      f"{statistics.median(ratios):.2f}x (the median of {len(ratios)} rounds' "
+                      f"ratios; {ratios[0]:.2f}-{ratios[-1]:.2f})", flush=True)
         for name, cb, alone, static, st in batching:
             print(f"{name:14} continuous batching, 8 requests ({args.new // 2}-"
                   f"{args.new // 2 + 7 * args.new // 8} new tokens) in 4 rows on two "
