@@ -16,8 +16,9 @@ actor's incarnation, so a restarted actor never answers for its predecessor), se
 an `asyncio.Protocol` on the actor's own event loop: a received step runs on the same
 loop as the actor's methods (open/close/halt/tokens), one at a time, with no new locking.
 A frame is a 4-byte length and a msgpack list (gid, epoch, the Job's fields, the carried
-arrays as `actors.transport.wire` tensor maps: never pickle, anything on the host can
-connect to an abstract socket). A frame that does not decode drops its connection.
+arrays in `actors.transport.wire`'s compact form, ``[dtype, shape, data]``: never pickle,
+anything on the host can connect to an abstract socket). A frame that does not decode
+drops its connection.
 
 The sender keeps one connection to its successor (stage i+1, the last stage's is stage
 0), made by `connect` only when the successor's node id is this actor's; otherwise, when
@@ -42,7 +43,7 @@ import msgpack
 import numpy as np
 
 from actors.generation.group import GroupSpec, Job, Join
-from actors.transport.wire import WireFormatError, tensor_from_map, tensor_to_map, unpack_frame
+from actors.transport.wire import WireFormatError, tensor_from_list, tensor_to_list, unpack_frame
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +71,16 @@ def supported() -> bool:
 
 
 def _opt(arr: Any) -> Any:
-    return None if arr is None else tensor_to_map(arr)
+    return None if arr is None else tensor_to_list(arr)
 
 
 def encode_step(gid: str, epoch: int, job: Job, carried: list[dict[str, Any]]) -> bytes:
     """One step message as a length-prefixed msgpack frame."""
     body = msgpack.packb(
-        [gid, int(epoch), int(job.at), tensor_to_map(job.ids), [[int(p), int(t)] for p, t in job.pieces],
+        [gid, int(epoch), int(job.at), tensor_to_list(job.ids), [[int(p), int(t)] for p, t in job.pieces],
          None if job.rewind is None else [int(job.rewind[0]), int(job.rewind[1])],
          None if job.draws is None else int(job.draws), _opt(job.end), _opt(job.start),
-         [{name: tensor_to_map(v) for name, v in c.items()} for c in carried], bool(job.logits),
+         [{name: tensor_to_list(v) for name, v in c.items()} for c in carried], bool(job.logits),
          [_join_fields(j) for j in job.joins],
          None if job.spec is None else _spec_fields(job.spec)],
         use_bin_type=True)
@@ -87,7 +88,7 @@ def encode_step(gid: str, epoch: int, job: Job, carried: list[dict[str, Any]]) -
 
 
 def _join_fields(j: Join) -> list[Any]:
-    return [int(j.row), j.key, tensor_to_map(j.prompt), int(j.max_new), int(j.epoch), int(j.at),
+    return [int(j.row), j.key, tensor_to_list(j.prompt), int(j.max_new), int(j.epoch), int(j.at),
             bool(j.ok), int(j.seed)]
 
 
@@ -133,17 +134,17 @@ def _step(obj: Any) -> tuple[str, int, Job, list[dict[str, Any]]]:
     if not isinstance(gid, str) or not isinstance(pieces, list) or not isinstance(carried, list) \
             or not isinstance(logits, bool) or not isinstance(joins, list):
         raise WireFormatError("step frame: gid, pieces, carried, logits or joins of the wrong type")
-    job = Job(_int(at, "at"), tensor_from_map(ids), [_pair(p, "piece") for p in pieces],
+    job = Job(_int(at, "at"), tensor_from_list(ids), [_pair(p, "piece") for p in pieces],
               rewind=None if rewind is None else _pair(rewind, "rewind"),
               draws=None if draws is None else _int(draws, "draws"),
-              end=None if end is None else tensor_from_map(end),
-              start=None if start is None else tensor_from_map(start), logits=logits,
+              end=None if end is None else tensor_from_list(end),
+              start=None if start is None else tensor_from_list(start), logits=logits,
               joins=[_join(j) for j in joins], spec=None if spec is None else _spec(spec))
     values: list[dict[str, Any]] = []
     for c in carried:
         if not isinstance(c, dict):
             raise WireFormatError("step frame: carried values are maps")
-        values.append({name: tensor_from_map(m) for name, m in c.items()})
+        values.append({name: tensor_from_list(m) for name, m in c.items()})
     if len(values) not in (len(job.pieces), len(job.pieces) + len(job.joins)):
         raise WireFormatError(f"step frame: {len(values)} carried maps for {len(job.pieces)} "
                               f"pieces and {len(job.joins)} joins")
@@ -152,7 +153,7 @@ def _step(obj: Any) -> tuple[str, int, Job, list[dict[str, Any]]]:
 
 def _spec_fields(spec: GroupSpec) -> list[Any]:
     return [int(spec.batch), int(spec.capacity), int(spec.pad),
-            tensor_to_map(np.asarray(spec.start, dtype=np.int64)),
+            tensor_to_list(np.asarray(spec.start, dtype=np.int64)),
             dict(spec.search), [int(e) for e in spec.eos],
             None if spec.inbox is None else [str(spec.inbox[0]), str(spec.inbox[1])],
             bool(spec.batched),
@@ -177,7 +178,7 @@ def _spec(v: Any) -> GroupSpec:
                               and all(isinstance(x, str) for x in inbox))):
         raise WireFormatError("step frame: a group spec's eos, inbox or batched of the "
                               "wrong type")
-    rows = tensor_from_map(start)
+    rows = tensor_from_list(start)
     if rows.ndim != 1 or rows.dtype != np.int64:
         raise WireFormatError(f"step frame: a group spec's start must be int64 [batch], got "
                               f"{rows.dtype} {rows.shape}")
@@ -193,7 +194,7 @@ def _join(v: Any) -> Join:
             or not isinstance(v[6], bool):
         raise WireFormatError("step frame: a join is [row, key, prompt, max_new, epoch, at, ok, "
                               "seed]")
-    prompt = tensor_from_map(v[2])
+    prompt = tensor_from_list(v[2])
     if prompt.ndim != 1 or prompt.dtype != "int64":
         raise WireFormatError(f"step frame: a join's prompt must be int64 [n], got {prompt.dtype} "
                               f"{prompt.shape}")

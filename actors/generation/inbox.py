@@ -9,7 +9,7 @@ The driver's generator listens on an abstract-namespace socket of its own (named
 the ring and the group; nothing in the file system) and names it in the group's
 `GroupSpec`. The last stage connects when it opens the group on the same node and
 writes, after each token it samples, a frame: a 4-byte length and a msgpack list
-``[epoch, at, ids (a wire tensor map, [batch, 1]), done]``. The socket only speeds
+``[epoch, at, ids (a compact wire tensor, [batch, 1]), done, acks]``. The socket only speeds
 things up; the Ray poll stays the truth: a frame that does not follow what the driver
 has (a column lost, a connection made late) makes the driver poll, and so does a
 silent socket (a fault is found there, as before). A stage never blocks on the driver:
@@ -29,7 +29,7 @@ import msgpack
 import numpy as np
 
 from actors.generation.channel import supported
-from actors.transport.wire import WireFormatError, tensor_from_map, tensor_to_map, unpack_frame
+from actors.transport.wire import WireFormatError, tensor_from_list, tensor_to_list, unpack_frame
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def inbox_name(ring_id: str, gid: str) -> str:
 
 def encode_column(epoch: int, at: int, ids: np.ndarray, done: bool,
                   acks: list[tuple[int, str, int, bool]] = ()) -> bytes:
-    body = msgpack.packb([int(epoch), int(at), tensor_to_map(ids), bool(done),
+    body = msgpack.packb([int(epoch), int(at), tensor_to_list(ids), bool(done),
                           [[int(c), k, int(r), bool(ok)] for c, k, r, ok in acks]],
                          use_bin_type=True)
     return _HEADER.pack(len(body)) + body
@@ -62,7 +62,7 @@ def decode_column(body: bytes) -> tuple[int, int, np.ndarray, bool, list]:
         if not (isinstance(a, list) and len(a) == 4 and type(a[0]) is int and isinstance(a[1], str)
                 and type(a[2]) is int and isinstance(a[3], bool)):
             raise WireFormatError("token frame: an ack is [column, key, row, ok]")
-    arr = tensor_from_map(ids)
+    arr = tensor_from_list(ids)
     if arr.ndim != 2 or arr.dtype != np.int64:
         raise WireFormatError(f"token frame: ids must be [batch, n] int64, got {arr.dtype} "
                               f"{arr.shape}")

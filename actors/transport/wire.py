@@ -174,6 +174,47 @@ def tensor_from_map(frame: Any) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
+def tensor_to_list(arr: Any) -> list[Any]:
+    """The compact form of a numeric tensor, for frames between this project's own
+    processes (the generation ring's steps and tokens): ``[dtype, shape, data]``, no
+    map (a map's keys cost a decoder more than the few bytes of a decode step's
+    tensors)."""
+    arr = np.asarray(arr)
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    name = _DTYPE_NAMES.get(arr.dtype)
+    if name is None:
+        if arr.dtype.kind in "USO":
+            raise WireFormatError(f"a compact tensor is numeric, got {arr.dtype}")
+        name = _DTYPE_NAMES[arr.dtype] = arr.dtype.name
+    return [name, list(arr.shape), np.ascontiguousarray(arr).tobytes()]
+
+
+def tensor_from_list(v: Any) -> np.ndarray:
+    """The array of `tensor_to_list`'s form (a read-only view of the frame's bytes);
+    WireFormatError when it is not one."""
+    if type(v) is not list or len(v) != 3:
+        raise WireFormatError("a compact tensor is [dtype, shape, data]")
+    name, shape, data = v
+    dtype = _KNOWN_DTYPES.get(name) if type(name) is str else None
+    if dtype is None:
+        dtype = dtype_from_name(name)
+    if type(shape) is not list or len(shape) > MAX_RANK:
+        raise WireFormatError(f"compact tensor shape must be a list of at most {MAX_RANK} "
+                              f"dims, got {shape!r:.80}")
+    count = 1
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise WireFormatError(f"compact tensor shape {shape!r:.80}: dims must be "
+                                  f"non-negative integers")
+        count *= d
+    if type(data) is not bytes or len(data) != count * dtype.itemsize:
+        got = len(data) if type(data) is bytes else type(data).__name__
+        raise WireFormatError(f"compact tensor of {dtype.name}{shape} needs "
+                              f"{count * dtype.itemsize} bytes of data, got {got}")
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
 def _pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):

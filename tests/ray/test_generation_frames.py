@@ -13,7 +13,7 @@ import pytest
 from actors.generation.channel import _HEADER, decode_frame, decode_step, encode_join, encode_step
 from actors.generation.group import GroupSpec, Job, Join
 from actors.generation.inbox import decode_column, encode_column
-from actors.transport.wire import WireFormatError, tensor_to_map
+from actors.transport.wire import WireFormatError, tensor_to_list
 
 
 def _job() -> Job:
@@ -47,13 +47,13 @@ def test_a_first_step_frame_carries_its_group_spec():
 
 
 def _step_body(joins, spec=None) -> bytes:
-    ids = tensor_to_map(np.array([[3]], dtype=np.int64))
+    ids = tensor_to_list(np.array([[3]], dtype=np.int64))
     return msgpack.packb(["g", 1, 5, ids, [[5, 6]], None, None, None, None, [{}], False, joins,
                           spec], use_bin_type=True)
 
 
 def _spec_fields(**change) -> list:
-    fields = {"batch": 1, "capacity": 9, "pad": 0, "start": tensor_to_map(np.zeros(1, np.int64)),
+    fields = {"batch": 1, "capacity": 9, "pad": 0, "start": tensor_to_list(np.zeros(1, np.int64)),
               "search": {"max_length": 9}, "eos": [2], "inbox": None, "batched": False,
               "row_seeds": None}
     fields.update(change)
@@ -65,7 +65,7 @@ def _spec_fields(**change) -> list:
     (_spec_fields(search={"max_length": [9]}), "search options are a map"),
     (_spec_fields(eos="2"), "eos, inbox or batched"),
     (_spec_fields(inbox=["node"]), "eos, inbox or batched"),
-    (_spec_fields(start=tensor_to_map(np.zeros(1, np.float32))), "start must be int64"),
+    (_spec_fields(start=tensor_to_list(np.zeros(1, np.float32))), "start must be int64"),
     (_spec_fields(capacity=9.5), "spec capacity"),
     (_spec_fields(row_seeds=[[1]]), "spec row seed"),
 ])
@@ -76,12 +76,12 @@ def test_a_malformed_group_spec_is_refused_naming_it(spec, words):
 
 @pytest.mark.parametrize("joins, words", [
     ("x", "joins of the wrong type"),
-    ([[1, "k", tensor_to_map(np.array([5], np.int64)), 3, 0, 5, True]], "a join is"),
-    ([[1, 2, tensor_to_map(np.array([5], np.int64)), 3, 0, 5, True, -1]], "a join is"),
-    ([[1, "k", tensor_to_map(np.array([5.0], np.float32)), 3, 0, 5, True, -1]],
+    ([[1, "k", tensor_to_list(np.array([5], np.int64)), 3, 0, 5, True]], "a join is"),
+    ([[1, 2, tensor_to_list(np.array([5], np.int64)), 3, 0, 5, True, -1]], "a join is"),
+    ([[1, "k", tensor_to_list(np.array([5.0], np.float32)), 3, 0, 5, True, -1]],
      "prompt must be int64"),
-    ([[1, "k", tensor_to_map(np.array([5], np.int64)), 3.5, 0, 5, True, -1]], "join max_new"),
-    ([[1, "k", tensor_to_map(np.array([5], np.int64)), 3, 0, 5, True, "7"]], "join seed"),
+    ([[1, "k", tensor_to_list(np.array([5], np.int64)), 3.5, 0, 5, True, -1]], "join max_new"),
+    ([[1, "k", tensor_to_list(np.array([5], np.int64)), 3, 0, 5, True, "7"]], "join seed"),
 ])
 def test_a_malformed_join_is_refused_naming_it(joins, words):
     with pytest.raises(WireFormatError, match=words):
@@ -103,7 +103,7 @@ def test_a_join_frame_from_the_driver_round_trips_and_a_bad_one_is_refused():
 
 
 def test_carried_maps_must_match_the_pieces_and_joins():
-    ids = tensor_to_map(np.array([[3]], dtype=np.int64))
+    ids = tensor_to_list(np.array([[3]], dtype=np.int64))
     body = msgpack.packb(["g", 1, 5, ids, [[5, 6]], None, None, None, None, [{}, {}, {}], False,
                           [], None], use_bin_type=True)
     with pytest.raises(WireFormatError, match="3 carried maps for 1 pieces and 0 joins"):
@@ -116,7 +116,7 @@ def test_a_token_frame_carries_the_acks_of_its_column():
     epoch, at, ids, done, acks = decode_column(frame[_HEADER.size:])
     assert (epoch, at, ids.tolist(), done) == (3, 15, [[7], [8]], False)
     assert acks == [(15, "req-1", 1, True), (15, "req-2", 0, False)]
-    bad = msgpack.packb([3, 15, tensor_to_map(np.array([[7]], np.int64)), False, [[15, "k", 1]]],
+    bad = msgpack.packb([3, 15, tensor_to_list(np.array([[7]], np.int64)), False, [[15, "k", 1]]],
                         use_bin_type=True)
     with pytest.raises(WireFormatError, match="an ack is"):
         decode_column(bad)

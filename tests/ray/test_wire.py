@@ -18,6 +18,8 @@ from actors.transport.wire import (
     encode_response,
     encode_tensor,
     encode_tensors,
+    tensor_from_list,
+    tensor_to_list,
 )
 
 
@@ -58,6 +60,44 @@ def test_malformed_tensor_frames_name_what_is_wrong(frame, says):
     with pytest.raises(WireFormatError, match=None) as e:
         decode_tensor(frame)
     assert says in str(e.value)
+
+
+@pytest.mark.parametrize("arr", [np.arange(6, dtype=np.float32).reshape(2, 3),
+                                 np.array(7, dtype=np.int64), np.zeros((0, 4), np.int8),
+                                 np.ones((1, 1, 2), bool),
+                                 np.arange(3, dtype=np.float32).astype(ml_dtypes.bfloat16),
+                                 np.arange(4, dtype=">i4")],
+                         ids=["f32", "scalar", "empty", "bool", "bf16", "big-endian"])
+def test_compact_tensors_round_trip(arr):
+    got = tensor_from_list(msgpack.unpackb(msgpack.packb(tensor_to_list(arr))))
+    assert got.shape == arr.shape and got.dtype == arr.dtype.newbyteorder("=")
+    assert np.array_equal(got.astype(np.float64), arr.astype(np.float64))
+
+
+_F32 = np.ones(2, np.float32).tobytes()
+
+
+@pytest.mark.parametrize("value, says", [
+    ({"dtype": "float32"}, "[dtype, shape, data]"),
+    (["float32", [2]], "[dtype, shape, data]"),
+    (["object", [2], _F32], "unknown dtype 'object'"),
+    ([7, [2], _F32], "dtype must be a string"),
+    (["float32", [-1], _F32], "non-negative"),
+    (["float32", [True, 2], _F32], "non-negative"),
+    (["float32", "2", _F32], "list of at most"),
+    (["float32", [1] * 65, _F32], "list of at most"),
+    (["float32", [3], _F32], "needs 12 bytes of data, got 8"),
+    (["float32", [2], "text"], "got str"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_malformed_compact_tensors_name_what_is_wrong(value, says):
+    with pytest.raises(WireFormatError) as e:
+        tensor_from_list(value)
+    assert says in str(e.value)
+
+
+def test_a_compact_tensor_is_numeric():
+    with pytest.raises(WireFormatError, match="numeric"):
+        tensor_to_list(np.array(["a"]))
 
 
 def test_frame_over_the_limit_is_refused_before_it_is_read():
