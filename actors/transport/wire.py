@@ -118,8 +118,7 @@ def tensor_to_map(arr: Any) -> dict[str, Any]:
 _DTYPE_NAMES: dict[np.dtype, str] = {}
 
 
-def _shape(frame: Mapping[str, Any]) -> tuple[int, ...]:
-    shape = frame["shape"]
+def _shape(shape: Any) -> tuple[int, ...]:
     if not isinstance(shape, list) or len(shape) > MAX_RANK:
         raise WireFormatError(f"tensor frame shape must be a list of at most {MAX_RANK} dims, "
                               f"got {shape!r:.80}")
@@ -160,18 +159,23 @@ def tensor_from_map(frame: Any) -> np.ndarray:
     if set(frame) != want:
         raise WireFormatError(f"tensor frame fields {sorted(map(str, frame))}, "
                               f"expected {sorted(want)}")
-    shape = _shape(frame)
     if strings:
-        return _strings(frame, shape)
-    dtype = dtype_from_name(frame["dtype"])
-    data = frame["data"]
+        return _strings(frame, _shape(frame["shape"]))
+    return _numeric(frame["dtype"], frame["shape"], frame["data"])
+
+
+def _numeric(name: Any, shape: Any, data: Any) -> np.ndarray:
+    """The array of a numeric tensor's dtype name, shape and bytes (a read-only view of
+    the bytes); WireFormatError when they do not make one."""
+    dtype = dtype_from_name(name)
+    dims = _shape(shape)
     if not isinstance(data, bytes):
         raise WireFormatError(f"tensor frame data is {type(data).__name__}, not bytes")
-    need = math.prod(shape) * dtype.itemsize
+    need = math.prod(dims) * dtype.itemsize
     if len(data) != need:
-        raise WireFormatError(f"tensor frame of {dtype.name}{list(shape)} needs {need} bytes "
+        raise WireFormatError(f"tensor frame of {dtype.name}{list(dims)} needs {need} bytes "
                               f"of data, got {len(data)}")
-    return np.frombuffer(data, dtype=dtype).reshape(shape)
+    return np.frombuffer(data, dtype=dtype).reshape(dims)
 
 
 def tensor_to_list(arr: Any) -> list[Any]:
@@ -195,24 +199,7 @@ def tensor_from_list(v: Any) -> np.ndarray:
     WireFormatError when it is not one."""
     if type(v) is not list or len(v) != 3:
         raise WireFormatError("a compact tensor is [dtype, shape, data]")
-    name, shape, data = v
-    dtype = _KNOWN_DTYPES.get(name) if type(name) is str else None
-    if dtype is None:
-        dtype = dtype_from_name(name)
-    if type(shape) is not list or len(shape) > MAX_RANK:
-        raise WireFormatError(f"compact tensor shape must be a list of at most {MAX_RANK} "
-                              f"dims, got {shape!r:.80}")
-    count = 1
-    for d in shape:
-        if type(d) is not int or d < 0:
-            raise WireFormatError(f"compact tensor shape {shape!r:.80}: dims must be "
-                                  f"non-negative integers")
-        count *= d
-    if type(data) is not bytes or len(data) != count * dtype.itemsize:
-        got = len(data) if type(data) is bytes else type(data).__name__
-        raise WireFormatError(f"compact tensor of {dtype.name}{shape} needs "
-                              f"{count * dtype.itemsize} bytes of data, got {got}")
-    return np.frombuffer(data, dtype=dtype).reshape(shape)
+    return _numeric(*v)
 
 
 def _pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:

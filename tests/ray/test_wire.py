@@ -87,7 +87,7 @@ _F32 = np.ones(2, np.float32).tobytes()
     (["float32", "2", _F32], "list of at most"),
     (["float32", [1] * 65, _F32], "list of at most"),
     (["float32", [3], _F32], "needs 12 bytes of data, got 8"),
-    (["float32", [2], "text"], "got str"),
+    (["float32", [2], "text"], "str, not bytes"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_malformed_compact_tensors_name_what_is_wrong(value, says):
     with pytest.raises(WireFormatError) as e:
