@@ -103,8 +103,7 @@ def split_decoder(model: onnx.ModelProto, layout: CacheLayout, stages: int) -> l
                   and _cheap(graph, _constant_closure(graph, [r]))]
         nodes = _constant_closure(graph, again) + list(mine)
         made = {o for n in nodes for o in n.outputs if o}
-        inputs = list(dict.fromkeys(r for n in nodes for r in node_reads(n)
-                                    if r and r not in made and r not in graph.initializers))
+        inputs = _inputs(graph, nodes)
         cuts.append((nodes, made, inputs, [r for r in inputs if r in produced], remade))
     owner = {}  # a carried value -> the stage whose own nodes make it
     for k in range(stages):
@@ -132,11 +131,8 @@ def split_decoder(model: onnx.ModelProto, layout: CacheLayout, stages: int) -> l
         prelude = b""
         if remade:
             closure = _constant_closure(graph, remade)
-            made_there = {o for n in closure for o in n.outputs if o}
-            feeds = list(dict.fromkeys(r for n in closure for r in node_reads(n) if r
-                                       and r not in made_there and r not in graph.initializers))
-            prelude = stage_model(graph, f"{graph.name}_stage{k}_prelude", closure, feeds,
-                                  remade)[0].SerializeToString()
+            prelude = stage_model(graph, f"{graph.name}_stage{k}_prelude", closure,
+                                  _inputs(graph, closure), remade)[0].SerializeToString()
         parts.append(StagePart(k, proto.SerializeToString(), tuple(sorted({e.layer for e in held})),
                                tuple(e.past for e in held), tuple(inputs), tuple(carried_in),
                                tuple(carried_out), output, tuple(passed), tuple(remade), prelude,
@@ -153,6 +149,13 @@ def send_again(nbytes: int, others: int) -> bool:
     """Whether to send a value of ``nbytes`` that the next stage can make again, beside
     ``others`` bytes of values it cannot."""
     return nbytes <= max(SEND_AGAIN_BYTES, others)
+
+
+def _inputs(graph: Graph, nodes: list) -> list[str]:
+    """What ``nodes`` read that none of them makes and no weight is, in reading order."""
+    made = {o for n in nodes for o in n.outputs if o}
+    return list(dict.fromkeys(r for n in nodes for r in node_reads(n)
+                              if r and r not in made and r not in graph.initializers))
 
 
 def _weights_only(graph: Graph) -> set[str]:

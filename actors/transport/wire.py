@@ -106,13 +106,18 @@ def tensor_to_map(arr: Any) -> dict[str, Any]:
     if arr.dtype.kind in "USO":
         items = [s.encode("utf-8") if isinstance(s, str) else bytes(s) for s in arr.reshape(-1)]
         return {"v": WIRE_VERSION, "dtype": STRING_DTYPE, "shape": list(arr.shape), "items": items}
+    name, shape, data = _numeric_parts(arr)
+    return {"v": WIRE_VERSION, "dtype": name, "shape": shape, "data": data}
+
+
+def _numeric_parts(arr: np.ndarray) -> list[Any]:
+    """[dtype name, shape, little-endian bytes] of a numeric array."""
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
-    data = np.ascontiguousarray(arr).tobytes()
     name = _DTYPE_NAMES.get(arr.dtype)
     if name is None:  # numpy computes a dtype's name on every read
         name = _DTYPE_NAMES[arr.dtype] = arr.dtype.name
-    return {"v": WIRE_VERSION, "dtype": name, "shape": list(arr.shape), "data": data}
+    return [name, list(arr.shape), np.ascontiguousarray(arr).tobytes()]
 
 
 _DTYPE_NAMES: dict[np.dtype, str] = {}
@@ -184,14 +189,9 @@ def tensor_to_list(arr: Any) -> list[Any]:
     map (a map's keys cost a decoder more than the few bytes of a decode step's
     tensors)."""
     arr = np.asarray(arr)
-    if arr.dtype.byteorder == ">":
-        arr = arr.astype(arr.dtype.newbyteorder("<"))
-    name = _DTYPE_NAMES.get(arr.dtype)
-    if name is None:
-        if arr.dtype.kind in "USO":
-            raise WireFormatError(f"a compact tensor is numeric, got {arr.dtype}")
-        name = _DTYPE_NAMES[arr.dtype] = arr.dtype.name
-    return [name, list(arr.shape), np.ascontiguousarray(arr).tobytes()]
+    if arr.dtype.kind in "USO":
+        raise WireFormatError(f"a compact tensor is numeric, got {arr.dtype}")
+    return _numeric_parts(arr)
 
 
 def tensor_from_list(v: Any) -> np.ndarray:
