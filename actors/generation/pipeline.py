@@ -17,7 +17,8 @@ then goes on. ``max_replays`` bounds the replays of one group.
 The ring's hops go over a Unix socket between stages on one node and by Ray calls
 across nodes (`channel.py`); ``stage_link="ray"`` makes every hop a Ray call. The
 driver's own steps (a prompt, a rewind's tokens) go to stage 0 the same way
-(`channel.DriverLink`).
+(`channel.DriverLink`). ``stage_cores`` ("auto", or a core list per stage) pins each
+stage's process to its own cores (`cores.py`); by default the OS places them.
 
 Admission: the stages are this decoder's alone, so the driver keeps their books
 (`admit`, from each stage's budget, weights and cache bytes per position, read once
@@ -40,6 +41,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.connect import close_at_exit, ensure_ray, ray_usable
 from actors.generation.channel import LINKS, DriverLink
+from actors.generation.cores import AUTO, check_option
 from actors.generation.split import split_decoder
 from actors.generation.stage import remote_class
 from actors.options import RayOptions
@@ -85,6 +87,11 @@ class RayDecoder:
         self.link = options.pop("stage_link", "socket")
         if self.link not in LINKS:
             raise GenaiError(f"stage_link must be one of {LINKS}, got {self.link!r}")
+        try:
+            self.cores_option = check_option(options.pop("stage_cores", None), stages)
+        except ValueError as e:
+            raise GenaiError(str(e)) from None
+        self.cores: list[list[int]] = []  # what each stage runs on (`_pin`)
         self.ring_id = uuid.uuid4().hex[:12]
         self.opts = RayOptions.parse({k: options.pop(k) for k in list(options) if k in _RAY_KEYS})
         self.layout = layout
@@ -112,6 +119,7 @@ class RayDecoder:
             self.incarnations = self._load(range(stages), self.opts.actor_start_timeout_s)
             self.figures = ray.get([a.admission.remote() for a in self.actors])
             self.sockets = self._connect()
+            self._pin()
         except BaseException:
             self.close()
             raise
@@ -154,6 +162,28 @@ class RayDecoder:
         self.inlet = DriverLink.connect(address) \
             if node == ray.get_runtime_context().get_node_id() else None
         return sockets
+
+    def _pin(self) -> None:
+        """Each stage on its cores (``stage_cores``, `cores.py`): "auto" gives the stages
+        sharing a node even runs of its cores, in stage order; a list names them."""
+        option = self.cores_option
+        if option is None:
+            return
+        if option == AUTO:
+            on_node: dict[str, list[int]] = {}
+            for k, (node, _address) in enumerate(self.addresses):
+                on_node.setdefault(node, []).append(k)
+            refs = {k: self.actors[k].pin.remote(run=(rank, len(ks)))
+                    for ks in on_node.values() if len(ks) > 1 for rank, k in enumerate(ks)}
+        else:
+            refs = {k: a.pin.remote(cores=option[k]) for k, a in enumerate(self.actors)}
+        self.cores = [[] for _ in self.actors]
+        for k, ref in refs.items():
+            try:
+                self.cores[k] = ray.get(ref)
+            except ray.exceptions.RayTaskError as e:
+                raise GenaiError(str(getattr(e, "cause", e))) from None
+        log.info("generation stages' cores: %s", self.cores)
 
     def send_step(self, gid: str, epoch: int, job: Any) -> None:
         """Hand a group's step to stage 0: over the driver's socket to it where it can
@@ -292,6 +322,7 @@ class RayDecoder:
                         [f"stage#{k}" for k in lost])
             self.incarnations = list(self._load(lost, self.opts.recovery_timeout_s))
             self.sockets = self._connect()  # the survivors' links to the restarted ones too
+            self._pin()
             self.replays += 1
 
     def close(self) -> None:

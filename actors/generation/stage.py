@@ -34,6 +34,7 @@ import numpy as np
 import ray
 
 from actors.generation.channel import LINKS, StageLink, socket_name
+from actors.generation.cores import even_runs, pin_process, usable_cores
 from actors.generation.group import GroupSpec, Job, Join, StageGroup
 from actors.generation.inbox import TokenOutlet
 from actors.generation.runner import StageRunner
@@ -78,6 +79,7 @@ class GenerationStage:
         self.step_s = 0.0  # seconds computing steps (the rest of a token's time is Ray)
         self.decodes, self.decode_s = 0, 0.0  # one-token steps only (no prompt, no replay)
         self.remade = 0  # steps that made again values too big to carry (`_with`)
+        self.started_cores = usable_cores()  # the node's cores for its workers (before `pin`)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -143,6 +145,24 @@ class GenerationStage:
         nxt = (self.index + 1) % self.count
         node, address = addresses[nxt] if addresses else ("", "")
         return await self.link.connect(ray.get_runtime_context().get_node_id(), node, address)
+
+    def pin(self, cores: Sequence[int] | None = None, run: tuple[int, int] | None = None
+            ) -> list[int]:
+        """Run this stage's process on ``cores``, or on the ``run[0]``-th of ``run[1]``
+        even runs of the cores it started with (`cores.even_runs`: none where there are
+        fewer cores than runs); returns the cores it runs on ([]: not pinned)."""
+        if run is not None:
+            runs = even_runs(self.started_cores, run[1])
+            if runs is None:
+                log.info("%s: %d core(s) for %d stages on this node: not pinned", self.label,
+                         len(self.started_cores), run[1])
+                return []
+            cores = runs[run[0]]
+        try:
+            return pin_process(cores or ())
+        except OSError as e:
+            raise ValueError(f"{self.label} cannot run on cores {list(cores or ())} (this "
+                             f"node's workers may use {self.started_cores}): {e}") from None
 
     def ping(self) -> str:
         """This incarnation; "" while restarted and not loaded again."""
@@ -233,7 +253,7 @@ class GenerationStage:
                 "cache_bytes": sum(g.cache_bytes for g in self.groups.values()),
                 "steps": self.steps, "step_s": self.step_s,
                 "sent_socket": self.link.sent_socket, "sent_ray": self.link.sent_ray,
-                "pushed": self.pushed, "remade": self.remade,
+                "pushed": self.pushed, "remade": self.remade, "cores": usable_cores(),
                 "decode_ms": self.decode_s / max(self.decodes, 1) * 1e3}
 
     # -- the ring -----------------------------------------------------------------------
