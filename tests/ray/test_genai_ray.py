@@ -283,7 +283,7 @@ def test_a_refused_group_names_its_stage_and_leaves_the_others_running(ray_sessi
 @pytest.mark.parametrize("killed", [0, 1])  # the ring's middle; the stage the driver polls
 def test_a_stage_killed_mid_generation_is_replayed_with_the_same_tokens(ray_session, killed):
     model = og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES,
-                     max_replays=2)
+                     max_replays=2, stage_cores="auto")
     try:
         groups = [prompts(b, seed=40 + b) for b in (1, 2, 3)]
         # long enough that the ring (running ahead of the driver) is mid-way at the kill
@@ -301,6 +301,8 @@ def test_a_stage_killed_mid_generation_is_replayed_with_the_same_tokens(ray_sess
         assert model.remote.sockets == [True, True]  # the survivor's link to the new actor too
         assert all(1 <= g.replays <= 2 for g in gens)
         assert model.remote.stats()[1]["pushed"] > 0  # a new last stage pushes again
+        if _runs(2) is not None:  # the restarted actor's process is on its cores again
+            assert [_allowed(p) for p in _stage_pids(model)] == _runs(2)
         assert eventually(lambda: _cache_free(model))
     finally:
         model.close()
@@ -393,6 +395,56 @@ def test_a_malformed_token_frame_drops_that_connection_only():
         inbox.close()
 
 
+def _policy(tid: int) -> int:
+    """A thread's scheduling policy, as the kernel reports it (/proc stat field 41)."""
+    import os
+
+    with open(f"/proc/{os.getpid()}/task/{tid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[38])
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "SCHED_BATCH"), reason="Linux's policies")
+def test_a_driver_waiting_for_tokens_does_not_preempt_the_stages():
+    """While it blocks for a token frame the reading thread is SCHED_BATCH (woken, it
+    waits for a free core instead of preempting a stage); it is SCHED_OTHER again once
+    it has the frame, and a thread with a policy of its own keeps it."""
+    import os
+    import threading
+    import time
+    import uuid
+
+    import numpy as np
+
+    from actors.generation.inbox import TokenInbox, TokenOutlet, inbox_name
+
+    inbox = TokenInbox.open(inbox_name("test", uuid.uuid4().hex))
+    outlet = TokenOutlet.connect(inbox.address, "test")
+    try:
+        for own in (None, os.SCHED_IDLE):
+            seen: dict[str, object] = {}
+
+            def reader() -> None:
+                if own is not None:
+                    os.sched_setscheduler(0, own, os.sched_param(0))
+                seen["tid"] = threading.get_native_id()
+                seen["got"] = inbox.columns(10.0)
+                seen["after"] = _policy(threading.get_native_id())
+
+            t = threading.Thread(target=reader)
+            t.start()
+            assert eventually(lambda: "tid" in seen)
+            time.sleep(0.2)  # in its blocking select by now
+            waiting = _policy(seen["tid"])
+            assert outlet.send(1, 0, np.array([[4]], dtype=np.int64), False)
+            t.join(10)
+            assert [(e, a, i.tolist()) for e, a, i, _, _ in seen["got"]] == [(1, 0, [[4]])]
+            assert waiting == (os.SCHED_BATCH if own is None else own)
+            assert seen["after"] == (os.SCHED_OTHER if own is None else own)
+    finally:
+        outlet.close()
+        inbox.close()
+
+
 def test_a_malformed_frame_on_a_stage_socket_drops_that_connection_only(llama):
     import socket
     import struct
@@ -410,6 +462,83 @@ def test_a_malformed_frame_on_a_stage_socket_drops_that_connection_only(llama):
             assert s.recv(1) == b""  # the stage closed it
     rows = prompts(1, seed=13)
     assert _generate(llama, rows) == _generate(_local_model("llama"), rows)
+
+
+def _allowed(pid: int) -> list[int]:
+    """The cores the OS lets ``pid`` run on (its Cpus_allowed_list)."""
+    with open(f"/proc/{pid}/status") as f:
+        line = next(ln for ln in f if ln.startswith("Cpus_allowed_list:"))
+    out: list[int] = []
+    for part in line.split(":", 1)[1].strip().split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _stage_pids(model: og.Model) -> list[int]:
+    return [i["pid"] for i in ray.get([a.info.remote() for a in model.remote.actors])]
+
+
+def _runs(n: int) -> list[list[int]] | None:
+    """What stage_cores="auto" gives n stages on this host: even runs of its cores."""
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < n:
+        return None
+    width = len(cores) // n
+    return [cores[i * width:(i + 1) * width] for i in range(n)]
+
+
+def test_stage_cores_pin_each_stage_process_to_its_own_cores(ray_session):
+    """stage_cores="auto": the stages on one node get even runs of its cores (read back
+    from the OS); a list names each stage's; tokens are those of the in-process
+    generator either way."""
+    import os
+
+    rows = prompts(2, seed=71)
+    want = _generate(_local_model("llama"), rows)
+    model = og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES,
+                     stage_cores="auto")
+    try:
+        runs = _runs(2)
+        pids = _stage_pids(model)
+        if runs is None:  # a one-core host: nothing to cut
+            assert model.remote.cores == [[], []]
+        else:
+            assert [_allowed(p) for p in pids] == runs == model.remote.cores
+            assert [s["cores"] for s in model.remote.stats()] == runs
+        assert _generate(model, rows) == want
+    finally:
+        model.close()
+    last = sorted(os.sched_getaffinity(0))[-1]
+    model = og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES,
+                     stage_cores=[[last], [0]])
+    try:
+        assert [_allowed(p) for p in _stage_pids(model)] == [[last], [0]]
+        assert _generate(model, rows) == want
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize("cores, error", [
+    ([[0]], "names 1 core list"),
+    ("all", "must be None, 'auto' or a list"),
+    ([[0], []], r"stage_cores\[1\] must be a non-empty list"),
+    ([[0], [4096]], r"stage#1 cannot run on cores \[4096\]"),
+])
+def test_bad_stage_cores_are_refused_and_leave_no_actor(ray_session, cores, error):
+    from ray._private import state
+
+    def generation_actors() -> int:
+        return sum(1 for a in state.actors().values()
+                   if a["ActorClassName"].endswith("GenerationStage") and a["State"] != "DEAD")
+
+    before = generation_actors()
+    with pytest.raises(og.GenaiError, match=error):
+        og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES,
+                 stage_cores=cores)
+    assert eventually(lambda: generation_actors() == before)
 
 
 def test_more_stages_than_layers_is_refused_before_any_actor_starts(ray_session):
