@@ -7,10 +7,11 @@ stages, or one stage alone). An explicit list gives each stage its cores
 (``[[0, 1], [2, 3]]``), as onnxruntime's ``session.intra_op_thread_affinities`` gives its
 threads theirs. The driver is never pinned.
 
-Why: with as many busy stages as cores, the OS moves a stage between cores when the
-driver or the other stage wakes on its core, and the stage's next step starts with
-cold caches (4 groups in flight on a 2-core host: +9% tokens/s pinned, 12 of 12 paired
-rounds, once the driver stopped preempting the stages: `inbox.waiting_behind_stages`).
+Why: with as many busy stages as cores, a stage that loses its core to another process
+starts its next step with cold caches on whichever core it gets. Pinned, and with the
+driver not preempting them (``yield_to_stages=True``, `inbox.waiting_behind_stages`),
+4 groups in flight on a 2-core host made +9% tokens/s (12 of 12 paired rounds); pinned
+with a driver that preempts them, nothing (1.00x, 6 of 12).
 """
 
 from __future__ import annotations

@@ -61,7 +61,8 @@ class RemoteGenerator(TokenRows):
         self._closed = False
         self._seen = list(self.decoder.incarnations)
         # the last stage pushes each token column here when it runs on this node (inbox.py)
-        self._inbox = TokenInbox.open(inbox_name(self.decoder.ring_id, self.gid)) \
+        self._inbox = TokenInbox.open(inbox_name(self.decoder.ring_id, self.gid),
+                                      self.decoder.yield_to_stages) \
             if self.decoder.link == "socket" else None
         self._pushing = False
         self._fresh = True  # never sent: the first step opens the group on each stage

@@ -53,8 +53,11 @@ def waiting_behind_stages() -> Iterator[None]:
     woken by a token frame, the driver does not preempt a stage mid-step; it runs when a
     core frees up or the stage's time slice ends. On a host whose cores the stages keep
     busy (4 groups in flight on 2 cores) each such wake-up cost the stage its warm
-    caches and two context switches: +6% tokens/s, 12 of 12 paired rounds. A thread with
-    a policy of its own (real-time, idle) is left as it is."""
+    caches and two context switches: +7-8% tokens/s (10 of 12 paired rounds), and
+    pinning the stages (`cores.py`) adds as much again on top, nothing without it. The
+    price is the token's hand-over, up to a scheduler slice later: Serve's inter-token
+    p50 on the same host rose ~25%, hence a generator's option (``yield_to_stages``),
+    off by default. A thread with a policy of its own (real-time, idle) is left as it is."""
     global _yield_on_wake
     if not _yield_on_wake:
         yield
@@ -108,8 +111,9 @@ class TokenInbox:
     """The driver's end, one per generator: a listening socket and the connections the
     last stage made to it (a restarted stage connects again)."""
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, yielding: bool = False):
         self.address = address
+        self.yielding = yielding  # block under `waiting_behind_stages`
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.listener.bind(address)
@@ -122,13 +126,14 @@ class TokenInbox:
         self.ended = False  # a connection ended without a done frame (polls from then on)
 
     @classmethod
-    def open(cls, address: str) -> "TokenInbox | None":
+    def open(cls, address: str, yielding: bool = False) -> "TokenInbox | None":
         """An inbox at ``address``, or None where there can be none (not Linux, or the
-        socket cannot be made: the generator polls)."""
+        socket cannot be made: the generator polls); ``yielding``: wait for frames
+        without preempting the stages (`waiting_behind_stages`)."""
         if not supported():
             return None
         try:
-            return cls(address)
+            return cls(address, yielding)
         except OSError as e:
             log.warning("no token socket for a generator (%s): it polls the last stage", e)
             return None
@@ -142,7 +147,7 @@ class TokenInbox:
             watched = [self.listener, *self.conns]
             readable, _, _ = select.select(watched, [], [], 0.0)
             if not readable and left > 0:
-                with waiting_behind_stages():
+                with waiting_behind_stages() if self.yielding else contextlib.nullcontext():
                     readable, _, _ = select.select(watched, [], [], left)
             for s in readable:
                 if s is self.listener:

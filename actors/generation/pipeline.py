@@ -18,7 +18,9 @@ The ring's hops go over a Unix socket between stages on one node and by Ray call
 across nodes (`channel.py`); ``stage_link="ray"`` makes every hop a Ray call. The
 driver's own steps (a prompt, a rewind's tokens) go to stage 0 the same way
 (`channel.DriverLink`). ``stage_cores`` ("auto", or a core list per stage) pins each
-stage's process to its own cores (`cores.py`); by default the OS places them.
+stage's process to its own cores (`cores.py`); by default the OS places them. With
+``yield_to_stages=True`` the driver waits for tokens without preempting the stages on
+its node (`inbox.waiting_behind_stages`): tokens/s over each token's hand-over time.
 
 Admission: the stages are this decoder's alone, so the driver keeps their books
 (`admit`, from each stage's budget, weights and cache bytes per position, read once
@@ -92,6 +94,11 @@ class RayDecoder:
         except ValueError as e:
             raise GenaiError(str(e)) from None
         self.cores: list[list[int]] = []  # what each stage runs on (`_pin`)
+        # the driver waits for tokens without preempting the stages (inbox.py)
+        self.yield_to_stages = options.pop("yield_to_stages", False)
+        if not isinstance(self.yield_to_stages, bool):
+            raise GenaiError(f"yield_to_stages must be True or False, got "
+                             f"{self.yield_to_stages!r}")
         self.ring_id = uuid.uuid4().hex[:12]
         self.opts = RayOptions.parse({k: options.pop(k) for k in list(options) if k in _RAY_KEYS})
         self.layout = layout
