@@ -405,9 +405,10 @@ def _policy(tid: int) -> int:
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "SCHED_BATCH"), reason="Linux's policies")
 def test_a_driver_waiting_for_tokens_does_not_preempt_the_stages():
-    """While it blocks for a token frame the reading thread is SCHED_BATCH (woken, it
-    waits for a free core instead of preempting a stage); it is SCHED_OTHER again once
-    it has the frame, and a thread with a policy of its own keeps it."""
+    """yield_to_stages: while it blocks for a token frame the reading thread is
+    SCHED_BATCH (woken, it waits for a free core instead of preempting a stage); it is
+    SCHED_OTHER again once it has the frame, a thread with a policy of its own keeps
+    it, and an inbox that does not yield (the default) leaves the policy alone."""
     import os
     import threading
     import time
@@ -417,10 +418,11 @@ def test_a_driver_waiting_for_tokens_does_not_preempt_the_stages():
 
     from actors.generation.inbox import TokenInbox, TokenOutlet, inbox_name
 
-    inbox = TokenInbox.open(inbox_name("test", uuid.uuid4().hex))
+    inbox = TokenInbox.open(inbox_name("test", uuid.uuid4().hex), yielding=True)
     outlet = TokenOutlet.connect(inbox.address, "test")
     try:
-        for own in (None, os.SCHED_IDLE):
+        for own, yielding in ((None, True), (os.SCHED_IDLE, True), (None, False)):
+            inbox.yielding = yielding
             seen: dict[str, object] = {}
 
             def reader() -> None:
@@ -438,7 +440,8 @@ def test_a_driver_waiting_for_tokens_does_not_preempt_the_stages():
             assert outlet.send(1, 0, np.array([[4]], dtype=np.int64), False)
             t.join(10)
             assert [(e, a, i.tolist()) for e, a, i, _, _ in seen["got"]] == [(1, 0, [[4]])]
-            assert waiting == (os.SCHED_BATCH if own is None else own)
+            assert waiting == (own if own is not None else
+                               os.SCHED_BATCH if yielding else os.SCHED_OTHER)
             assert seen["after"] == (os.SCHED_OTHER if own is None else own)
     finally:
         outlet.close()
@@ -499,8 +502,10 @@ def test_stage_cores_pin_each_stage_process_to_its_own_cores(ray_session):
     rows = prompts(2, seed=71)
     want = _generate(_local_model("llama"), rows)
     model = og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES,
-                     stage_cores="auto")
+                     stage_cores="auto", yield_to_stages=True)
     try:
+        with _start(model, rows) as gen:
+            assert gen._inbox.yielding  # the option reaches the generator's token socket
         runs = _runs(2)
         pids = _stage_pids(model)
         if runs is None:  # a one-core host: nothing to cut
@@ -521,13 +526,14 @@ def test_stage_cores_pin_each_stage_process_to_its_own_cores(ray_session):
         model.close()
 
 
-@pytest.mark.parametrize("cores, error", [
-    ([[0]], "names 1 core list"),
-    ("all", "must be None, 'auto' or a list"),
-    ([[0], []], r"stage_cores\[1\] must be a non-empty list"),
-    ([[0], [4096]], r"stage#1 cannot run on cores \[4096\]"),
+@pytest.mark.parametrize("option, error", [
+    ({"stage_cores": [[0]]}, "names 1 core list"),
+    ({"stage_cores": "all"}, "must be None, 'auto' or a list"),
+    ({"stage_cores": [[0], []]}, r"stage_cores\[1\] must be a non-empty list"),
+    ({"stage_cores": [[0], [4096]]}, r"stage#1 cannot run on cores \[4096\]"),
+    ({"yield_to_stages": "yes"}, "yield_to_stages must be True or False"),
 ])
-def test_bad_stage_cores_are_refused_and_leave_no_actor(ray_session, cores, error):
+def test_bad_pinning_options_are_refused_and_leave_no_actor(ray_session, option, error):
     from ray._private import state
 
     def generation_actors() -> int:
@@ -537,7 +543,7 @@ def test_bad_stage_cores_are_refused_and_leave_no_actor(ray_session, cores, erro
     before = generation_actors()
     with pytest.raises(og.GenaiError, match=error):
         og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES,
-                 stage_cores=cores)
+                 **option)
     assert eventually(lambda: generation_actors() == before)
 
 
