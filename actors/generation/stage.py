@@ -484,6 +484,8 @@ class GenerationStage:
         ``epoch`` that would have opened the group failed on an earlier stage;
         ``{"missing": True}`` when ``gid`` is still unknown here then (not opened yet:
         its first step is on its way; or a restarted actor)."""
+        if self.part is None:  # restarted, not loaded again: it holds no group, nor will
+            return {"missing": True}  # until the driver recovers it (no need to wait)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
