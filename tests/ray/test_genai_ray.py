@@ -308,6 +308,30 @@ def test_a_stage_killed_mid_generation_is_replayed_with_the_same_tokens(ray_sess
         model.close()
 
 
+def test_a_restarted_stage_answers_a_poll_at_once_that_it_holds_nothing(ray_session):
+    """A restarted stage actor, not loaded again, answers a driver's long poll with
+    "missing" at once (the driver then recovers it) rather than after the poll's
+    timeout, which it would wait for a group whose first step may be on its way."""
+    model = og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES)
+    try:
+        last = model.remote.actors[1]
+        ray.kill(last, no_restart=False)  # Ray restarts it; nothing loads it again here
+        assert eventually(lambda: _ping(last) == "", timeout=60)
+        # a 120 s poll: answered within 20 s, or the get times out and the test fails
+        assert ray.get(last.tokens.remote("g", 1, 0, 120.0), timeout=20) == {"missing": True}
+        assert ray.get(last.logits.remote("g", 1, 120.0), timeout=20) == {"missing": True}
+    finally:
+        model.close()
+
+
+def _ping(actor) -> str | None:
+    try:
+        return ray.get(actor.ping.remote(), timeout=5)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
+            ray.exceptions.ActorUnavailableError):
+        return None
+
+
 def test_three_node_cluster_runs_the_stages_on_two_nodes():
     """In its own process (tests/ray/genai_multinode_main.py): a Cluster needs its own Ray."""
     import json
