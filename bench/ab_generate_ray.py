@@ -1,7 +1,9 @@
 """A/B of the two-stage generator in one driver: two pipelines of the same model, the
 second's stage actors changed by attribute (``--set name=value``, set through Ray's
-``__ray_call__`` after the build), timed in alternating rounds: 4 groups in flight
-(tokens/s, as bench_generate_ray's 4-groups figure) and batch-1 decode ms per token.
+``__ray_call__`` after the build) or built with other model options (``--option
+name=value``, e.g. the throughput settings), timed in alternating rounds: 4 groups in
+flight (tokens/s, as bench_generate_ray's 4-groups figure) and batch-1 decode ms per
+token.
 
 On a shared 2-core host one round's tokens/s moves +-15%, so a change of a few percent
 shows only as the median of paired ratios and how many rounds each side won; an A/A run
@@ -9,6 +11,7 @@ shows only as the median of paired ratios and how many rounds each side won; an 
 its change on a `GenerationStage` attribute and turns it on (or off) in B:
 
     python bench/ab_generate_ray.py --set unused=1 [--model gpt2_optimum] [--rounds 12]
+    python bench/ab_generate_ray.py --option stage_cores="'auto'" --option yield_to_stages=True
 """
 
 from __future__ import annotations
@@ -43,25 +46,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="llama_optimum")
-    ap.add_argument("--set", required=True, metavar="NAME=VALUE",
+    ap.add_argument("--set", metavar="NAME=VALUE",
                     help="a stage attribute of pipeline B (VALUE a Python literal)")
+    ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                    help="a model option of pipeline B (VALUE a Python literal); repeatable")
     ap.add_argument("--new", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=12)
     args = ap.parse_args()
-    name, _, literal = args.set.partition("=")
-    value = ast.literal_eval(literal)
+    if not args.set and not args.option:
+        ap.error("give --set or --option: what B changes")
+    name, _, literal = (args.set or "").partition("=")
+    value = ast.literal_eval(literal) if args.set else None
+    options = {k: ast.literal_eval(v) for k, _, v in (o.partition("=") for o in args.option)}
 
     import ray
 
     path = os.path.join(MODELS, f"{args.model}.onnx")
 
-    def pipeline() -> Any:
+    def pipeline(**extra: Any) -> Any:
         return hg.Model(path, executor="ray", stages=2, providers=DEVICES,
-                        intra_op_num_threads=1)
+                        intra_op_num_threads=1, **extra)
 
-    a, b = pipeline(), pipeline()
+    a, b = pipeline(), pipeline(**options)
     try:
-        ray.get([s.__ray_call__.remote(_setter, name, value) for s in b.remote.actors])
+        if args.set:
+            ray.get([s.__ray_call__.remote(_setter, name, value) for s in b.remote.actors])
         prompts = [prompt_rows(1, 32) + i for i in range(4)]
         row = prompt_rows(1, 32)
         for m in (a, b):  # plans bound for every width of the run
@@ -74,7 +83,9 @@ def main() -> None:
                 lat[key].append(decode_ms(m, row, 32))
         won = sum(y > x for x, y in zip(tps["A"], tps["B"]))
         faster = sum(y < x for x, y in zip(lat["A"], lat["B"]))
-        print(f"{args.model}, B with {name}={value!r}, {args.rounds} alternating rounds:")
+        changed = ", ".join([f"{name}={value!r}"] * bool(args.set)
+                            + [f"{k}={v!r}" for k, v in options.items()])
+        print(f"{args.model}, B with {changed}, {args.rounds} alternating rounds:")
         print(f"  4 groups in flight: A {statistics.median(tps['A']):.0f} tok/s, B "
               f"{statistics.median(tps['B']):.0f}; B/A {_paired(tps):.3f} "
               f"(B ahead in {won} rounds)")
