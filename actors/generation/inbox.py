@@ -53,11 +53,12 @@ def waiting_behind_stages() -> Iterator[None]:
     woken by a token frame, the driver does not preempt a stage mid-step; it runs when a
     core frees up or the stage's time slice ends. On a host whose cores the stages keep
     busy (4 groups in flight on 2 cores) each such wake-up cost the stage its warm
-    caches and two context switches: +7-8% tokens/s (10 of 12 paired rounds), and
-    pinning the stages (`cores.py`) adds as much again on top, nothing without it. The
-    price is the token's hand-over, up to a scheduler slice later: Serve's inter-token
-    p50 on the same host rose ~25%, hence a generator's option (``yield_to_stages``),
-    off by default. A thread with a policy of its own (real-time, idle) is left as it is."""
+    caches and two context switches: +7-8% tokens/s alone (10 of 12 paired rounds);
+    with the stages pinned too (`cores.py`, which gains nothing without it) 1.06-1.09x
+    the defaults in one A/B. The price is the token's hand-over, up to a scheduler
+    slice later: Serve's inter-token p50 on the same host rose ~25%, hence a
+    generator's option (``yield_to_stages``), off by default. A thread with a policy of
+    its own (real-time, idle) is left as it is."""
     global _yield_on_wake
     if not _yield_on_wake:
         yield
