@@ -146,10 +146,13 @@ class TokenInbox:
         while True:
             left = deadline - time.monotonic()
             watched = [self.listener, *self.conns]
-            readable, _, _ = select.select(watched, [], [], 0.0)
-            if not readable and left > 0:
-                with waiting_behind_stages() if self.yielding else contextlib.nullcontext():
-                    readable, _, _ = select.select(watched, [], [], left)
+            if self.yielding:  # switch policy only when it would block
+                readable, _, _ = select.select(watched, [], [], 0.0)
+                if not readable and left > 0:
+                    with waiting_behind_stages():
+                        readable, _, _ = select.select(watched, [], [], left)
+            else:
+                readable, _, _ = select.select(watched, [], [], max(left, 0.0))
             for s in readable:
                 if s is self.listener:
                     self._accept()
