@@ -550,6 +550,14 @@ def test_stage_cores_pin_each_stage_process_to_its_own_cores(ray_session):
         model.close()
 
 
+def _generation_actors() -> int:
+    """GenerationStage actors not DEAD, from the GCS (as tests/ray/helpers.py reads it)."""
+    from ray._private import state
+
+    return sum(1 for a in state.actors().values()
+               if a["ActorClassName"].endswith("GenerationStage") and a["State"] != "DEAD")
+
+
 @pytest.mark.parametrize("option, error", [
     ({"stage_cores": [[0]]}, "names 1 core list"),
     ({"stage_cores": "all"}, "must be None, 'auto' or a list"),
@@ -558,17 +566,11 @@ def test_stage_cores_pin_each_stage_process_to_its_own_cores(ray_session):
     ({"yield_to_stages": "yes"}, "yield_to_stages must be True or False"),
 ])
 def test_bad_pinning_options_are_refused_and_leave_no_actor(ray_session, option, error):
-    from ray._private import state
-
-    def generation_actors() -> int:
-        return sum(1 for a in state.actors().values()
-                   if a["ActorClassName"].endswith("GenerationStage") and a["State"] != "DEAD")
-
-    before = generation_actors()
+    before = _generation_actors()
     with pytest.raises(og.GenaiError, match=error):
         og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES,
                  **option)
-    assert eventually(lambda: generation_actors() == before)
+    assert eventually(lambda: _generation_actors() == before)
 
 
 def test_more_stages_than_layers_is_refused_before_any_actor_starts(ray_session):
@@ -577,17 +579,11 @@ def test_more_stages_than_layers_is_refused_before_any_actor_starts(ray_session)
 
 
 def test_a_stage_that_fails_to_build_names_itself_and_leaves_no_actor(ray_session):
-    from ray._private import state
-
-    def generation_actors() -> int:  # from the GCS, as tests/ray/helpers.py reads it
-        return sum(1 for a in state.actors().values()
-                   if a["ActorClassName"].endswith("GenerationStage") and a["State"] != "DEAD")
-
-    before = generation_actors()
+    before = _generation_actors()
     with pytest.raises(og.GenaiError, match=r"stage#\d \(sim-gpu:\d\) failed to build"):
         og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES,
                  no_such_option=1)
-    assert eventually(lambda: generation_actors() == before)
+    assert eventually(lambda: _generation_actors() == before)
 
 
 def test_cli_generates_on_two_stages():
