@@ -21,6 +21,8 @@ import logging
 import os
 from typing import Any, Sequence
 
+from hetero_exec.kernels._cores import affinity_changed
+
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
@@ -77,9 +79,12 @@ def pin_process(cores: Sequence[int]) -> list[int]:
     if not hasattr(os, "sched_setaffinity"):
         return []
     wanted = set(cores)
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), wanted)
-        except ProcessLookupError:  # a thread that ended meanwhile
-            continue
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(tid), wanted)
+            except ProcessLookupError:  # a thread that ended meanwhile
+                continue
+    finally:
+        affinity_changed()  # the splits' width counts the cores left (_cores.cores)
     return usable_cores()

@@ -26,6 +26,12 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def affinity_changed() -> None:
+    """This process's affinity mask was just set: `cores` reads it again."""
+    global _affinity
+    _affinity = None
+
+
 def cores() -> int:
     """Threads a product or a kernel's blocks are split over: the cores this process may
     use, at most HETERO_EXEC_INTRA_OP_THREADS when set (1: never split).
