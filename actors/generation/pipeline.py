@@ -21,6 +21,9 @@ driver's own steps (a prompt, a rewind's tokens) go to stage 0 the same way
 stage's process to its own cores (`cores.py`); by default the OS places them. With
 ``yield_to_stages=True`` the driver waits for tokens without preempting the stages on
 its node (`inbox.waiting_behind_stages`): tokens/s over each token's hand-over time.
+A stage's runs split their work over its share of its node's cores (the stages there
+divide them; pinned, its own), unless ``intra_op_num_threads`` names a count
+(`GenerationStage.share`).
 
 Admission: the stages are this decoder's alone, so the driver keeps their books
 (`admit`, from each stage's budget, weights and cache bytes per position, read once
@@ -35,6 +38,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from typing import Any
 
 import ray
@@ -94,6 +98,7 @@ class RayDecoder:
         except ValueError as e:
             raise GenaiError(str(e)) from None
         self.cores: list[list[int]] = []  # what each stage runs on (`_pin`)
+        self.threads: list[int] = []  # each stage's threads a run (`_share`)
         # the driver waits for tokens without preempting the stages (inbox.py)
         self.yield_to_stages = options.pop("yield_to_stages", False)
         if not isinstance(self.yield_to_stages, bool):
@@ -127,6 +132,7 @@ class RayDecoder:
             self.figures = ray.get([a.admission.remote() for a in self.actors])
             self.sockets = self._connect()
             self._pin()
+            self._share()
         except BaseException:
             self.close()
             raise
@@ -191,6 +197,14 @@ class RayDecoder:
             except ray.exceptions.RayTaskError as e:
                 raise GenaiError(str(getattr(e, "cause", e))) from None
         log.info("generation stages' cores: %s", self.cores)
+
+    def _share(self) -> None:
+        """Each stage's threads a run (`GenerationStage.share`): its share of its node's
+        cores among the stages there, unless ``intra_op_num_threads`` names them."""
+        sharing = Counter(node for node, _address in self.addresses)
+        self.threads = ray.get([a.share.remote(sharing[node])
+                                for a, (node, _address) in zip(self.actors, self.addresses)])
+        log.info("generation stages' threads a run: %s", self.threads)
 
     def send_step(self, gid: str, epoch: int, job: Any) -> None:
         """Hand a group's step to stage 0: over the driver's socket to it where it can
@@ -330,6 +344,7 @@ class RayDecoder:
             self.incarnations = list(self._load(lost, self.opts.recovery_timeout_s))
             self.sockets = self._connect()  # the survivors' links to the restarted ones too
             self._pin()
+            self._share()
             self.replays += 1
 
     def close(self) -> None:

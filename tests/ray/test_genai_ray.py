@@ -537,6 +537,7 @@ def test_stage_cores_pin_each_stage_process_to_its_own_cores(ray_session):
         else:
             assert [_allowed(p) for p in pids] == runs == model.remote.cores
             assert [s["cores"] for s in model.remote.stats()] == runs
+            assert model.remote.threads == [len(r) for r in runs]  # its own cores, all
         assert _generate(model, rows) == want
     finally:
         model.close()
@@ -545,9 +546,59 @@ def test_stage_cores_pin_each_stage_process_to_its_own_cores(ray_session):
                      stage_cores=[[last], [0]])
     try:
         assert [_allowed(p) for p in _stage_pids(model)] == [[last], [0]]
+        assert model.remote.threads == [1, 1]
         assert _generate(model, rows) == want
     finally:
         model.close()
+
+
+def test_the_stages_on_a_node_share_its_cores_for_their_threads(ray_session):
+    """Unless ``intra_op_num_threads`` names a count, the stages on one node divide its
+    cores among their runs (at least one thread each); a count given is every stage's."""
+    import os
+
+    n = len(os.sched_getaffinity(0))
+    model = og.Model(model_path("gpt2", "optimum"), executor="ray", stages=2, providers=DEVICES)
+    try:
+        assert model.remote.threads == [max(1, n // 2)] * 2
+        assert [s["threads"] for s in model.remote.stats()] == model.remote.threads
+    finally:
+        model.close()
+    model = og.Model(model_path("gpt2", "optimum"), executor="ray", stages=2, providers=DEVICES,
+                     intra_op_num_threads=3)
+    try:
+        assert model.remote.threads == [3, 3]
+        rows = prompts(1, seed=75)
+        assert _generate(model, rows) == _generate(_local_model("gpt2"), rows)
+    finally:
+        model.close()
+
+
+_PIN_ONE = """
+import os
+from actors.generation.cores import pin_process
+from hetero_exec.kernels._cores import cores
+before = cores()
+pin_process([sorted(os.sched_getaffinity(0))[0]])
+print(before, cores())
+"""
+
+
+def test_a_pinned_stage_process_splits_its_runs_over_its_own_cores_only():
+    """`cores.pin_process` makes the splits count the cores left (they keep the mask
+    read before otherwise). In a child process: the tests' own keeps its cores."""
+    import os
+    import subprocess
+    import sys
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: nothing fewer to pin to")
+    env = {k: v for k, v in os.environ.items() if k != "HETERO_EXEC_INTRA_OP_THREADS"}
+    out = subprocess.run([sys.executable, "-c", _PIN_ONE], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    before, after = map(int, out.stdout.split())
+    assert before == len(os.sched_getaffinity(0)) and after == 1
 
 
 def _generation_actors() -> int:
