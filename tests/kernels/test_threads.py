@@ -342,32 +342,3 @@ def test_idle_blas_workers_sleep_soon_after_a_run():
     # one pool (the default): gemm.c's workers take the products and spin 0.4 ms at most
     on_c_workers = _idle_cpu({})
     assert on_c_workers["idle_cpu_s"] < 0.03 and not _spinning(on_c_workers), on_c_workers
-
-
-
-_PINNED = """
-import os
-from hetero_exec.kernels._cores import affinity_changed, cores
-before = cores()
-os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-kept = cores()
-affinity_changed()
-print(before, kept, cores())
-"""
-
-
-def test_cores_counts_the_affinity_again_once_told_it_changed():
-    """`cores` keeps the mask it read (a read per split cost 2.5 us); a process that
-    pins itself (a generation stage's ``stage_cores``) says so and its splits then
-    count its cores. In a child: the test's own process keeps its cores."""
-    import subprocess
-    import sys
-
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("one core: nothing fewer to pin to")
-    env = {k: v for k, v in os.environ.items() if k != "HETERO_EXEC_INTRA_OP_THREADS"}
-    out = subprocess.run([sys.executable, "-c", _PINNED], env=env, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    before, kept, after = map(int, out.stdout.split())
-    assert before == kept == len(os.sched_getaffinity(0)) and after == 1
