@@ -293,9 +293,11 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
     names = [m for m in args.models if not m.endswith("_genai")]
     if names == ["llama_optimum", "llama_dynamo", "gpt2_optimum", "gpt2_dynamo"]:
         names = ["llama_optimum", "gpt2_optimum"]  # the default list: one export each
+    rounds = max(args.rounds, PAIRED_ROUNDS)
     print(f"{'model':14} {'P':>4} {'ray 2 stages':>12} {'ray calls':>9} {'in process':>10} "
           f"{'ort loop':>9} {'ray/in-proc':>11} {'calls/in-proc':>13}   (decode ms per token, "
-          f"batch 1, medians of {args.rounds}; 'ray calls': stage_link=\"ray\")")
+          f"batch 1, medians of {rounds}; ray/in-proc: the median of the rounds' ratios, "
+          f"their range after it; 'ray calls': stage_link=\"ray\")")
     throughput, batching, ceilings = [], [], []
     try:
         for name in names:
@@ -308,16 +310,18 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
             for plen in args.prompt:
                 rows = prompt_rows(1, plen)
                 res: dict[str, list[float]] = {"ray": [], "calls": [], "local": [], "ort": []}
-                for _ in range(args.rounds):
+                for _ in range(rounds):  # the ring and in process back to back each round
                     res["ray"].append(decode_ms(remote, rows, args.new))
-                    res["calls"].append(decode_ms(calls, rows, args.new))
                     res["local"].append(decode_ms(local, rows, args.new))
+                    res["calls"].append(decode_ms(calls, rows, args.new))
                     res["ort"].append(time_ort_loop(sess, layout, rows, args.new)[1])
                 med = {k: statistics.median(v) for k, v in res.items()}
                 per_prompt[plen] = med
+                paired = sorted(a / b for a, b in zip(res["ray"], res["local"]))
                 print(f"{name:14} {plen:4d} {med['ray']:12.3f} {med['calls']:9.3f} "
-                      f"{med['local']:10.3f} {med['ort']:9.3f} {med['ray'] / med['local']:10.2f}x "
-                      f"{med['calls'] / med['local']:12.2f}x", flush=True)
+                      f"{med['local']:10.3f} {med['ort']:9.3f} {statistics.median(paired):10.2f}x "
+                      f"{med['calls'] / med['local']:12.2f}x   ({paired[0]:.2f}-{paired[-1]:.2f})",
+                      flush=True)
             if len(per_prompt) > 1:
                 lo, hi = min(per_prompt), max(per_prompt)
                 print(f"{name:14} growth P{hi}/P{lo}: ray {per_prompt[hi]['ray'] / per_prompt[lo]['ray']:.2f}x, "
