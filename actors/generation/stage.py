@@ -44,7 +44,7 @@ from hetero_exec.exec.chain import move_value
 from hetero_exec.genai.layout import CacheLayout
 from hetero_exec.genai.rewrite import CAPACITY, cache_input
 from hetero_exec.genai.search import Sampler, SearchOptions
-from hetero_exec.kernels._cores import cores
+from hetero_exec.kernels._cores import cores as process_cores
 from hetero_exec.placement.sizes import weight_bytes
 from hetero_exec.providers import parse_provider
 
@@ -181,7 +181,8 @@ class GenerationStage:
         if given:
             width = int(given)
         else:
-            width = cores() if self.pinned else max(1, cores() // max(int(sharing), 1))
+            width = process_cores() if self.pinned \
+                else max(1, process_cores() // max(int(sharing), 1))
         self.runner.threads = width
         if self.prelude is not None:
             self.prelude.options.intra_op_num_threads = width
