@@ -40,11 +40,11 @@ from actors.generation.inbox import TokenOutlet
 from actors.generation.runner import StageRunner
 from actors.generation.split import StagePart, send_again
 from actors.remote_errors import SegmentRunError
+from actors.stage import stage_threads
 from hetero_exec.exec.chain import move_value
 from hetero_exec.genai.layout import CacheLayout
 from hetero_exec.genai.rewrite import CAPACITY, cache_input
 from hetero_exec.genai.search import Sampler, SearchOptions
-from hetero_exec.kernels._cores import cores as process_cores
 from hetero_exec.placement.sizes import weight_bytes
 from hetero_exec.providers import parse_provider
 
@@ -178,11 +178,8 @@ class GenerationStage:
         the tiny decoders split only their vocabulary product, one thread each against
         two: batch-1 time a token 0.975x, 9 of 15 paired rounds, 4 groups 1.01x.)"""
         given = self.session.options.intra_op_num_threads
-        if given:
-            width = int(given)
-        else:
-            width = process_cores() if self.pinned \
-                else max(1, process_cores() // max(int(sharing), 1))
+        over = 1 if self.pinned else max(int(sharing), 1)  # the stages its cores serve
+        width = int(given) if given else int(stage_threads(-over) or 1)
         self.runner.threads = width
         if self.prelude is not None:
             self.prelude.options.intra_op_num_threads = width
