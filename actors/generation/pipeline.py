@@ -38,7 +38,6 @@ import logging
 import threading
 import time
 import uuid
-from collections import Counter
 from typing import Any
 
 import ray
@@ -176,6 +175,13 @@ class RayDecoder:
             if node == ray.get_runtime_context().get_node_id() else None
         return sockets
 
+    def _by_node(self) -> dict[str, list[int]]:
+        """The stages' indices by the node they run on (from their `address`es)."""
+        on_node: dict[str, list[int]] = {}
+        for k, (node, _address) in enumerate(self.addresses):
+            on_node.setdefault(node, []).append(k)
+        return on_node
+
     def _pin(self) -> None:
         """Each stage on its cores (``stage_cores``, `cores.py`): "auto" gives the stages
         sharing a node even runs of its cores, in stage order; a list names them."""
@@ -183,11 +189,9 @@ class RayDecoder:
         if option is None:
             return
         if option == AUTO:
-            on_node: dict[str, list[int]] = {}
-            for k, (node, _address) in enumerate(self.addresses):
-                on_node.setdefault(node, []).append(k)
             refs = {k: self.actors[k].pin.remote(run=(rank, len(ks)))
-                    for ks in on_node.values() if len(ks) > 1 for rank, k in enumerate(ks)}
+                    for ks in self._by_node().values() if len(ks) > 1
+                    for rank, k in enumerate(ks)}
         else:
             refs = {k: a.pin.remote(cores=option[k]) for k, a in enumerate(self.actors)}
         self.cores = [[] for _ in self.actors]
@@ -201,9 +205,8 @@ class RayDecoder:
     def _share(self) -> None:
         """Each stage's threads a run (`GenerationStage.share`): its share of its node's
         cores among the stages there, unless ``intra_op_num_threads`` names them."""
-        sharing = Counter(node for node, _address in self.addresses)
-        self.threads = ray.get([a.share.remote(sharing[node])
-                                for a, (node, _address) in zip(self.actors, self.addresses)])
+        sharing = {k: len(ks) for ks in self._by_node().values() for k in ks}
+        self.threads = ray.get([a.share.remote(sharing[k]) for k, a in enumerate(self.actors)])
         log.info("generation stages' threads a run: %s", self.threads)
 
     def send_step(self, gid: str, epoch: int, job: Any) -> None:
