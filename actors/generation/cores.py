@@ -9,7 +9,7 @@ threads theirs. The driver is never pinned.
 
 Why: with as many busy stages as cores, a stage that loses its core to another process
 starts its next step with cold caches on whichever core it gets. Pinned, and with the
-driver not preempting them (``yield_to_stages=True``, `inbox.waiting_behind_stages`),
+driver not preempting them (``yield_to_stages=True``, `inbox.yield_thread`),
 4 groups in flight on a 2-core host made 1.09x the tokens/s of the same unpinned (12 of
 12 paired rounds), both together 1.06-1.09x the defaults; pinned with a driver that
 preempts them, nothing (1.00x, 6 of 12).

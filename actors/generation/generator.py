@@ -206,6 +206,8 @@ class RemoteGenerator(TokenRows):
         if done:
             self._finished = True
             self.decoder.release(self.gid)  # the stages freed its cache
+            if self._inbox is not None:
+                self._inbox.release()  # no more waits: the thread's own policy again
             if self._got <= self._length:
                 raise ActorError(f"group {self.gid}: the ring ended at position {self._got}")
 

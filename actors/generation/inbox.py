@@ -19,14 +19,13 @@ and polls from then on).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import select
 import socket
 import struct
+import threading
 import time
-from typing import Iterator
 
 import msgpack
 import numpy as np
@@ -39,42 +38,73 @@ log = logging.getLogger(__name__)
 _HEADER = struct.Struct("<I")
 #: a token frame is a few hundred bytes at most (ids of one column); more is not ours
 MAX_FRAME_BYTES = 1 << 20
+#: one read's size: a short read has drained the socket
+_READ_BYTES = 1 << 16
 
 
 #: Linux's batch policy: a thread woken under it does not preempt the one on its core
 _SCHED_BATCH = getattr(os, "SCHED_BATCH", None)
 #: set off for good the first time the policy cannot be changed (not Linux, a sandbox)
 _yield_on_wake = _SCHED_BATCH is not None
+#: the threads yielding inboxes put under SCHED_BATCH (native id -> the inboxes that
+#: waited on it, by id()); a thread goes back to SCHED_OTHER when the last one lets go
+_batched: dict[int, set[int]] = {}
+_batched_lock = threading.Lock()
 
 
-@contextlib.contextmanager
-def waiting_behind_stages() -> Iterator[None]:
-    """The calling thread blocks under SCHED_BATCH (and goes back to SCHED_OTHER after):
-    woken by a token frame, the driver does not preempt a stage mid-step; it runs when a
-    core frees up or the stage's time slice ends. On a host whose cores the stages keep
-    busy (4 groups in flight on 2 cores) each such wake-up cost the stage its warm
-    caches and two context switches: +7-8% tokens/s alone (10 of 12 paired rounds);
-    with the stages pinned too (`cores.py`, which gains nothing without it) 1.06-1.09x
-    the defaults in one A/B. The price is the token's hand-over, up to a scheduler
-    slice later: Serve's inter-token p50 on the same host rose ~25%, hence a
-    generator's option (``yield_to_stages``), off by default. A thread with a policy of
-    its own (real-time, idle) is left as it is."""
+def yield_thread(holder: int) -> bool:
+    """Put the calling thread under SCHED_BATCH for ``holder`` (an inbox's id) until
+    `release_threads(holder)`: woken by a token frame, the driver does not preempt a
+    stage mid-step; it runs when a core frees up or the stage's time slice ends. On a
+    host whose cores the stages keep busy (4 groups in flight on 2 cores) each such
+    wake-up cost the stage its warm caches and two context switches: +7-8% tokens/s
+    alone (10 of 12 paired rounds); with the stages pinned too (`cores.py`, which gains
+    nothing without it) 1.06-1.09x the defaults in one A/B. The price is the token's
+    hand-over, up to a scheduler slice later: Serve's inter-token p50 on the same host
+    rose ~25%, hence a generator's option (``yield_to_stages``), off by default.
+
+    The thread stays under the policy between its waits (the caller's code between two
+    tokens runs under it too) rather than switching for each wait: two policy changes
+    a token cost the driver ~45 us of CPU on a nested VM (driver 157 -> 114 us a token,
+    4 groups on 2 cores, tokens/s 1.07x, ahead in 15 of 20 paired rounds). A thread with
+    a policy of its own (real-time, idle) is left as it is. Returns whether the thread
+    is held (under the policy for ``holder``)."""
     global _yield_on_wake
-    if not _yield_on_wake:
-        yield
-        return
-    try:
-        switched = os.sched_getscheduler(0) == os.SCHED_OTHER
-        if switched:
-            os.sched_setscheduler(0, _SCHED_BATCH, os.sched_param(0))
-    except (OSError, AttributeError) as e:
-        log.debug("token waits keep their scheduling policy: %s", e)
-        _yield_on_wake = switched = False
-    try:
-        yield
-    finally:
-        if switched:
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    tid = threading.current_thread().native_id
+    if not _yield_on_wake or tid is None:
+        return False
+    with _batched_lock:
+        holders = _batched.get(tid)
+        if holders is None:
+            try:
+                if os.sched_getscheduler(0) != os.SCHED_OTHER:
+                    return False
+                os.sched_setscheduler(0, _SCHED_BATCH, os.sched_param(0))
+            except (OSError, AttributeError) as e:
+                log.debug("token waits keep their scheduling policy: %s", e)
+                _yield_on_wake = False
+                return False
+            holders = _batched[tid] = set()
+        holders.add(holder)
+    return True
+
+
+def release_threads(holder: int) -> None:
+    """``holder`` lets go of the threads it put under SCHED_BATCH; each that no other
+    inbox holds goes back to SCHED_OTHER (if it still runs under SCHED_BATCH: a policy
+    its owner set since is left alone; an ended thread has nothing to restore)."""
+    with _batched_lock:
+        for tid in [t for t, holders in _batched.items() if holder in holders]:
+            holders = _batched[tid]
+            holders.discard(holder)
+            if holders:
+                continue
+            del _batched[tid]
+            try:
+                if os.sched_getscheduler(tid) == _SCHED_BATCH:
+                    os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+            except OSError:  # the thread ended
+                pass
 
 
 def inbox_name(ring_id: str, gid: str) -> str:
@@ -114,7 +144,8 @@ class TokenInbox:
 
     def __init__(self, address: str, yielding: bool = False):
         self.address = address
-        self.yielding = yielding  # block under `waiting_behind_stages`
+        self.yielding = yielding  # wait under SCHED_BATCH (`yield_thread`)
+        self.held: set[int] = set()  # the threads it put under SCHED_BATCH
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.listener.bind(address)
@@ -130,7 +161,7 @@ class TokenInbox:
     def open(cls, address: str, yielding: bool = False) -> "TokenInbox | None":
         """An inbox at ``address``, or None where there can be none (not Linux, or the
         socket cannot be made: the generator polls); ``yielding``: wait for frames
-        without preempting the stages (`waiting_behind_stages`)."""
+        without preempting the stages (`yield_thread`)."""
         if not supported():
             return None
         try:
@@ -140,19 +171,16 @@ class TokenInbox:
             return None
 
     def columns(self, timeout: float) -> list[tuple[int, int, np.ndarray, bool, list]]:
-        """The frames that came, waiting up to ``timeout`` for the first one."""
+        """The frames that came, waiting up to ``timeout`` for the first one (a yielding
+        inbox waits under SCHED_BATCH: `yield_thread`)."""
+        if self.yielding and threading.current_thread().native_id not in self.held:
+            if yield_thread(id(self)):
+                self.held.add(threading.current_thread().native_id)
         deadline = time.monotonic() + timeout
         out: list[tuple[int, int, np.ndarray, bool, list]] = []
         while True:
             left = deadline - time.monotonic()
-            watched = [self.listener, *self.conns]
-            if self.yielding:  # switch policy only when it would block
-                readable, _, _ = select.select(watched, [], [], 0.0)
-                if not readable and left > 0:
-                    with waiting_behind_stages():
-                        readable, _, _ = select.select(watched, [], [], left)
-            else:
-                readable, _, _ = select.select(watched, [], [], max(left, 0.0))
+            readable, _, _ = select.select([self.listener, *self.conns], [], [], max(left, 0.0))
             for s in readable:
                 if s is self.listener:
                     self._accept()
@@ -160,6 +188,12 @@ class TokenInbox:
                     self._read(s, out)
             if out or left <= 0:
                 return out
+
+    def release(self) -> None:
+        """Let go of the threads this inbox put under SCHED_BATCH (its group is done)."""
+        if self.held:
+            self.held.clear()
+            release_threads(id(self))
 
     def _accept(self) -> None:
         while True:
@@ -178,7 +212,7 @@ class TokenInbox:
         buf = self.conns[conn]
         while True:
             try:
-                data = conn.recv(1 << 16)
+                data = conn.recv(_READ_BYTES)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
@@ -187,6 +221,8 @@ class TokenInbox:
                 self._drop(conn, ended=True)
                 break
             buf += data
+            if len(data) < _READ_BYTES:
+                break  # drained (no read to EAGAIN: a syscall a token); select tells of more
         while len(buf) >= _HEADER.size:
             (n,) = _HEADER.unpack_from(buf)
             if n > MAX_FRAME_BYTES:
@@ -212,6 +248,7 @@ class TokenInbox:
         for conn in list(self.conns):
             self._drop(conn, ended=False)
         self.listener.close()
+        self.release()
 
 
 class TokenOutlet:

@@ -20,7 +20,7 @@ driver's own steps (a prompt, a rewind's tokens) go to stage 0 the same way
 (`channel.DriverLink`). ``stage_cores`` ("auto", or a core list per stage) pins each
 stage's process to its own cores (`cores.py`); by default the OS places them. With
 ``yield_to_stages=True`` the driver waits for tokens without preempting the stages on
-its node (`inbox.waiting_behind_stages`): tokens/s over each token's hand-over time.
+its node (`inbox.yield_thread`): tokens/s over each token's hand-over time.
 A stage's runs split their work over its share of its node's cores (the stages there
 divide them; pinned, its own), unless ``intra_op_num_threads`` names a count
 (`GenerationStage.share`).

@@ -430,46 +430,69 @@ def _policy(tid: int) -> int:
 @pytest.mark.skipif(not hasattr(__import__("os"), "SCHED_BATCH"), reason="Linux's policies")
 def test_a_driver_waiting_for_tokens_does_not_preempt_the_stages():
     """yield_to_stages: while it blocks for a token frame the reading thread is
-    SCHED_BATCH (woken, it waits for a free core instead of preempting a stage); it is
-    SCHED_OTHER again once it has the frame, a thread with a policy of its own keeps
-    it, and an inbox that does not yield (the default) leaves the policy alone."""
+    SCHED_BATCH (woken, it waits for a free core instead of preempting a stage), and it
+    stays so between its waits until every yielding inbox that waited on it has let go
+    (its group done, or closed); a thread with a policy of its own keeps it, and an
+    inbox that does not yield (the default) leaves the policy alone."""
     import os
     import threading
-    import time
     import uuid
 
     import numpy as np
 
     from actors.generation.inbox import TokenInbox, TokenOutlet, inbox_name
 
-    inbox = TokenInbox.open(inbox_name("test", uuid.uuid4().hex), yielding=True)
-    outlet = TokenOutlet.connect(inbox.address, "test")
-    try:
-        for own, yielding in ((None, True), (os.SCHED_IDLE, True), (None, False)):
-            inbox.yielding = yielding
-            seen: dict[str, object] = {}
+    for own, yielding in ((None, True), (os.SCHED_IDLE, True), (None, False)):
+        inboxes = [TokenInbox.open(inbox_name("test", uuid.uuid4().hex), yielding=yielding)
+                   for _ in range(2)]
+        outlets = [TokenOutlet.connect(i.address, "test") for i in inboxes]
+        seen: dict[str, object] = {}
+        go = [threading.Event() for _ in range(3)]
 
-            def reader() -> None:
-                if own is not None:
-                    os.sched_setscheduler(0, own, os.sched_param(0))
-                seen["tid"] = threading.get_native_id()
-                seen["got"] = inbox.columns(10.0)
-                seen["after"] = _policy(threading.get_native_id())
+        def reader() -> None:
+            if own is not None:
+                os.sched_setscheduler(0, own, os.sched_param(0))
+            tid = threading.get_native_id()
+            seen["tid"] = tid
+            seen["got"] = [inboxes[0].columns(10.0)]
+            seen["between"] = _policy(tid)
+            go[0].wait(10)
+            seen["got"].append(inboxes[1].columns(10.0))
+            go[1].wait(10)
+            seen["one released"] = _policy(tid)
+            go[2].wait(10)
+            seen["both released"] = _policy(tid)
 
-            t = threading.Thread(target=reader)
+        t = threading.Thread(target=reader)
+        try:
             t.start()
             assert eventually(lambda: "tid" in seen)
-            time.sleep(0.2)  # in its blocking select by now
+            held = own if own is not None else os.SCHED_BATCH if yielding else os.SCHED_OTHER
+            eventually(lambda: _policy(seen["tid"]) == held, 2.0)  # in its blocking select
             waiting = _policy(seen["tid"])
-            assert outlet.send(1, 0, np.array([[4]], dtype=np.int64), False)
+            assert outlets[0].send(1, 0, np.array([[4]], dtype=np.int64), False)
+            assert eventually(lambda: "between" in seen)
+            assert outlets[1].send(1, 0, np.array([[5]], dtype=np.int64), True)
+            go[0].set()
+            assert eventually(lambda: len(seen["got"]) == 2)
+            inboxes[0].release()  # its group done
+            go[1].set()
+            assert eventually(lambda: "one released" in seen)
+            inboxes[1].close()
+            go[2].set()
             t.join(10)
-            assert [(e, a, i.tolist()) for e, a, i, _, _ in seen["got"]] == [(1, 0, [[4]])]
-            assert waiting == (own if own is not None else
-                               os.SCHED_BATCH if yielding else os.SCHED_OTHER)
-            assert seen["after"] == (os.SCHED_OTHER if own is None else own)
-    finally:
-        outlet.close()
-        inbox.close()
+            assert [[(e, a, i.tolist()) for e, a, i, _, _ in g] for g in seen["got"]] == \
+                [[(1, 0, [[4]])], [(1, 0, [[5]])]]
+            assert (waiting, seen["between"], seen["one released"]) == (held, held, held)
+            assert seen["both released"] == (own if own is not None else os.SCHED_OTHER)
+        finally:
+            for e in go:
+                e.set()
+            t.join(10)
+            for o in outlets:
+                o.close()
+            for i in inboxes:
+                i.close()
 
 
 def test_a_malformed_frame_on_a_stage_socket_drops_that_connection_only(llama):
