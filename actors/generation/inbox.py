@@ -191,9 +191,8 @@ class TokenInbox:
 
     def release(self) -> None:
         """Let go of the threads this inbox put under SCHED_BATCH (its group is done)."""
-        if self.held:
-            self.held.clear()
-            release_threads(id(self))
+        self.held.clear()
+        release_threads(id(self))  # (also when a wait on another thread is holding one now)
 
     def _accept(self) -> None:
         while True:
