@@ -4,12 +4,17 @@ processes joined by the stage link's Unix sockets (`actors/generation/channel.py
 sequences one after another. Separates what Ray's actor processes cost the ring (their
 threads, their timer, the driver's calls) from what the split and the sockets cost.
 
-    python bench/ring_without_ray.py [llama_optimum|gpt2_optimum] [--new 200]
+    python bench/ring_without_ray.py [llama_optimum|gpt2_optimum] [--new 200] [--in-ray]
 
 The stages are built as the stage actors build them (`split_decoder`, `_compile`) on
 sim-gpu:0 and sim-gpu:1, one intra-op thread each; stage 0 starts the 4 prefills, the
 last stage's sampled ids go straight back to stage 0 over its socket, and the clock
 stops when the last group reaches its length (no driver reads the tokens).
+
+``--in-ray`` runs the same self-driving ring in two Ray async actors too, each round
+(on the actor's event-loop thread, as `GenerationStage` runs its steps, with Ray's
+threads and main-thread timer beside it), and prints its ratio to the plain processes'
+by round: what hosting the stages in Ray actors costs, apart from the driver.
 """
 
 from __future__ import annotations
@@ -31,13 +36,12 @@ GROUPS = 4
 PROMPT = 32
 
 
-def _stage(k: int, name: str, new: int, ring: str, ready: Any, go: Any, out: Any) -> None:
-    import numpy as np
+def _build(k: int, name: str) -> Any:
+    """Stage ``k`` of 2, compiled as a stage actor compiles it; its steps go to the
+    next stage over the socket only (no actor handles)."""
     import onnx
-    import uvloop
-    from bench_generate import MODELS, prompt_rows
+    from bench_generate import MODELS
 
-    from actors.generation.group import GroupSpec, Job
     from actors.generation.split import split_decoder
     from actors.generation.stage import GenerationStage
     from hetero_exec.genai.layout import discover
@@ -47,39 +51,66 @@ def _stage(k: int, name: str, new: int, ring: str, ready: Any, go: Any, out: Any
     layout = discover(proto, name)
     stage = GenerationStage(k, 2, layout, [f"sim-gpu:{k}"], {"intra_op_num_threads": 1})
     stage._compile(split_decoder(rewrite(proto, layout), layout, 2)[k])
+    stage.ring = [None, None]
+    return stage
+
+
+async def _ring_round(stage: Any, new: int, ring: str, ready: Any = None,
+                      go: Any = None) -> float | None:
+    """One round of the ring at ``ring``'s sockets: 4 groups of ``new`` tokens each;
+    the last stage returns the tokens/s (stage 0: None). ``ready`` / ``go``: barriers
+    with the other stage (else: connect until it listens, start after a pause)."""
+    import numpy as np
+    from bench_generate import prompt_rows
+
+    from actors.generation.group import GroupSpec, Job
+
+    k = stage.index
     ended: list[float] = []
 
     def finish(gid: str, g: Any, epoch: int) -> None:  # no other actor to tell
         g.free()
         ended.append(time.perf_counter())
 
-    stage._finish = finish  # type: ignore[method-assign]
-    stage.ring = [None, None]  # no actor handles: every step goes over the sockets
-    cap = PROMPT + new
-
-    async def main() -> None:
-        await stage.link.listen(f"\0{ring}/{k}")
+    stage._finish = finish
+    stage.link.close()
+    await stage.link.listen(f"\0{ring}/{k}")
+    if ready is not None:
         ready.wait()  # both listen
-        await stage.link.connect("node", "node", f"\0{ring}/{(k + 1) % 2}")
-        for i in range(GROUPS):
-            stage.open(f"g{i}", GroupSpec(1, cap, 0, np.zeros(1, np.int64),
-                                          {"max_length": cap, "batch_size": 1}), 1)
+    while not await stage.link.connect("node", "node", f"\0{ring}/{(k + 1) % 2}"):
+        await asyncio.sleep(0.01)
+    cap = PROMPT + new
+    for i in range(GROUPS):
+        stage.groups.pop(f"g{i}", None)
+        stage.open(f"g{i}", GroupSpec(1, cap, 0, np.zeros(1, np.int64),
+                                      {"max_length": cap, "batch_size": 1}), 1)
+    if go is not None:
         go.wait()
-        t0 = time.perf_counter()
-        if k == 0:
-            for i in range(GROUPS):
-                stage.step(f"g{i}", 1, Job(0, prompt_rows(1, PROMPT) + i, [(0, PROMPT)],
-                                           rewind=(0, 0), end=np.full(1, -1), draws=0,
-                                           start=np.zeros(1, np.int64)), [{}])
-        while (len(ended) < GROUPS) if k == 1 else not os.path.exists(f"/dev/shm/{ring}"):
-            await asyncio.sleep(0.005)
-        if k == 1:
-            out.put(GROUPS * new / (ended[-1] - t0))
-            open(f"/dev/shm/{ring}", "w").close()  # stage 0 may stop
-        else:
-            os.remove(f"/dev/shm/{ring}")
+    else:
+        await asyncio.sleep(0.3)  # the other stage open too
+    t0 = time.perf_counter()
+    if k == 0:
+        for i in range(GROUPS):
+            stage.step(f"g{i}", 1, Job(0, prompt_rows(1, PROMPT) + i, [(0, PROMPT)],
+                                       rewind=(0, 0), end=np.full(1, -1), draws=0,
+                                       start=np.zeros(1, np.int64)), [{}])
+    flag = f"/dev/shm/{ring}"
+    while (len(ended) < GROUPS) if k == 1 else not os.path.exists(flag):
+        await asyncio.sleep(0.005)
+    if k == 0:
+        os.remove(flag)
+        return None
+    open(flag, "w").close()  # stage 0 may stop
+    return GROUPS * new / (ended[-1] - t0)
 
-    uvloop.run(main())
+
+def _stage(k: int, name: str, new: int, ring: str, ready: Any, go: Any, out: Any) -> None:
+    import uvloop
+
+    stage = _build(k, name)
+    tps = uvloop.run(_ring_round(stage, new, ring, ready, go))
+    if tps is not None:
+        out.put(tps)
 
 
 def ring_tokens_per_s(name: str, new: int) -> float:
@@ -110,6 +141,16 @@ def ring_tokens_per_s(name: str, new: int) -> float:
     return tps
 
 
+class RingHost:
+    """A stage of the self-driving ring in a Ray async actor (made remote in `main`)."""
+
+    def __init__(self, k: int, name: str):
+        self.stage = _build(k, name)
+
+    async def run(self, new: int, ring: str) -> float | None:
+        return await _ring_round(self.stage, new, ring)
+
+
 def alone_tokens_per_s(name: str, new: int) -> float:
     from bench_generate import MODELS, prompt_rows
     from bench_generate_ray import _tokens_per_s
@@ -129,15 +170,40 @@ def main() -> None:
     ap.add_argument("model", nargs="?", default="llama_optimum")
     ap.add_argument("--new", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--in-ray", action="store_true",
+                    help="also the same ring in two Ray actors, each round")
     args = ap.parse_args()
-    ring, alone = [], []
-    for _ in range(args.rounds):  # interleaved
-        ring.append(ring_tokens_per_s(args.model, args.new))
-        alone.append(alone_tokens_per_s(args.model, args.new))
+    hosts: list[Any] = []
+    if args.in_ray:
+        import ray
+
+        path = os.pathsep.join([HERE, os.path.dirname(HERE)])
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR",
+                 runtime_env={"env_vars": {"PYTHONPATH": path}})
+        host = ray.remote(num_cpus=0)(RingHost)
+        hosts = [host.remote(k, args.model) for k in range(2)]
+    ring, alone, in_ray = [], [], []
+    try:
+        for r in range(args.rounds):  # interleaved
+            ring.append(ring_tokens_per_s(args.model, args.new))
+            alone.append(alone_tokens_per_s(args.model, args.new))
+            if hosts:
+                name = f"hetero_exec_ring_bench_ray_{os.getpid()}_{r}"
+                in_ray.append(ray.get([h.run.remote(args.new, name) for h in hosts])[1])
+    finally:
+        if hosts:
+            ray.shutdown()
     r, a = statistics.median(ring), statistics.median(alone)
     print(f"{args.model}: 4 groups on two stage processes joined by sockets, no Ray: "
           f"{r:.1f} tok/s; one in-process thread one after another: {a:.1f} tok/s: "
           f"{r / a:.2f}x (medians of {args.rounds})")
+    if in_ray:
+        by_round = sorted(x / y for x, y in zip(in_ray, ring))
+        print(f"{args.model}: the same ring in two Ray actors: {statistics.median(in_ray):.1f} "
+              f"tok/s, {statistics.median(in_ray) / a:.2f}x in process; against the plain "
+              f"processes {statistics.median(by_round):.2f}x by round "
+              f"({by_round[0]:.2f}-{by_round[-1]:.2f}; ahead in "
+              f"{sum(x > 1 for x in by_round)} of {len(by_round)})")
 
 
 if __name__ == "__main__":
