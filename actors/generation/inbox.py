@@ -65,8 +65,9 @@ def yield_thread(holder: int) -> bool:
 
     The thread stays under the policy between its waits (the caller's code between two
     tokens runs under it too) rather than switching for each wait: two policy changes
-    a token cost the driver ~45 us of CPU on a nested VM (driver 157 -> 114 us a token,
-    4 groups on 2 cores, tokens/s 1.07x, ahead in 15 of 20 paired rounds). A thread with
+    a token cost the driver 15-45 us of CPU on a nested VM (4 groups on 2 cores: driver
+    157 -> 114 us a token and tokens/s 1.07x in a slow phase, 91 -> 76 and 1.00-1.02x in
+    a quieter one). A thread with
     a policy of its own (real-time, idle) is left as it is. Returns whether the thread
     is held (under the policy for ``holder``)."""
     global _yield_on_wake
@@ -173,9 +174,10 @@ class TokenInbox:
     def columns(self, timeout: float) -> list[tuple[int, int, np.ndarray, bool, list]]:
         """The frames that came, waiting up to ``timeout`` for the first one (a yielding
         inbox waits under SCHED_BATCH: `yield_thread`)."""
-        if self.yielding and threading.current_thread().native_id not in self.held:
-            if yield_thread(id(self)):
-                self.held.add(threading.current_thread().native_id)
+        if self.yielding:
+            tid = threading.current_thread().native_id
+            if tid not in self.held and yield_thread(id(self)):
+                self.held.add(tid)
         deadline = time.monotonic() + timeout
         out: list[tuple[int, int, np.ndarray, bool, list]] = []
         while True:
