@@ -52,7 +52,7 @@ _batched: dict[int, set[int]] = {}
 _batched_lock = threading.Lock()
 
 
-def yield_thread(holder: int) -> bool:
+def yield_thread(holder: int) -> None:
     """Put the calling thread under SCHED_BATCH for ``holder`` (an inbox's id) until
     `release_threads(holder)`: woken by a token frame, the driver does not preempt a
     stage mid-step; it runs when a core frees up or the stage's time slice ends. On a
@@ -68,26 +68,25 @@ def yield_thread(holder: int) -> bool:
     a token cost the driver 15-45 us of CPU on a nested VM (4 groups on 2 cores: driver
     157 -> 114 us a token and tokens/s 1.07x in a slow phase, 91 -> 76 and 1.00-1.02x in
     a quieter one). A thread with
-    a policy of its own (real-time, idle) is left as it is. Returns whether the thread
-    is held (under the policy for ``holder``)."""
+    a policy of its own (real-time, idle) is left as it is. A thread already held only
+    records ``holder`` (no syscall)."""
     global _yield_on_wake
     tid = threading.current_thread().native_id
     if not _yield_on_wake or tid is None:
-        return False
+        return
     with _batched_lock:
         holders = _batched.get(tid)
         if holders is None:
             try:
                 if os.sched_getscheduler(0) != os.SCHED_OTHER:
-                    return False
+                    return
                 os.sched_setscheduler(0, _SCHED_BATCH, os.sched_param(0))
             except (OSError, AttributeError) as e:
                 log.debug("token waits keep their scheduling policy: %s", e)
                 _yield_on_wake = False
-                return False
+                return
             holders = _batched[tid] = set()
         holders.add(holder)
-    return True
 
 
 def release_threads(holder: int) -> None:
@@ -146,7 +145,6 @@ class TokenInbox:
     def __init__(self, address: str, yielding: bool = False):
         self.address = address
         self.yielding = yielding  # wait under SCHED_BATCH (`yield_thread`)
-        self.held: set[int] = set()  # the threads it put under SCHED_BATCH
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.listener.bind(address)
@@ -175,9 +173,7 @@ class TokenInbox:
         """The frames that came, waiting up to ``timeout`` for the first one (a yielding
         inbox waits under SCHED_BATCH: `yield_thread`)."""
         if self.yielding:
-            tid = threading.current_thread().native_id
-            if tid not in self.held and yield_thread(id(self)):
-                self.held.add(tid)
+            yield_thread(id(self))
         deadline = time.monotonic() + timeout
         out: list[tuple[int, int, np.ndarray, bool, list]] = []
         while True:
@@ -193,8 +189,7 @@ class TokenInbox:
 
     def release(self) -> None:
         """Let go of the threads this inbox put under SCHED_BATCH (its group is done)."""
-        self.held.clear()
-        release_threads(id(self))  # (also when a wait on another thread is holding one now)
+        release_threads(id(self))
 
     def _accept(self) -> None:
         while True:
