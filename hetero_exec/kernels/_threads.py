@@ -50,8 +50,7 @@ import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
@@ -110,8 +109,24 @@ if hasattr(os, "register_at_fork"):
 _WIDTH = threading.local()  # a run's own cap on its split (intra_op_threads)
 
 
-@contextmanager
-def intra_op_threads(n: int | None) -> Iterator[None]:
+class _Width:
+    """`intra_op_threads`'s context: a class, not a generator, as `_Entered` is."""
+
+    __slots__ = ("n", "previous")
+
+    def __init__(self, n: int | None):
+        self.n = n or None
+        self.previous: int | None = None
+
+    def __enter__(self) -> None:
+        self.previous = getattr(_WIDTH, "n", None)
+        _WIDTH.n = self.n
+
+    def __exit__(self, *exc: object) -> None:
+        _WIDTH.n = self.previous
+
+
+def intra_op_threads(n: int | None) -> _Width:
     """Runs on this thread split their work over at most ``n`` threads (None or 0: as
     many as `cores` allows); other threads' runs keep their own.
 
@@ -119,12 +134,7 @@ def intra_op_threads(n: int | None) -> Iterator[None]:
     ...     split_width()
     1
     """
-    previous = getattr(_WIDTH, "n", None)
-    _WIDTH.n = n or None
-    try:
-        yield
-    finally:
-        _WIDTH.n = previous
+    return _Width(n)
 
 
 def split_width() -> int:
@@ -134,8 +144,7 @@ def split_width() -> int:
     return c if n is None else max(1, min(n, c))
 
 
-@contextmanager
-def run_threads() -> Iterator[None]:
+def run_threads() -> "_Entered":
     """Around a run: alone in the process, the BLAS at this run's width (`split_width`);
     with another run beside it, the BLAS held at one thread until the last run leaves
     (the setting is process-wide). Cheap: a few ctypes calls per outermost entry.
@@ -143,62 +152,72 @@ def run_threads() -> Iterator[None]:
     >>> with run_threads():
     ...     pass
     """
-    with _entered(hold=False):
-        yield
+    return _Entered(hold=False)
 
 
-@contextmanager
-def single_blas_thread() -> Iterator[None]:
+def single_blas_thread() -> "_Entered":
     """Hold the BLAS at one thread while any caller is inside, whatever else runs; the
     count it had is restored when the last run leaves."""
-    with _entered(hold=True):
-        yield
+    return _Entered(hold=True)
 
 
-@contextmanager
-def _entered(hold: bool) -> Iterator[None]:
-    global _depth, _single_thread_holders, _held, _saved, _blas_on_c_workers
-    libs = blas_libs()
-    nested = getattr(_NESTED, "depth", 0)
-    if not libs or nested:  # no BLAS to drive, or this thread's outer run already counts
-        _NESTED.depth = nested + 1
-        try:
-            yield
-        finally:
-            _NESTED.depth = nested
-        return
-    pool = blas_split_on_c_workers()
-    with _LOCK:
-        if _depth == 0:
-            _saved = [lib.get_num_threads() for lib in libs]
-        _depth += 1
-        _single_thread_holders += hold
-        if _single_thread_holders or _depth >= 2:
-            _blas_on_c_workers = False
-            if not _held:
-                for lib in libs:
-                    lib.set_num_threads(1)
-                _held = True
-        else:  # alone: with one pool, BLAS calls at one thread split on gemm.c's
-            # workers; else the BLAS splits this run's products itself, at its width
-            # (above the count it started with, too: Ray starts a fractional-CPU actor's
-            # BLAS at OMP_NUM_THREADS=1, and a lone stage there may use its node's cores)
-            _blas_on_c_workers = pool
-            width = 1 if pool else split_width()
-            if libs[0].get_num_threads() != width:
-                for lib in libs:
-                    lib.set_num_threads(width)
-    _NESTED.depth = 1
-    try:
-        yield
-    finally:
+class _Entered:
+    """A run's entry (`run_threads`, `single_blas_thread`): a class rather than a
+    generator context, as every step of a decode loop enters one (two nested generator
+    contexts and `intra_op_threads`' cost 5.7 us a step, this 1-2)."""
+
+    __slots__ = ("hold", "outer", "nested")
+
+    def __init__(self, hold: bool):
+        self.hold = hold
+        self.outer = False
+        self.nested = 0
+
+    def __enter__(self) -> None:
+        global _depth, _single_thread_holders, _held, _saved, _blas_on_c_workers
+        libs = blas_libs()
+        nested = self.nested = getattr(_NESTED, "depth", 0)
+        if not libs or nested:  # no BLAS to drive, or this thread's outer run already counts
+            _NESTED.depth = nested + 1
+            return
+        self.outer = True
+        hold = self.hold
+        pool = blas_split_on_c_workers()
+        with _LOCK:
+            if _depth == 0:
+                _saved = [lib.get_num_threads() for lib in libs]
+            _depth += 1
+            _single_thread_holders += hold
+            if _single_thread_holders or _depth >= 2:
+                _blas_on_c_workers = False
+                if not _held:
+                    for lib in libs:
+                        lib.set_num_threads(1)
+                    _held = True
+            else:  # alone: with one pool, BLAS calls at one thread split on gemm.c's
+                # workers; else the BLAS splits this run's products itself, at its width
+                # (above the count it started with, too: Ray starts a fractional-CPU actor's
+                # BLAS at OMP_NUM_THREADS=1, and a lone stage there may use its node's cores)
+                _blas_on_c_workers = pool
+                width = 1 if pool else split_width()
+                if libs[0].get_num_threads() != width:
+                    for lib in libs:
+                        lib.set_num_threads(width)
+        _NESTED.depth = 1
+
+    def __exit__(self, *exc: object) -> None:
+        global _depth, _single_thread_holders, _held, _blas_on_c_workers
+        if not self.outer:
+            _NESTED.depth = self.nested
+            return
         _NESTED.depth = 0
         with _LOCK:
             _depth -= 1
-            _single_thread_holders -= hold
+            _single_thread_holders -= self.hold
             if _depth == 0:
-                for lib, n in zip(libs, _saved):
-                    lib.set_num_threads(n)
+                for lib, n in zip(blas_libs(), _saved):
+                    if lib.get_num_threads() != n:  # a ctypes call cheaper than a set
+                        lib.set_num_threads(n)
                 _held = _blas_on_c_workers = False
 
 
