@@ -43,7 +43,13 @@ import msgpack
 import numpy as np
 
 from actors.generation.group import GroupSpec, Job, Join
-from actors.transport.wire import WireFormatError, tensor_from_list, tensor_to_list, unpack_frame
+from actors.transport.wire import (
+    WireFormatError,
+    pack,
+    tensor_from_list,
+    tensor_to_list,
+    unpack_frame,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +82,14 @@ def _opt(arr: Any) -> Any:
 
 def encode_step(gid: str, epoch: int, job: Job, carried: list[dict[str, Any]]) -> bytes:
     """One step message as a length-prefixed msgpack frame."""
-    body = msgpack.packb(
+    rewind = job.rewind
+    body = pack(
         [gid, int(epoch), int(job.at), tensor_to_list(job.ids), [[int(p), int(t)] for p, t in job.pieces],
-         None if job.rewind is None else [int(job.rewind[0]), int(job.rewind[1])],
+         None if rewind is None else [int(rewind[0]), int(rewind[1])],
          None if job.draws is None else int(job.draws), _opt(job.end), _opt(job.start),
-         [{name: tensor_to_list(v) for name, v in c.items()} for c in carried], bool(job.logits),
-         [_join_fields(j) for j in job.joins],
-         None if job.spec is None else _spec_fields(job.spec)],
-        use_bin_type=True)
+         [{name: tensor_to_list(v) for name, v in c.items()} if c else {} for c in carried],
+         bool(job.logits), [_join_fields(j) for j in job.joins] if job.joins else [],
+         None if job.spec is None else _spec_fields(job.spec)])
     return _HEADER.pack(len(body)) + body
 
 
@@ -116,9 +122,12 @@ def _int(v: Any, what: str) -> int:
 
 
 def _pair(v: Any, what: str) -> tuple[int, int]:
-    if not isinstance(v, list) or len(v) != 2:
+    if type(v) is not list or len(v) != 2:
         raise WireFormatError(f"step frame {what} must be a pair of ints")
-    return _int(v[0], what), _int(v[1], what)
+    a, b = v
+    if type(a) is not int or type(b) is not int:
+        raise WireFormatError(f"step frame {what} must be a pair of ints")
+    return a, b
 
 
 def decode_step(body: bytes) -> tuple[str, int, Job, list[dict[str, Any]]]:
@@ -135,16 +144,16 @@ def _step(obj: Any) -> tuple[str, int, Job, list[dict[str, Any]]]:
             or not isinstance(logits, bool) or not isinstance(joins, list):
         raise WireFormatError("step frame: gid, pieces, carried, logits or joins of the wrong type")
     job = Job(_int(at, "at"), tensor_from_list(ids), [_pair(p, "piece") for p in pieces],
-              rewind=None if rewind is None else _pair(rewind, "rewind"),
-              draws=None if draws is None else _int(draws, "draws"),
-              end=None if end is None else tensor_from_list(end),
-              start=None if start is None else tensor_from_list(start), logits=logits,
-              joins=[_join(j) for j in joins], spec=None if spec is None else _spec(spec))
+              None if rewind is None else _pair(rewind, "rewind"),
+              None if draws is None else _int(draws, "draws"),
+              None if end is None else tensor_from_list(end),
+              None if start is None else tensor_from_list(start), logits,
+              [_join(j) for j in joins] if joins else [], None if spec is None else _spec(spec))
     values: list[dict[str, Any]] = []
     for c in carried:
-        if not isinstance(c, dict):
+        if type(c) is not dict:
             raise WireFormatError("step frame: carried values are maps")
-        values.append({name: tensor_from_list(m) for name, m in c.items()})
+        values.append({name: tensor_from_list(m) for name, m in c.items()} if c else {})
     if len(values) not in (len(job.pieces), len(job.pieces) + len(job.joins)):
         raise WireFormatError(f"step frame: {len(values)} carried maps for {len(job.pieces)} "
                               f"pieces and {len(job.joins)} joins")
@@ -218,15 +227,19 @@ class _Receiver(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while len(self.buffer) >= _HEADER.size:
-            (n,) = _HEADER.unpack_from(self.buffer)
+        if self.buffer:  # the rest of a frame begun in an earlier read
+            self.buffer += data
+            data = bytes(self.buffer)
+            self.buffer.clear()
+        at, end, head = 0, len(data), _HEADER.size
+        while end - at >= head:  # each whole frame, sliced from the read (one copy)
+            (n,) = _HEADER.unpack_from(data, at)
             if n > MAX_FRAME_BYTES:
                 return self._refuse(f"frame of {n} bytes over {MAX_FRAME_BYTES}")
-            if len(self.buffer) < _HEADER.size + n:
-                return
-            body = bytes(self.buffer[_HEADER.size:_HEADER.size + n])
-            del self.buffer[:_HEADER.size + n]
+            if end - at - head < n:
+                break
+            body = data[at + head:at + head + n]
+            at += head + n
             try:
                 kind, message = decode_frame(body)
             except WireFormatError as e:
@@ -235,6 +248,8 @@ class _Receiver(asyncio.Protocol):
                 (self.step if kind == "step" else self.join)(*message)
             except Exception:  # a step's failure is the step's: the link stays
                 log.exception("%s: a %s received over its socket failed", self.label, kind)
+        if at < end:
+            self.buffer += data[at:]
 
     def _refuse(self, why: str) -> None:
         log.warning("%s: dropped a stage link connection: %s", self.label, why)

@@ -27,11 +27,16 @@ import struct
 import threading
 import time
 
-import msgpack
 import numpy as np
 
 from actors.generation.channel import supported
-from actors.transport.wire import WireFormatError, tensor_from_list, tensor_to_list, unpack_frame
+from actors.transport.wire import (
+    WireFormatError,
+    pack,
+    tensor_from_list,
+    tensor_to_list,
+    unpack_frame,
+)
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +118,8 @@ def inbox_name(ring_id: str, gid: str) -> str:
 
 def encode_column(epoch: int, at: int, ids: np.ndarray, done: bool,
                   acks: list[tuple[int, str, int, bool]] = ()) -> bytes:
-    body = msgpack.packb([int(epoch), int(at), tensor_to_list(ids), bool(done),
-                          [[int(c), k, int(r), bool(ok)] for c, k, r, ok in acks]],
-                         use_bin_type=True)
+    body = pack([int(epoch), int(at), tensor_to_list(ids), bool(done),
+                 [[int(c), k, int(r), bool(ok)] for c, k, r, ok in acks] if acks else []])
     return _HEADER.pack(len(body)) + body
 
 
