@@ -177,7 +177,7 @@ class StageGroup:
         return s
 
     def computed(self, p: int, t: int) -> None:
-        self.real += self.mask[:, p:t].sum(axis=1)
+        self.real += self.mask[:, p] if t == p + 1 else self.mask[:, p:t].sum(axis=1)
         self.filled = t
 
     # -- feeds (as `Generator._feeds`, `_decode_step`, `_cache_feeds`) ---------------
@@ -249,8 +249,9 @@ class StageGroup:
 
     def take(self, chosen: np.ndarray, eos: np.ndarray) -> int:
         """Write the chosen ids at the next position; returns that position."""
-        running = self.end < 0
-        if not running.all():
+        stopped = bool(self.end.max() >= 0)  # a row ended before: it takes padding
+        running = self.end < 0 if stopped else None
+        if stopped:
             chosen[~running] = self.spec.pad
         at = self.length
         self.ids[:, at] = chosen
@@ -258,11 +259,13 @@ class StageGroup:
         self.length += 1
         self.draws += 1
         if eos.size:
-            ended = running & (chosen[:, None] == eos).any(axis=1)
+            ended = chosen == eos[0] if eos.size == 1 else (chosen[:, None] == eos).any(axis=1)
+            if stopped:
+                ended &= running
             self.end[ended] = at + 1
         return at
 
     def done(self) -> bool:
         if self.spec.batched:
             return self.length >= self.capacity
-        return self.length >= self.capacity or bool((self.end >= 0).all())
+        return self.length >= self.capacity or bool(self.end.min() >= 0)

@@ -329,11 +329,12 @@ class GenerationStage:
         n = len(job.pieces)
         outs: list[dict[str, Any]] = []
         joined: list[dict[str, Any]] = []
-        extra = list(carried[n:]) + [{}] * (len(job.joins) - len(carried[n:]))  # stage 0: none
-        for j, came in zip(job.joins, extra):
-            joined.append(self._join_row(g, j, came) if j.ok else {})
-            if j.ok and g.sampler is not None and g.sampler.row_rngs is not None:
-                g.sampler.reseed(j.row, j.seed)  # the request's own draws from its first token
+        if job.joins:
+            extra = list(carried[n:]) + [{}] * (len(job.joins) - len(carried[n:]))  # stage 0: none
+            for j, came in zip(job.joins, extra):
+                joined.append(self._join_row(g, j, came) if j.ok else {})
+                if j.ok and g.sampler is not None and g.sampler.row_rngs is not None:
+                    g.sampler.reseed(j.row, j.seed)  # the request's own draws from its first token
         last: Any = None
         for (p, t), came in zip(job.pieces, carried):
             feeds, came = self._with(g.feeds(self.layout, p, t, self.fixed, self.shared), came)
@@ -410,10 +411,16 @@ class GenerationStage:
         stages read, on the host, and those it got from before that later ones read;
         of those later stages can make again, the small ones (`send_again`)."""
         where, optional = self.runner.where, self.optional
-        out = {n: move_value(values[n], where[n], None)
-               for n in self.part.carried_out if n not in optional}
-        out.update((n, came[n]) for n in self.part.passed if n not in optional)
-        others = sum(int(v.nbytes) for v in out.values())
+        out = {}
+        others = 0
+        for n in self.part.carried_out:
+            if n not in optional:
+                v = out[n] = move_value(values[n], where[n], None)
+                others += v.nbytes
+        for n in self.part.passed:
+            if n not in optional:
+                v = out[n] = came[n]
+                others += v.nbytes
         for n in self.part.optional:
             v = values[n] if n in where else came.get(n)
             if v is not None and send_again(int(v.nbytes), others):
