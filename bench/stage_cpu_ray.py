@@ -1,0 +1,114 @@
+"""Where a stage actor's CPU goes inside the running ring: 4 groups in flight on two
+single-threaded stages with the throughput settings, and per decode step of each stage
+the CPU of the thread that runs its steps (from /proc), split into the runner's, the
+rest of the step's (`GenerationStage._step`: bookkeeping, sampling, the sends) and what
+the thread spends outside steps (the event loop, the frame's read and decode).
+
+The timers go in through Ray's ``__ray_call__`` (nothing in the library is changed);
+each costs a few syscalls a step, so the figures run slightly high.
+
+    python bench/stage_cpu_ray.py [--model gpt2_optimum] [--new 200] [--rounds 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+from bench_generate import MODELS, prompt_rows  # noqa: E402
+from bench_generate_ray import DEVICES, _tokens_per_s  # noqa: E402
+
+import hetero_exec.genai as hg  # noqa: E402
+
+_KEYS = ("run_cpu", "run_wall", "runs", "step_cpu")
+
+
+def _install_timers(stage: Any) -> None:
+    """In the stage actor: time each runner call and each step (thread CPU, wall)."""
+    import threading
+    import time
+
+    acc = stage._bench_timers = {k: 0 for k in _KEYS}
+    acc["tid"] = 0
+    run, step = stage.runner.run, stage._step
+
+    def timed_run(feeds: Any) -> Any:
+        c, w = time.thread_time_ns(), time.perf_counter_ns()
+        out = run(feeds)
+        acc["run_cpu"] += time.thread_time_ns() - c
+        acc["run_wall"] += time.perf_counter_ns() - w
+        acc["runs"] += 1
+        return out
+
+    def timed_step(*args: Any) -> None:
+        acc["tid"] = threading.get_native_id()
+        c = time.thread_time_ns()
+        step(*args)
+        acc["step_cpu"] += time.thread_time_ns() - c
+
+    stage.runner.run, stage._step = timed_run, timed_step
+
+
+def _take_timers(stage: Any) -> dict[str, int]:
+    """In the stage actor: the sums since the last call (and the stepping thread's id)."""
+    acc = stage._bench_timers
+    out = dict(acc)
+    for k in _KEYS:
+        acc[k] = 0
+    return out
+
+
+def _thread_cpu_ns(pid: int, tid: int) -> int:
+    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
+def main() -> None:
+    import ray
+
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="llama_optimum")
+    ap.add_argument("--new", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=4)
+    args = ap.parse_args()
+    model = hg.Model(os.path.join(MODELS, f"{args.model}.onnx"), executor="ray", stages=2,
+                     providers=DEVICES, intra_op_num_threads=1, stage_cores="auto",
+                     yield_to_stages=True)
+    try:
+        actors = model.remote.actors
+        prompts = [prompt_rows(1, 32) + i for i in range(4)]
+        ray.get([a.__ray_call__.remote(_install_timers) for a in actors])
+        _tokens_per_s(model, prompts, args.new, True, True)  # warm, and each thread known
+        pids = [i["pid"] for i in ray.get([a.info.remote() for a in actors])]
+        print(f"{args.model}: per decode step of each stage, us of the stepping thread's CPU "
+              "(runner's wall in brackets)")
+        for _ in range(args.rounds):
+            tids = [t["tid"] for t in ray.get([a.__ray_call__.remote(_take_timers)
+                                               for a in actors])]
+            before = [_thread_cpu_ns(p, t) for p, t in zip(pids, tids)]
+            tps = _tokens_per_s(model, prompts, args.new, True, True)
+            sums = ray.get([a.__ray_call__.remote(_take_timers) for a in actors])
+            after = [_thread_cpu_ns(p, t) for p, t in zip(pids, tids)]
+            cells = []
+            for k, (s, b, a) in enumerate(zip(sums, before, after)):
+                n = max(s["runs"], 1)
+                cells.append(f"stage#{k} {(a - b) / n / 1e3:4.0f} = runner "
+                             f"{s['run_cpu'] / n / 1e3:3.0f} ({s['run_wall'] / n / 1e3:3.0f}) "
+                             f"+ rest of step {(s['step_cpu'] - s['run_cpu']) / n / 1e3:3.0f} "
+                             f"+ outside steps {(a - b - s['step_cpu']) / n / 1e3:3.0f}")
+            print(f"{tps:6.0f} tok/s | " + " | ".join(cells), flush=True)
+    finally:
+        model.close()
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
