@@ -12,6 +12,8 @@ its change on a `GenerationStage` attribute and turns it on (or off) in B:
 
     python bench/ab_generate_ray.py --set unused=1 [--model gpt2_optimum] [--rounds 12]
     python bench/ab_generate_ray.py --option stage_cores="'auto'" --option yield_to_stages=True
+    python bench/ab_generate_ray.py --set unused=1 --both stage_cores="'auto'" \
+        --both yield_to_stages=True   # (an A/A run under the throughput settings)
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ def main() -> None:
                     help="a stage attribute of pipeline B (VALUE a Python literal)")
     ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                     help="a model option of pipeline B (VALUE a Python literal); repeatable")
+    ap.add_argument("--both", action="append", default=[], metavar="NAME=VALUE",
+                    help="a model option of both pipelines (e.g. the throughput settings); "
+                         "repeatable")
     ap.add_argument("--new", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=12)
     args = ap.parse_args()
@@ -58,6 +63,7 @@ def main() -> None:
     name, _, literal = (args.set or "").partition("=")
     value = ast.literal_eval(literal) if args.set else None
     options = {k: ast.literal_eval(v) for k, _, v in (o.partition("=") for o in args.option)}
+    both = {k: ast.literal_eval(v) for k, _, v in (o.partition("=") for o in args.both)}
 
     import ray
 
@@ -65,7 +71,7 @@ def main() -> None:
 
     def pipeline(**extra: Any) -> Any:
         return hg.Model(path, executor="ray", stages=2, providers=DEVICES,
-                        intra_op_num_threads=1, **extra)
+                        intra_op_num_threads=1, **{**both, **extra})
 
     a, b = pipeline(), pipeline(**options)
     try:
@@ -85,7 +91,8 @@ def main() -> None:
         faster = sum(y < x for x, y in zip(lat["A"], lat["B"]))
         changed = ", ".join([f"{name}={value!r}"] * bool(args.set)
                             + [f"{k}={v!r}" for k, v in options.items()])
-        print(f"{args.model}, B with {changed}, {args.rounds} alternating rounds:")
+        common = f" (both: {', '.join(f'{k}={v!r}' for k, v in both.items())})" if both else ""
+        print(f"{args.model}, B with {changed}{common}, {args.rounds} alternating rounds:")
         print(f"  4 groups in flight: A {statistics.median(tps['A']):.0f} tok/s, B "
               f"{statistics.median(tps['B']):.0f}; B/A {_paired(tps):.3f} "
               f"(B ahead in {won} rounds)")
