@@ -124,10 +124,7 @@ def _int(v: Any, what: str) -> int:
 def _pair(v: Any, what: str) -> tuple[int, int]:
     if type(v) is not list or len(v) != 2:
         raise WireFormatError(f"step frame {what} must be a pair of ints")
-    a, b = v
-    if type(a) is not int or type(b) is not int:
-        raise WireFormatError(f"step frame {what} must be a pair of ints")
-    return a, b
+    return _int(v[0], what), _int(v[1], what)
 
 
 def decode_step(body: bytes) -> tuple[str, int, Job, list[dict[str, Any]]]:
