@@ -249,9 +249,9 @@ class StageGroup:
 
     def take(self, chosen: np.ndarray, eos: np.ndarray) -> int:
         """Write the chosen ids at the next position; returns that position."""
-        stopped = bool(self.end.max() >= 0)  # a row ended before: it takes padding
-        running = self.end < 0 if stopped else None
-        if stopped:
+        # the rows still running, when one has ended (it takes padding); else None
+        running = self.end < 0 if self.end.max() >= 0 else None
+        if running is not None:
             chosen[~running] = self.spec.pad
         at = self.length
         self.ids[:, at] = chosen
@@ -260,7 +260,7 @@ class StageGroup:
         self.draws += 1
         if eos.size:
             ended = chosen == eos[0] if eos.size == 1 else (chosen[:, None] == eos).any(axis=1)
-            if stopped:
+            if running is not None:
                 ended &= running
             self.end[ended] = at + 1
         return at
