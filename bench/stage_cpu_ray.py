@@ -1,4 +1,4 @@
-"""Where a stage actor's CPU goes inside the running ring: 4 groups in flight on two
+"""Where a stage actor's CPU goes inside the running ring: 4 groups in flight (``--groups``) on two
 single-threaded stages with the throughput settings, and per decode step of each stage
 the CPU of the thread that runs its steps (from /proc), split into the runner's, the
 rest of the step's (`GenerationStage._step`: bookkeeping, sampling, the sends) and what
@@ -7,7 +7,17 @@ the thread spends outside steps (the event loop, the frame's read and decode).
 The timers go in through Ray's ``__ray_call__`` (nothing in the library is changed);
 each costs a few syscalls a step, so the figures run slightly high.
 
-    python bench/stage_cpu_ray.py [--model gpt2_optimum] [--new 200] [--rounds 4]
+Each round then runs the in-process single-threaded generator over the same prompts
+(one after another) and prints its CPU a token beside the sum of the stages' runners.
+With ``--groups 1`` each stage waits for the other between its steps (a whole step's
+time), and on a VM whose idle vCPU halts the next step starts cold: 2026-12-06, on a
+2-core Intel VM, Llama's two runners took 3.4-4.6 ms a token with 1 group against
+3.1-3.9 with 4 in the same minutes (4 of 5 pairs), and the in-process loop made to
+sleep 2 ms between its tokens spent 1.22-1.31x the CPU a token of the same loop without
+(three runs, `idle_cost.py`; spinning those 2 ms instead 1.02-1.16x; 0.5 ms pauses
+0.94-1.13x either way).
+
+    python bench/stage_cpu_ray.py [--model gpt2_optimum] [--new 200] [--rounds 4] [--groups 1]
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -77,15 +88,19 @@ def main() -> None:
     ap.add_argument("--model", default="llama_optimum")
     ap.add_argument("--new", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--groups", type=int, default=4, help="groups in flight")
     args = ap.parse_args()
     model = hg.Model(os.path.join(MODELS, f"{args.model}.onnx"), executor="ray", stages=2,
                      providers=DEVICES, intra_op_num_threads=1, stage_cores="auto",
                      yield_to_stages=True)
+    local = hg.Model(os.path.join(MODELS, f"{args.model}.onnx"), providers=DEVICES[:1],
+                     intra_op_num_threads=1)
     try:
         actors = model.remote.actors
-        prompts = [prompt_rows(1, 32) + i for i in range(4)]
+        prompts = [prompt_rows(1, 32) + i for i in range(args.groups)]
         ray.get([a.__ray_call__.remote(_install_timers) for a in actors])
         _tokens_per_s(model, prompts, args.new, True, True)  # warm, and each thread known
+        _tokens_per_s(local, prompts, args.new, False, True)
         pids = [i["pid"] for i in ray.get([a.info.remote() for a in actors])]
         print(f"{args.model}: per decode step of each stage, us of the stepping thread's CPU "
               "(runner's wall in brackets)")
@@ -103,7 +118,13 @@ def main() -> None:
                              f"{s['run_cpu'] / n / 1e3:3.0f} ({s['run_wall'] / n / 1e3:3.0f}) "
                              f"+ rest of step {(s['step_cpu'] - s['run_cpu']) / n / 1e3:3.0f} "
                              f"+ outside steps {(a - b - s['step_cpu']) / n / 1e3:3.0f}")
-            print(f"{tps:6.0f} tok/s | " + " | ".join(cells), flush=True)
+            own = time.thread_time()
+            local_tps = _tokens_per_s(local, prompts, args.new, False, True)
+            local_us = (time.thread_time() - own) / (len(prompts) * args.new) * 1e6
+            runners = sum(s["run_cpu"] / max(s["runs"], 1) for s in sums) / 1e3
+            print(f"{tps:6.0f} tok/s | " + " | ".join(cells) + f" | in process {local_tps:4.0f} "
+                  f"tok/s, {local_us:4.0f} us a token: the runners {runners / local_us:.2f}x "
+                  "that", flush=True)
     finally:
         model.close()
         if ray.is_initialized():
