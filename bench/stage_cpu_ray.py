@@ -17,7 +17,17 @@ sleep 2 ms between its tokens spent 1.22-1.31x the CPU a token of the same loop 
 (three runs, `idle_cost.py`; spinning those 2 ms instead 1.02-1.16x; 0.5 ms pauses
 0.94-1.13x either way).
 
+``--rerun`` runs each runner call again at once on the same feeds and prints the step's
+runner against that warm repeat: on the same host on 2026-12-07, with 1 group 1.13-1.20x
+(stage 0 and 1, three rounds), with 4 groups 0.99-1.09x. A thread in each stage that spun
+under SCHED_IDLE between steps (so that no vCPU halted; an ad-hoc C loop, not kept) left
+the 1-group figure as it was (1.08-1.30x with it and without, pinned or not): in the
+ring, what a stage finds cold after the other stage's step is its caches, which the
+other processes used meanwhile, more than a halted vCPU (which alone, in process, costs
+as much: `idle_cost.py`).
+
     python bench/stage_cpu_ray.py [--model gpt2_optimum] [--new 200] [--rounds 4] [--groups 1]
+                                  [--rerun]
 """
 
 from __future__ import annotations
@@ -37,11 +47,13 @@ from bench_generate_ray import DEVICES, _tokens_per_s  # noqa: E402
 
 import hetero_exec.genai as hg  # noqa: E402
 
-_KEYS = ("run_cpu", "run_wall", "runs", "step_cpu")
+_KEYS = ("run_cpu", "run_wall", "runs", "step_cpu", "rerun_cpu")
 
 
-def _install_timers(stage: Any) -> None:
-    """In the stage actor: time each runner call and each step (thread CPU, wall)."""
+def _install_timers(stage: Any, rerun: bool = False) -> None:
+    """In the stage actor: time each runner call and each step (thread CPU, wall); with
+    ``rerun``, run each call again at once on the same feeds (its caches warm) and time
+    that apart (the repeat writes the same cache entries again: the tokens stay)."""
     import threading
     import time
 
@@ -55,6 +67,10 @@ def _install_timers(stage: Any) -> None:
         acc["run_cpu"] += time.thread_time_ns() - c
         acc["run_wall"] += time.perf_counter_ns() - w
         acc["runs"] += 1
+        if rerun:
+            c = time.thread_time_ns()
+            run(feeds)
+            acc["rerun_cpu"] += time.thread_time_ns() - c
         return out
 
     def timed_step(*args: Any) -> None:
@@ -89,6 +105,9 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--groups", type=int, default=4, help="groups in flight")
+    ap.add_argument("--rerun", action="store_true",
+                    help="run each runner call again at once on the same feeds (warm), and "
+                         "print the step's runner against that")
     args = ap.parse_args()
     model = hg.Model(os.path.join(MODELS, f"{args.model}.onnx"), executor="ray", stages=2,
                      providers=DEVICES, intra_op_num_threads=1, stage_cores="auto",
@@ -98,7 +117,7 @@ def main() -> None:
     try:
         actors = model.remote.actors
         prompts = [prompt_rows(1, 32) + i for i in range(args.groups)]
-        ray.get([a.__ray_call__.remote(_install_timers) for a in actors])
+        ray.get([a.__ray_call__.remote(_install_timers, args.rerun) for a in actors])
         _tokens_per_s(model, prompts, args.new, True, True)  # warm, and each thread known
         _tokens_per_s(local, prompts, args.new, False, True)
         pids = [i["pid"] for i in ray.get([a.info.remote() for a in actors])]
@@ -114,9 +133,12 @@ def main() -> None:
             cells = []
             for k, (s, b, a) in enumerate(zip(sums, before, after)):
                 n = max(s["runs"], 1)
-                cells.append(f"stage#{k} {(a - b) / n / 1e3:4.0f} = runner "
-                             f"{s['run_cpu'] / n / 1e3:3.0f} ({s['run_wall'] / n / 1e3:3.0f}) "
-                             f"+ rest of step {(s['step_cpu'] - s['run_cpu']) / n / 1e3:3.0f} "
+                rest = s["step_cpu"] - s["run_cpu"] - s["rerun_cpu"]
+                again = (f" [again at once {s['rerun_cpu'] / n / 1e3:3.0f}: the step's "
+                         f"{s['run_cpu'] / max(s['rerun_cpu'], 1):.2f}x]" if args.rerun else "")
+                cells.append(f"stage#{k} {(a - b - s['rerun_cpu']) / n / 1e3:4.0f} = runner "
+                             f"{s['run_cpu'] / n / 1e3:3.0f} ({s['run_wall'] / n / 1e3:3.0f})"
+                             f"{again} + rest of step {rest / n / 1e3:3.0f} "
                              f"+ outside steps {(a - b - s['step_cpu']) / n / 1e3:3.0f}")
             own = time.thread_time()
             local_tps = _tokens_per_s(local, prompts, args.new, False, True)
