@@ -10,7 +10,7 @@ each costs a few syscalls a step, so the figures run slightly high.
 Each round then runs the in-process single-threaded generator over the same prompts
 (one after another) and prints its CPU a token beside the sum of the stages' runners.
 With ``--groups 1`` each stage waits for the other between its steps (a whole step's
-time), and on a VM whose idle vCPU halts the next step starts cold: 2026-12-06, on a
+time), and its next step starts cold (why: ``--rerun`` below): 2026-12-06, on a
 2-core Intel VM, Llama's two runners took 3.4-4.6 ms a token with 1 group against
 3.1-3.9 with 4 in the same minutes (4 of 5 pairs), and the in-process loop made to
 sleep 2 ms between its tokens spent 1.22-1.31x the CPU a token of the same loop without
