@@ -2,7 +2,8 @@
 driver's side of generation on ``executor="ray"``.
 
 Built by ``hetero_exec.genai.Model(path, executor="ray", stages=K, providers=[...])``:
-the rewritten decoder is cut into K stage models (`split.py`), each stage gets one
+the rewritten decoder is cut into K stage models (`split.py`: layers shared out evenly,
+or ``stage_layers=[3, 1]`` names each stage's count), each stage gets one
 device of ``providers`` (in order; cpu entries join every stage as its fallback), and
 its actor compiles the stage as an in-process session. Actors sit in a placement
 group of their own (``placement_strategy``), restart on death (``max_restarts``), and
@@ -86,7 +87,16 @@ class RayDecoder:
                  options: dict[str, Any]):
         options = dict(options)
         options.pop("executor", None)
-        stages = options.pop("stages", 2)
+        # how many layers each stage runs (split.layer_counts; default even)
+        stage_layers = options.pop("stage_layers", None)
+        if stage_layers is not None:
+            if isinstance(stage_layers, (str, bytes)) or not hasattr(stage_layers, "__len__"):
+                raise GenaiError(f"stage_layers must be a list of layer counts, one a stage, "
+                                 f"got {stage_layers!r}")
+            stage_layers = list(stage_layers)
+        stages = options.pop("stages", None)
+        if stages is None:
+            stages = len(stage_layers) if stage_layers is not None else 2
         if isinstance(stages, bool) or not isinstance(stages, int):
             raise GenaiError(f"stages must be an int for generation on Ray, got {stages!r}")
         self.link = options.pop("stage_link", "socket")
@@ -106,7 +116,7 @@ class RayDecoder:
         self.ring_id = uuid.uuid4().hex[:12]
         self.opts = RayOptions.parse({k: options.pop(k) for k in list(options) if k in _RAY_KEYS})
         self.layout = layout
-        self.parts = split_decoder(rewritten, layout, stages)
+        self.parts = split_decoder(rewritten, layout, stages, stage_layers)
         self.providers = stage_providers(providers, stages)
         self.devices = [str(parse_provider(p[0]).name) for p in self.providers]
         ensure_ray(self.opts, logical_gpus=True)

@@ -59,12 +59,50 @@ class StagePart:
     optional: tuple[str, ...] = ()
 
 
-def split_decoder(model: onnx.ModelProto, layout: CacheLayout, stages: int) -> list[StagePart]:
-    """``model`` (rewritten) as ``stages`` stage models, layers shared out evenly."""
+def layer_counts(layers: int, stages: int, given: Sequence[int] | None = None) -> list[int]:
+    """How many of a decoder's ``layers`` each of ``stages`` stages runs: ``given`` (one
+    count a stage, each at least 1, adding up to ``layers``: an uneven split, as
+    vLLM's ``VLLM_PP_LAYER_PARTITION``, for devices of unequal speed or memory), else
+    even, with the layers left over going to the stages before the last, from the
+    second-to-last back, as vLLM shares them (the last stage also runs the LM head and
+    samples, while the first adds only the embedding lookup).
+
+    >>> layer_counts(4, 2), layer_counts(5, 2), layer_counts(4, 3), layer_counts(7, 4)
+    ([2, 2], [3, 2], [1, 2, 1], [2, 2, 2, 1])
+    >>> layer_counts(4, 2, [3, 1])
+    [3, 1]
+    >>> layer_counts(4, 2, [2, 1])
+    Traceback (most recent call last):
+    ...
+    hetero_exec.genai.errors.GenaiError: stage_layers=[2, 1] adds up to 3 layers; the decoder has 4
+    """
+    if given is not None and len(given) != stages:
+        raise GenaiError(f"stage_layers={list(given)} names {len(given)} stage(s), for "
+                         f"stages={stages}")
+    if not 1 <= stages <= layers:
+        raise GenaiError(f"stages={stages}: the decoder has {layers} layers, so 1 to "
+                         f"{layers} stages")
+    if given is None:
+        counts = [layers // stages] * stages
+        for k in range(2, layers % stages + 2):
+            counts[-k] += 1
+        return counts
+    counts = list(given)
+    if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts):
+        raise GenaiError(f"stage_layers={counts}: each stage runs a whole number of layers, "
+                         "at least 1")
+    if sum(counts) != layers:
+        raise GenaiError(f"stage_layers={counts} adds up to {sum(counts)} layers; the decoder "
+                         f"has {layers}")
+    return counts
+
+
+def split_decoder(model: onnx.ModelProto, layout: CacheLayout, stages: int,
+                  stage_layers: Sequence[int] | None = None) -> list[StagePart]:
+    """``model`` (rewritten) as ``stages`` stage models, each running the number of
+    layers `layer_counts` gives it (``stage_layers``, or even)."""
     layers = sorted({e.layer for e in layout.entries})
-    if not 1 <= stages <= len(layers):
-        raise GenaiError(f"stages={stages}: the decoder has {len(layers)} layers, so 1 to "
-                         f"{len(layers)} stages")
+    counts = layer_counts(len(layers), stages, stage_layers)
     _, graph = load(model)
     position = {n.name: i for i, n in enumerate(graph.nodes)}
     at = {}
@@ -78,7 +116,7 @@ def split_decoder(model: onnx.ModelProto, layout: CacheLayout, stages: int) -> l
     cache_nodes = {e.node for e in layout.entries}
     tainted = _downstream(graph, {o for n in graph.nodes if n.name in cache_nodes
                                   for o in n.outputs if o})
-    share = [len(layers) * (k + 1) // stages for k in range(stages)]
+    share = [sum(counts[:k + 1]) for k in range(stages)]  # the layers before each cut
     bounds = [0]
     for k in range(stages - 1):
         before, after = layers[share[k] - 1], layers[share[k]]
