@@ -52,7 +52,18 @@ def _session_options(args: argparse.Namespace) -> dict[str, Any]:
         opts["executor"] = args.executor
     if getattr(args, "stages", None) is not None:
         opts["stages"] = args.stages
+    if getattr(args, "stage_layers", None):
+        opts["stage_layers"] = args.stage_layers
     return opts
+
+
+def _layer_counts(text: str) -> list[int]:
+    """``--stage-layers 3,1``: each stage's layer count."""
+    try:
+        return [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects layer counts such as 3,1, got {text!r}") \
+            from None
 
 
 def random_feed(sess, dims: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
@@ -232,6 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="pipeline stages (with --executor ray; a decoder generating or "
                             "served: its layers split over that many stage actors)")
 
+    def stage_layers_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--stage-layers", type=_layer_counts,
+                       help="a decoder on stage actors: each stage's layer count, such as 3,1 "
+                            "(default: even, the last stage taking no more than the others)")
+
     r = sub.add_parser("run", help="run a model")
     r.add_argument("model")
     r.add_argument("--input", action="append", help="NAME=FILE.npy (repeatable)")
@@ -264,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=-1)
     placement_args(g)
+    stage_layers_arg(g)
     g.set_defaults(fn=cmd_generate)
 
     s = sub.add_parser("serve", help="serve a model over the Open Inference Protocol (Ray Serve); "
@@ -281,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a decoder on stage actors (--executor ray --stages N): rows a running "
                         "group shares by continuous batching (0: a generator a request)")
     placement_args(s)
+    stage_layers_arg(s)
     s.set_defaults(fn=cmd_serve)
 
     i = sub.add_parser("info", help="what a run will use: the C kernels' variant, the BLAS, "

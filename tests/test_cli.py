@@ -120,3 +120,21 @@ def test_missing_model_is_exit_2(tmp_path, capsys):
     rc = main(["run", str(tmp_path / "absent.onnx"), "--random-inputs"])
     err = capsys.readouterr().err
     assert rc == 2 and "ModelLoadError" in err and "absent.onnx" in err
+
+
+def test_stage_layers_reach_the_model_as_counts():
+    from hetero_exec.cli import _session_options, build_parser
+
+    args = build_parser().parse_args(["generate", "m.onnx", "--prompt-ids", "1 2", "--executor",
+                                      "ray", "--stage-layers", "3,1"])
+    assert _session_options(args) == {"executor": "ray", "stage_layers": [3, 1]}
+    args = build_parser().parse_args(["serve", "m.onnx", "--executor", "ray", "--stages", "3",
+                                      "--stage-layers", "1 2 1"])
+    assert _session_options(args) == {"executor": "ray", "stages": 3, "stage_layers": [1, 2, 1]}
+
+
+def test_stage_layers_that_are_not_counts_are_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "m.onnx", "--prompt-ids", "1", "--stage-layers", "3,x"])
+    assert e.value.code == 2
+    assert "--stage-layers: expects layer counts such as 3,1, got '3,x'" in capsys.readouterr().err

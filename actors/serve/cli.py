@@ -33,12 +33,20 @@ from actors.serve.replicas import plan_devices
 log = logging.getLogger(__name__)
 
 
+def _layer_counts(text: str) -> list[int]:
+    try:
+        return [int(x) for x in str(text).replace(",", " ").split()]
+    except ValueError:
+        raise ValueError(f"stage_layers expects layer counts such as 3,1, got {text!r}") from None
+
+
 #: ``serve run actors.serve:app key=value ...``: how each argument is read
 _TRUE = ("1", "true", "on", "yes")
 _ARG_TYPES = {"access_log": lambda t: str(t).strip().lower() in _TRUE, "num_replicas": int,
               "num_cpus": float, "stages": lambda t: int(t) if str(t).isdigit() else t,
               "max_batch_size": int, "batch_wait_timeout_s": float, "max_request_bytes": int,
-              "max_ongoing_requests": int, "max_concurrent_runs": int}
+              "max_ongoing_requests": int, "max_concurrent_runs": int,
+              "stage_layers": _layer_counts}
 
 
 def app_arguments(args: Mapping[str, str]) -> dict[str, Any]:
@@ -49,6 +57,8 @@ def app_arguments(args: Mapping[str, str]) -> dict[str, Any]:
     >>> app_arguments({"model": "m.onnx", "providers": "sim-gpu, cpu", "hetero": "true",
     ...                "dim.batch": "8", "max_batch_size": "16"})
     {'model': 'm.onnx', 'providers': ['sim-gpu', 'cpu'], 'hetero': True, 'dim_bounds': {'batch': 8}, 'max_batch_size': 16}
+    >>> app_arguments({"executor": "ray", "stage_layers": "3,1"})["stage_layers"]
+    [3, 1]
     """
     kwargs: dict[str, Any] = {}
     for key, text in args.items():
