@@ -652,6 +652,23 @@ def test_more_stages_than_layers_is_refused_before_any_actor_starts(ray_session)
         og.Model(model_path("llama", "optimum"), executor="ray", stages=3, providers=DEVICES)
 
 
+@pytest.mark.parametrize("option,error", [
+    ({"stage_layers": [1, 2]}, r"stage_layers=\[1, 2\] adds up to 3 layers; the decoder has 2"),
+    ({"stage_layers": [2, 0]}, r"stage_layers=\[2, 0\]: each stage runs a whole number of "
+                               "layers, at least 1"),
+    ({"stage_layers": [1.0, 1]}, "each stage runs a whole number of layers"),
+    ({"stage_layers": [1, 1], "stages": 3}, r"stage_layers=\[1, 1\] names 2 stage\(s\), for "
+                                            "stages=3"),
+    ({"stage_layers": "1,1"}, "stage_layers must be a list of layer counts"),
+    ({"stage_layers": [1, 1, 1]}, "stages=3: the decoder has 2 layers"),
+])
+def test_bad_stage_layers_are_refused_before_any_actor_starts(ray_session, option, error):
+    before = _generation_actors()
+    with pytest.raises(og.GenaiError, match=error):
+        og.Model(model_path("llama", "optimum"), executor="ray", providers=DEVICES, **option)
+    assert _generation_actors() == before
+
+
 def test_a_stage_that_fails_to_build_names_itself_and_leaves_no_actor(ray_session):
     before = _generation_actors()
     with pytest.raises(og.GenaiError, match=r"stage#\d \(sim-gpu:\d\) failed to build"):
@@ -678,19 +695,23 @@ def test_cli_generates_on_two_stages():
     assert "8 tokens in" in out.stderr and "2 stage actors on sim-gpu:0, sim-gpu:1" in out.stderr
 
 
-def test_a_deeper_decoder_over_three_and_four_stages(ray_session):
+def test_a_deeper_decoder_over_three_and_four_stages_and_split_unevenly(ray_session):
     # Llama's rotary tables are made before layer 0 and read by every layer: stage 1
-    # passes them on to stage 2 and 3 unchanged, beside the residual stream it makes
+    # passes them on to stage 2 and 3 unchanged, beside the residual stream it makes.
+    # Three stages share 4 layers as vLLM does (the extra one not on the last stage);
+    # stage_layers names an uneven split (3 layers on stage 0, 1 on stage 1)
     from actors.generation.batcher import ContinuousBatcher, wait_all
 
     path = model_path("llama4", "optimum")
     rows = prompts(2, seed=41)
     want = ort_greedy(path, rows, NEW)
-    for stages in (3, 4):
-        model = og.Model(path, executor="ray", stages=stages, providers=DEVICES)
+    for stages, layers, split in ((3, None, [[0], [1, 2], [3]]), (4, None, [[0], [1], [2], [3]]),
+                                  (None, [3, 1], [[0, 1, 2], [3]])):
+        model = og.Model(path, executor="ray", providers=DEVICES,
+                         **({"stages": stages} if stages else {"stage_layers": layers}))
         try:
             info = [ray.get(a.info.remote()) for a in model.remote.actors]
-            assert [len(i["layers"]) for i in info] == ([1, 1, 2] if stages == 3 else [1] * 4)
+            assert [i["layers"] for i in info] == split
             assert _generate(model, rows) == want
             if stages == 3:  # rows joining a running group: their prefill passes them on too
                 reqs = [(r, n) for r, n in zip(prompts(4, seed=42), (3, 12, 6, 4))]
