@@ -1,15 +1,20 @@
 """The stage ring without Ray: the two `GenerationStage`s of a decoder in two plain
 processes joined by the stage link's Unix sockets (`actors/generation/channel.py`),
-4 groups in flight, against one in-process single-threaded generator running the same
-sequences one after another. Separates what Ray's actor processes cost the ring (their
-threads, their timer, the driver's calls) from what the split and the sockets cost.
+4 groups in flight (``--groups``), against one in-process single-threaded generator
+running the same sequences one after another. Separates what Ray's actor processes
+cost the ring (their threads, their timer, the driver's calls) from what the split and
+the sockets cost. The stages here do not spin between steps (`actors/generation/spin.py`
+is set up by an actor's `load`).
 
-    python bench/ring_without_ray.py [llama_optimum|gpt2_optimum] [--new 200] [--in-ray]
+    python bench/ring_without_ray.py [llama_optimum|gpt2_optimum] [--new 200] [--groups 4]
+                                     [--in-ray]
 
 The stages are built as the stage actors build them (`split_decoder`, `_compile`) on
 sim-gpu:0 and sim-gpu:1, one intra-op thread each; stage 0 starts the 4 prefills, the
 last stage's sampled ids go straight back to stage 0 over its socket, and the clock
-stops when the last group reaches its length (no driver reads the tokens).
+stops when the last group reaches its length (no driver reads the tokens). Each pair of
+processes runs a round first untimed (its plans bind to the step's shapes then, as an
+actor's do once), then the timed one.
 
 ``--in-ray`` runs the same self-driving ring in two Ray async actors too, each round
 (on the actor's event-loop thread, as `GenerationStage` runs its steps, with Ray's
@@ -56,8 +61,8 @@ def _build(k: int, name: str) -> Any:
 
 
 async def _ring_round(stage: Any, new: int, ring: str, ready: Any = None,
-                      go: Any = None) -> float | None:
-    """One round of the ring at ``ring``'s sockets: 4 groups of ``new`` tokens each;
+                      go: Any = None, groups: int = GROUPS) -> float | None:
+    """One round of the ring at ``ring``'s sockets: ``groups`` groups of ``new`` tokens each;
     the last stage returns the tokens/s (stage 0: None). ``ready`` / ``go``: barriers
     with the other stage (else: connect until it listens, start after a pause)."""
     import numpy as np
@@ -80,7 +85,7 @@ async def _ring_round(stage: Any, new: int, ring: str, ready: Any = None,
     while not await stage.link.connect("node", "node", f"\0{ring}/{(k + 1) % 2}"):
         await asyncio.sleep(0.01)
     cap = PROMPT + new
-    for i in range(GROUPS):
+    for i in range(groups):
         stage.groups.pop(f"g{i}", None)
         stage.open(f"g{i}", GroupSpec(1, cap, 0, np.zeros(1, np.int64),
                                       {"max_length": cap, "batch_size": 1}), 1)
@@ -90,55 +95,68 @@ async def _ring_round(stage: Any, new: int, ring: str, ready: Any = None,
         await asyncio.sleep(0.3)  # the other stage open too
     t0 = time.perf_counter()
     if k == 0:
-        for i in range(GROUPS):
+        for i in range(groups):
             stage.step(f"g{i}", 1, Job(0, prompt_rows(1, PROMPT) + i, [(0, PROMPT)],
                                        rewind=(0, 0), end=np.full(1, -1), draws=0,
                                        start=np.zeros(1, np.int64)), [{}])
     flag = f"/dev/shm/{ring}"
-    while (len(ended) < GROUPS) if k == 1 else not os.path.exists(flag):
+    while (len(ended) < groups) if k == 1 else not os.path.exists(flag):
         await asyncio.sleep(0.005)
     if k == 0:
         os.remove(flag)
         return None
     open(flag, "w").close()  # stage 0 may stop
-    return GROUPS * new / (ended[-1] - t0)
+    return groups * new / (ended[-1] - t0)
 
 
-def _stage(k: int, name: str, new: int, ring: str, ready: Any, go: Any, out: Any) -> None:
+def _stage(k: int, name: str, new: int, ring: str, ready: Any, go: Any, out: Any,
+           groups: int) -> None:
     import uvloop
 
     stage = _build(k, name)
-    tps = uvloop.run(_ring_round(stage, new, ring, ready, go))
-    if tps is not None:
-        out.put(tps)
+
+    async def rounds() -> None:
+        for tag in ("warm", "timed"):  # the first binds the plans to these shapes
+            tps = await _ring_round(stage, new, f"{ring}_{tag}", ready, go, groups)
+            if tps is not None:
+                out.put(tps)
+
+    uvloop.run(rounds())
 
 
-def ring_tokens_per_s(name: str, new: int) -> float:
+def ring_tokens_per_s(name: str, new: int, groups: int = GROUPS) -> float:
     ctx = mp.get_context("spawn")
     ready, go, out = ctx.Barrier(3), ctx.Barrier(3), ctx.Queue()
     ring = f"hetero_exec_ring_bench_{os.getpid()}_{time.monotonic_ns()}"
-    procs = [ctx.Process(target=_stage, args=(k, name, new, ring, ready, go, out))
+    procs = [ctx.Process(target=_stage, args=(k, name, new, ring, ready, go, out, groups))
              for k in range(2)]
     for p in procs:
         p.start()
-    ready.wait()
-    time.sleep(0.2)  # both connected
-    go.wait()
     import queue
+    import threading
 
     deadline = time.monotonic() + 300
-    while True:
-        try:
-            tps = out.get(timeout=1)
-            break
-        except queue.Empty:
-            if time.monotonic() > deadline or not all(p.is_alive() for p in procs):
-                for p in procs:
-                    p.kill()
-                raise RuntimeError("a stage process failed or the ring stalled") from None
+    got: list[float] = []
+    try:
+        for _ in ("warm", "timed"):  # the stages' processes stay, as actors do
+            ready.wait(timeout=300)
+            time.sleep(0.2)  # both connected
+            go.wait(timeout=300)
+            while True:
+                try:
+                    got.append(out.get(timeout=1))
+                    break
+                except queue.Empty:
+                    if time.monotonic() > deadline or not all(p.is_alive() for p in procs):
+                        raise RuntimeError("a stage process failed or the ring stalled") \
+                            from None
+    except (RuntimeError, threading.BrokenBarrierError):
+        for p in procs:
+            p.kill()
+        raise
     for p in procs:
         p.join(60)
-    return tps
+    return got[-1]
 
 
 class RingHost:
@@ -147,11 +165,11 @@ class RingHost:
     def __init__(self, k: int, name: str):
         self.stage = _build(k, name)
 
-    async def run(self, new: int, ring: str) -> float | None:
-        return await _ring_round(self.stage, new, ring)
+    async def run(self, new: int, ring: str, groups: int = GROUPS) -> float | None:
+        return await _ring_round(self.stage, new, ring, groups=groups)
 
 
-def alone_tokens_per_s(name: str, new: int) -> float:
+def alone_tokens_per_s(name: str, new: int, groups: int = GROUPS) -> float:
     from bench_generate import MODELS, prompt_rows
     from bench_generate_ray import _tokens_per_s
 
@@ -159,7 +177,7 @@ def alone_tokens_per_s(name: str, new: int) -> float:
 
     model = hg.Model(os.path.join(MODELS, f"{name}.onnx"), providers=["sim-gpu:0"],
                      intra_op_num_threads=1)
-    prompts = [prompt_rows(1, PROMPT) + i for i in range(GROUPS)]
+    prompts = [prompt_rows(1, PROMPT) + i for i in range(groups)]
     _tokens_per_s(model, prompts, new, False, True)  # plans bound for these shapes
     return _tokens_per_s(model, prompts, new, False, True)
 
@@ -170,6 +188,8 @@ def main() -> None:
     ap.add_argument("model", nargs="?", default="llama_optimum")
     ap.add_argument("--new", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--groups", type=int, default=GROUPS,
+                    help="groups in flight (1: batch 1's latency, a stage waiting on the other)")
     ap.add_argument("--in-ray", action="store_true",
                     help="also the same ring in two Ray actors, each round")
     args = ap.parse_args()
@@ -185,18 +205,23 @@ def main() -> None:
     ring, alone, in_ray = [], [], []
     try:
         for r in range(args.rounds):  # interleaved
-            ring.append(ring_tokens_per_s(args.model, args.new))
-            alone.append(alone_tokens_per_s(args.model, args.new))
+            ring.append(ring_tokens_per_s(args.model, args.new, args.groups))
+            alone.append(alone_tokens_per_s(args.model, args.new, args.groups))
             if hosts:
                 name = f"hetero_exec_ring_bench_ray_{os.getpid()}_{r}"
-                in_ray.append(ray.get([h.run.remote(args.new, name) for h in hosts])[1])
+                runs = [h.run.remote(args.new, name, args.groups) for h in hosts]
+                in_ray.append(ray.get(runs)[1])
     finally:
         if hosts:
             ray.shutdown()
     r, a = statistics.median(ring), statistics.median(alone)
-    print(f"{args.model}: 4 groups on two stage processes joined by sockets, no Ray: "
+    print(f"{args.model}: {args.groups} group(s) on two stage processes joined by sockets, "
+          f"no Ray: "
           f"{r:.1f} tok/s; one in-process thread one after another: {a:.1f} tok/s: "
           f"{r / a:.2f}x (medians of {args.rounds})")
+    by_round = sorted(y / x for x, y in zip(ring, alone))
+    print(f"{args.model}: time a token, the ring against in process, by round: "
+          f"{statistics.median(by_round):.2f}x ({by_round[0]:.2f}-{by_round[-1]:.2f})")
     if in_ray:
         by_round = sorted(x / y for x, y in zip(in_ray, ring))
         print(f"{args.model}: the same ring in two Ray actors: {statistics.median(in_ray):.1f} "
