@@ -20,6 +20,7 @@ MODULES = [
     "actors.coordinator",
     "actors.data",
     "actors.dispatch",
+    "actors.generation.spin",
     "actors.generation.split",
     "actors.oip",
     "actors.options",

@@ -24,7 +24,9 @@ stage's process to its own cores (`cores.py`); by default the OS places them. Wi
 its node (`inbox.yield_thread`): tokens/s over each token's hand-over time.
 A stage's runs split their work over its share of its node's cores (the stages there
 divide them; pinned, its own), unless ``intra_op_num_threads`` names a count
-(`GenerationStage.share`).
+(`GenerationStage.share`). A stage running one group alone polls for its next step up
+to ``stage_spin_ms`` after each step before it sleeps (`spin.py`; by default 5 ms where
+its node has a core beyond its stages, else off).
 
 Admission: the stages are this decoder's alone, so the driver keeps their books
 (`admit`, from each stage's budget, weights and cache bytes per position, read once
@@ -48,6 +50,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from actors.connect import close_at_exit, ensure_ray, ray_usable
 from actors.generation.channel import LINKS, DriverLink
 from actors.generation.cores import AUTO, check_option
+from actors.generation.spin import spin_cap_ms
 from actors.generation.split import split_decoder
 from actors.generation.stage import remote_class
 from actors.options import RayOptions
@@ -113,6 +116,13 @@ class RayDecoder:
         if not isinstance(self.yield_to_stages, bool):
             raise GenaiError(f"yield_to_stages must be True or False, got "
                              f"{self.yield_to_stages!r}")
+        # how long a stage's loop may poll for its next step before it sleeps (spin.py;
+        # None: by its node's spare cores)
+        self.spin_ms = options.pop("stage_spin_ms", None)
+        try:
+            spin_cap_ms(self.spin_ms, 1, 1)
+        except ValueError as e:
+            raise GenaiError(str(e)) from None
         self.ring_id = uuid.uuid4().hex[:12]
         self.opts = RayOptions.parse({k: options.pop(k) for k in list(options) if k in _RAY_KEYS})
         self.layout = layout
@@ -216,7 +226,8 @@ class RayDecoder:
         """Each stage's threads a run (`GenerationStage.share`): its share of its node's
         cores among the stages there, unless ``intra_op_num_threads`` names them."""
         sharing = {k: len(ks) for ks in self._by_node().values() for k in ks}
-        self.threads = ray.get([a.share.remote(sharing[k]) for k, a in enumerate(self.actors)])
+        self.threads = ray.get([a.share.remote(sharing[k], self.spin_ms)
+                                for k, a in enumerate(self.actors)])
         log.info("generation stages' threads a run: %s", self.threads)
 
     def send_step(self, gid: str, epoch: int, job: Any) -> None:

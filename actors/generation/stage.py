@@ -18,7 +18,9 @@ loaded host). Its groups' bytes are counted in `stats`.
 
 The actor is an asyncio actor: a step's compute runs on its loop without awaiting (one
 step at a time, in arrival order), and a driver's long poll for tokens waits between
-steps.
+steps. While a stage runs one group alone, its loop keeps polling for the next step a
+little after each one before it sleeps (`spin.SpinWait`, ``stage_spin_ms``), so that
+step does not start on a core that went idle.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from actors.generation.cores import even_runs, pin_process, usable_cores
 from actors.generation.group import GroupSpec, Job, Join, StageGroup
 from actors.generation.inbox import TokenOutlet
 from actors.generation.runner import StageRunner
+from actors.generation.spin import SpinWait, spin_cap_ms
 from actors.generation.split import StagePart, send_again
 from actors.remote_errors import SegmentRunError
 from actors.stage import stage_threads
@@ -82,6 +85,7 @@ class GenerationStage:
         self.remade = 0  # steps that made again values too big to carry (`_with`)
         self.started_cores = usable_cores()  # the node's cores for its workers (before `pin`)
         self.pinned = False  # on cores of its own (`pin`)
+        self.spin = SpinWait(0.0)  # the loop polling for the next step after one (`share`)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -168,12 +172,14 @@ class GenerationStage:
             raise ValueError(f"{self.label} cannot run on cores {list(cores or ())} (this "
                              f"node's workers may use {self.started_cores}): {e}") from None
 
-    def share(self, sharing: int) -> int:
+    def share(self, sharing: int, spin_ms: float | None = None) -> int:
         """How many threads a run of this stage splits its work over, now that the driver
         knows the ``sharing`` stages on this node: the session's ``intra_op_num_threads``
         when given; else this process's cores (pinned: its own) shared among those
         stages, at least one each, as onnxruntime's users size the pools of several
-        sessions on one machine. Returns it. (Every stage splitting over all the node's
+        sessions on one machine. Returns it. Also how long the stage polls for its next
+        step after one (`spin.spin_cap_ms`: ``spin_ms``, or by default where the node
+        has a core beyond its stages). (Every stage splitting over all the node's
         cores oversubscribes them whenever the stages run at once; on a 2-core VM, where
         the tiny decoders split only their vocabulary product, one thread each against
         two: batch-1 time a token 0.975x, 9 of 15 paired rounds, 4 groups 1.01x.)"""
@@ -183,6 +189,7 @@ class GenerationStage:
         self.runner.threads = width
         if self.prelude is not None:
             self.prelude.options.intra_op_num_threads = width
+        self.spin = SpinWait(spin_cap_ms(spin_ms, len(self.started_cores), sharing) / 1e3)
         return width
 
     def ping(self) -> str:
@@ -276,11 +283,13 @@ class GenerationStage:
                 "sent_socket": self.link.sent_socket, "sent_ray": self.link.sent_ray,
                 "pushed": self.pushed, "remade": self.remade, "cores": usable_cores(),
                 "threads": self.runner.threads if self.runner is not None else None,
+                "spin_ms": self.spin.cap_s * 1e3, "spun_s": self.spin.spun_s,
                 "decode_ms": self.decode_s / max(self.decodes, 1) * 1e3}
 
     # -- the ring -----------------------------------------------------------------------
 
     def step(self, gid: str, epoch: int, job: Job, carried: list[dict[str, Any]]) -> None:
+        self.spin.arrived()
         try:
             self._step(gid, epoch, job, carried)
         except Exception as e:  # a kernel's failure: the group's driver raises it, not waits
@@ -290,6 +299,8 @@ class GenerationStage:
                 self.fail(gid, epoch, error)
             elif self.ring:  # (not yet connected: the driver's poll finds no progress)
                 self.ring[-1].fail.remote(gid, epoch, error)
+        finally:
+            self.spin.done(sum(1 for g in self.groups.values() if g.caches) <= 1)
 
     def fail(self, gid: str, epoch: int, error: Any) -> None:
         """The last stage: a step of ``gid``'s ``epoch`` failed on a stage (``error``, a

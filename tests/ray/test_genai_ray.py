@@ -56,7 +56,9 @@ def _local_model(arch: str) -> og.Model:
 
 @pytest.fixture(scope="module")
 def llama(ray_session):
-    model = og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES)
+    # its stages poll for their next step after one (spin.py) whatever the node's cores
+    model = og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES,
+                     stage_spin_ms=5)
     yield model
     model.close()
 
@@ -77,6 +79,10 @@ def test_tokens_equal_the_in_process_generator_on_two_stages(ray_session, arch):
         stats = model.remote.stats()
         assert all(s["sent_socket"] > 0 and s["sent_ray"] == 0 for s in stats)
         assert stats[-1]["pushed"] > 0  # the tokens came over the driver's socket (inbox.py)
+        # a stage polls for its next step after one where its node has a core to spare
+        # beyond its stages (spin.py; the llama fixture turns it on here too)
+        assert all(s["spin_ms"] == (5.0 if len(s["cores"]) > 2 else 0.0) for s in stats)
+        assert all((s["spun_s"] > 0) == (s["spin_ms"] > 0) for s in stats)
         assert want[0] == ort_greedy(model_path(arch, "optimum"), rows, NEW)[0]
         assert eventually(lambda: _cache_free(model))
     finally:
@@ -113,6 +119,7 @@ def test_streaming_rewind_and_append_follow_the_in_process_generator(llama):
     assert _finish(remote, rows) == _finish(local, rows)
     remote.close()
     assert eventually(lambda: _cache_free(llama))
+    assert all(s["spin_ms"] == 5.0 and s["spun_s"] > 0 for s in llama.remote.stats())
 
 
 def _logits_along(model: og.Model, rows, steps: list[int], new: int = 6, **search):
@@ -638,6 +645,8 @@ def _generation_actors() -> int:
     ({"stage_cores": [[0], []]}, r"stage_cores\[1\] must be a non-empty list"),
     ({"stage_cores": [[0], [4096]]}, r"stage#1 cannot run on cores \[4096\]"),
     ({"yield_to_stages": "yes"}, "yield_to_stages must be True or False"),
+    ({"stage_spin_ms": -1}, r"stage_spin_ms must be a number of milliseconds from 0 \(off\)"),
+    ({"stage_spin_ms": "5"}, "stage_spin_ms must be a number"),
 ])
 def test_bad_pinning_options_are_refused_and_leave_no_actor(ray_session, option, error):
     before = _generation_actors()
