@@ -54,6 +54,8 @@ def _session_options(args: argparse.Namespace) -> dict[str, Any]:
         opts["stages"] = args.stages
     if getattr(args, "stage_layers", None):
         opts["stage_layers"] = args.stage_layers
+    if getattr(args, "stage_spin_ms", None) is not None:
+        opts["stage_spin_ms"] = args.stage_spin_ms
     return opts
 
 
@@ -243,10 +245,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="pipeline stages (with --executor ray; a decoder generating or "
                             "served: its layers split over that many stage actors)")
 
-    def stage_layers_arg(p: argparse.ArgumentParser) -> None:
+    def stage_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--stage-layers", type=_layer_counts,
                        help="a decoder on stage actors: each stage's layer count, such as 3,1 "
                             "(default: even, the last stage taking no more than the others)")
+        p.add_argument("--stage-spin-ms", type=float,
+                       help="a decoder on stage actors: how long a stage may poll for its next "
+                            "step before it sleeps (default: 5 where a node has a core "
+                            "beyond its stages, else 0: off)")
 
     r = sub.add_parser("run", help="run a model")
     r.add_argument("model")
@@ -280,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=-1)
     placement_args(g)
-    stage_layers_arg(g)
+    stage_args(g)
     g.set_defaults(fn=cmd_generate)
 
     s = sub.add_parser("serve", help="serve a model over the Open Inference Protocol (Ray Serve); "
@@ -298,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a decoder on stage actors (--executor ray --stages N): rows a running "
                         "group shares by continuous batching (0: a generator a request)")
     placement_args(s)
-    stage_layers_arg(s)
+    stage_args(s)
     s.set_defaults(fn=cmd_serve)
 
     i = sub.add_parser("info", help="what a run will use: the C kernels' variant, the BLAS, "

@@ -122,15 +122,16 @@ def test_missing_model_is_exit_2(tmp_path, capsys):
     assert rc == 2 and "ModelLoadError" in err and "absent.onnx" in err
 
 
-def test_stage_layers_reach_the_model_as_counts():
+def test_stage_options_reach_the_model():
     from hetero_exec.cli import _session_options, build_parser
 
     args = build_parser().parse_args(["generate", "m.onnx", "--prompt-ids", "1 2", "--executor",
                                       "ray", "--stage-layers", "3,1"])
     assert _session_options(args) == {"executor": "ray", "stage_layers": [3, 1]}
     args = build_parser().parse_args(["serve", "m.onnx", "--executor", "ray", "--stages", "3",
-                                      "--stage-layers", "1 2 1"])
-    assert _session_options(args) == {"executor": "ray", "stages": 3, "stage_layers": [1, 2, 1]}
+                                      "--stage-layers", "1 2 1", "--stage-spin-ms", "0"])
+    assert _session_options(args) == {"executor": "ray", "stages": 3, "stage_layers": [1, 2, 1],
+                                      "stage_spin_ms": 0.0}
 
 
 def test_stage_layers_that_are_not_counts_are_a_usage_error(capsys):

@@ -46,7 +46,7 @@ _ARG_TYPES = {"access_log": lambda t: str(t).strip().lower() in _TRUE, "num_repl
               "num_cpus": float, "stages": lambda t: int(t) if str(t).isdigit() else t,
               "max_batch_size": int, "batch_wait_timeout_s": float, "max_request_bytes": int,
               "max_ongoing_requests": int, "max_concurrent_runs": int,
-              "stage_layers": _layer_counts}
+              "stage_layers": _layer_counts, "stage_spin_ms": float}
 
 
 def app_arguments(args: Mapping[str, str]) -> dict[str, Any]:
