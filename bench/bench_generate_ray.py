@@ -52,16 +52,20 @@ def decode_ms(model, rows: np.ndarray, new: int) -> float:
         return (time.perf_counter() - t0) / max(n, 1) * 1e3
 
 
-def cpu_ms_per_token(model, rows: np.ndarray, new: int) -> list[float]:
+def cpu_ms_per_token(model, rows: np.ndarray, new: int,
+                     spun: list[float] | None = None) -> list[float]:
     """CPU ms per decoded token: [the driver, each stage actor] (the stages' from /proc:
     one node; every thread's time on a core, in ns, not /proc/<pid>/stat's 10 ms ticks,
     which over a 64-token generation were +-0.15 ms a token), or [the process] in
-    process."""
+    process. ``spun``: filled with each stage's ms a token of that spent polling for its
+    next step (`actors/generation/spin.py`)."""
     import ray
 
     pids = []
+    spun_before: list[float] = []
     if model.remote is not None:
         pids = [i["pid"] for i in ray.get([a.info.remote() for a in model.remote.actors])]
+        spun_before = [st["spun_s"] for st in model.remote.stats()]
     params = hg.GeneratorParams(model)
     params.set_search_options(batch_size=rows.shape[0], max_length=rows.shape[1] + new)
     with hg.Generator(model, params) as gen:
@@ -73,6 +77,9 @@ def cpu_ms_per_token(model, rows: np.ndarray, new: int) -> list[float]:
             n += 1
         # the ring ran ahead of the driver: the stages' CPU is spent by now
         spent = [time.process_time() - own] + [_sched_s(p)[0] - b for p, b in zip(pids, before)]
+    if spun is not None and spun_before:
+        spun[:] = [(st["spun_s"] - b) / max(n, 1) * 1e3
+                   for st, b in zip(model.remote.stats(), spun_before)]
     return [s / max(n, 1) * 1e3 for s in spent]
 
 
@@ -328,10 +335,12 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
                 f"{st['stage']} {st['decode_ms']:.3f} ms" for st in stats)
                 + " (the rest of a token's time: the ring's two hops)", flush=True)
             rows = prompt_rows(1, 32)
-            ray_cpu = cpu_ms_per_token(remote, rows, max(args.new, 64))
+            spun: list[float] = []
+            ray_cpu = cpu_ms_per_token(remote, rows, max(args.new, 64), spun)
             local_cpu = cpu_ms_per_token(local, rows, max(args.new, 64))
             print(f"{name:14} CPU ms per token: driver {ray_cpu[0]:.3f}, " + ", ".join(
-                f"stage#{k} {c:.3f}" for k, c in enumerate(ray_cpu[1:]))
+                f"stage#{k} {c:.3f} (of it polling for the next step {w:.3f})"
+                for k, (c, w) in enumerate(zip(ray_cpu[1:], spun)))
                 + f" (sum {sum(ray_cpu):.3f}); in process {local_cpu[0]:.3f}", flush=True)
             calls.close()
             # 4 groups in flight on two single-threaded stages vs one thread in process

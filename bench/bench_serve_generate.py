@@ -169,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also serve the model split over this many stage actors on "
                          "sim-gpu:0.. (executor=\"ray\"): 'stages' with continuous batching "
                          "(4 rows a group), 'stages-1by1' with a generator a request")
+    ap.add_argument("--stage-spin-ms", type=float, default=None,
+                    help="the stage actors' stage_spin_ms (default: the generator's, 5; 0: off)")
     ap.add_argument("--sample", action="store_true",
                     help="sampled streams (top_k 20, temperature 0.8, a seed a prompt) "
                          "instead of greedy ones")
@@ -214,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         for label, slots in (("stages", 4), ("stages-1by1", 0)):
             serve.run(build_app(args.model, name=label, num_cpus=0.25, executor="ray",
                                 stages=args.stages, providers=devices, batch_slots=slots,
-                                batch_max_length=4 * (args.prompt + args.new)),
+                                batch_max_length=4 * (args.prompt + args.new),
+                                **({} if args.stage_spin_ms is None
+                                   else {"stage_spin_ms": args.stage_spin_ms})),
                       name=label, route_prefix=f"/{label}")
             apps[label] = f"/{label}/v2/models/{label}/generate_stream"
     try:
