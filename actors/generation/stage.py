@@ -300,7 +300,8 @@ class GenerationStage:
             elif self.ring:  # (not yet connected: the driver's poll finds no progress)
                 self.ring[-1].fail.remote(gid, epoch, error)
         finally:
-            self.spin.done(sum(1 for g in self.groups.values() if g.caches) <= 1)
+            if self.spin.cap_s > 0:
+                self.spin.done(sum(1 for g in self.groups.values() if g.caches) <= 1)
 
     def fail(self, gid: str, epoch: int, error: Any) -> None:
         """The last stage: a step of ``gid``'s ``epoch`` failed on a stage (``error``, a
