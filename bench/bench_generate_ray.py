@@ -6,7 +6,9 @@ Figures per model:
   runs ahead of the driver, so a single ``generate_next_token`` call is no measure;
   (time of the last token - time of the first) / (tokens - 1) is), with the ring's hops
   over the stages' Unix sockets (the default on one node) and as Ray actor calls
-  (``stage_link="ray"``, the path across nodes);
+  (``stage_link="ray"``, the path across nodes), and the socket ring again with its
+  stages polling for their next step (``stage_spin_ms``, off by default where two
+  stages share 2 cores: actors/generation/spin.py);
 * 4 groups in flight (batch 1 each, round robin) on two single-threaded stages:
   tokens/s against an in-process single-threaded generator running the same 4
   sequences one after the other; and the same with default threads on both sides;
@@ -33,6 +35,8 @@ import hetero_exec.genai as hg
 from hetero_exec.genai.layout import discover
 
 DEVICES = ["sim-gpu:0", "sim-gpu:1"]
+#: the batch-1 rows' spinning ring (its default is off where two stages share 2 cores)
+SPIN_MS = 5.0
 #: rounds of the 4-groups figure, each a pair (the ring, then in process): on a shared
 #: 2-core host one round's tokens/s moves +-15% either side, the pair's ratio less
 PAIRED_ROUNDS = 9
@@ -300,22 +304,27 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
     print(f"{'model':14} {'P':>4} {'ray 2 stages':>12} {'ray calls':>9} {'in process':>10} "
           f"{'ort loop':>9} {'ray/in-proc':>11} {'calls/in-proc':>13}   (decode ms per token, "
           f"batch 1, medians of {rounds}; ray/in-proc: the median of the rounds' ratios, "
-          f"their range after it; 'ray calls': stage_link=\"ray\")")
+          f"their range after it; 'ray calls': stage_link=\"ray\"; then the same ring "
+          f"with its stages polling for their next step, stage_spin_ms={SPIN_MS:g})")
     throughput, batching, ceilings = [], [], []
     try:
         for name in names:
             path = os.path.join(models_dir, f"{name}.onnx")
             remote = hg.Model(path, executor="ray", stages=2, providers=DEVICES)
             calls = hg.Model(path, executor="ray", stages=2, providers=DEVICES, stage_link="ray")
+            spin = hg.Model(path, executor="ray", stages=2, providers=DEVICES,
+                            stage_spin_ms=SPIN_MS)
             local = hg.Model(path, providers=["sim-gpu:0"])
             sess, layout = ort_session(path), discover(onnx.load(path))
             per_prompt = {}
             for plen in args.prompt:
                 rows = prompt_rows(1, plen)
-                res: dict[str, list[float]] = {"ray": [], "calls": [], "local": [], "ort": []}
+                res: dict[str, list[float]] = {"ray": [], "calls": [], "local": [], "ort": [],
+                                               "spin": []}
                 for _ in range(rounds):  # the ring and in process back to back each round
                     res["ray"].append(decode_ms(remote, rows, args.new))
                     res["local"].append(decode_ms(local, rows, args.new))
+                    res["spin"].append(decode_ms(spin, rows, args.new))
                     res["calls"].append(decode_ms(calls, rows, args.new))
                     res["ort"].append(time_ort_loop(sess, layout, rows, args.new)[1])
                 med = {k: statistics.median(v) for k, v in res.items()}
@@ -325,6 +334,12 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
                       f"{med['local']:10.3f} {med['ort']:9.3f} {statistics.median(paired):10.2f}x "
                       f"{med['calls'] / med['local']:12.2f}x   ({paired[0]:.2f}-{paired[-1]:.2f})",
                       flush=True)
+                spun = sorted(a / b for a, b in zip(res["spin"], res["local"]))
+                against = sorted(a / b for a, b in zip(res["spin"], res["ray"]))
+                print(f"{name:14} {plen:4d} polling stages {med['spin']:.3f} ms: "
+                      f"{statistics.median(spun):.2f}x in process ({spun[0]:.2f}-{spun[-1]:.2f}),"
+                      f" {statistics.median(against):.2f}x the default ring (faster in "
+                      f"{sum(x < 1 for x in against)} of {rounds} rounds)", flush=True)
             if len(per_prompt) > 1:
                 lo, hi = min(per_prompt), max(per_prompt)
                 print(f"{name:14} growth P{hi}/P{lo}: ray {per_prompt[hi]['ray'] / per_prompt[lo]['ray']:.2f}x, "
@@ -343,6 +358,7 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
                 for k, (c, w) in enumerate(zip(ray_cpu[1:], spun)))
                 + f" (sum {sum(ray_cpu):.3f}); in process {local_cpu[0]:.3f}", flush=True)
             calls.close()
+            spin.close()
             # 4 groups in flight on two single-threaded stages vs one thread in process
             remote1 = hg.Model(path, executor="ray", stages=2, providers=DEVICES,
                                intra_op_num_threads=1)
