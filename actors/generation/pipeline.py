@@ -50,7 +50,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from actors.connect import close_at_exit, ensure_ray, ray_usable
 from actors.generation.channel import LINKS, DriverLink
 from actors.generation.cores import AUTO, check_option
-from actors.generation.spin import spin_cap_ms
+from actors.generation.spin import check_spin_ms
 from actors.generation.split import split_decoder
 from actors.generation.stage import remote_class
 from actors.options import RayOptions
@@ -118,9 +118,8 @@ class RayDecoder:
                              f"{self.yield_to_stages!r}")
         # how long a stage's loop may poll for its next step before it sleeps (spin.py;
         # None: by its node's spare cores)
-        self.spin_ms = options.pop("stage_spin_ms", None)
         try:
-            spin_cap_ms(self.spin_ms, 1, 1)
+            self.spin_ms = check_spin_ms(options.pop("stage_spin_ms", None))
         except ValueError as e:
             raise GenaiError(str(e)) from None
         self.ring_id = uuid.uuid4().hex[:12]
