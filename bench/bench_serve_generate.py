@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                          "sim-gpu:0.. (executor=\"ray\"): 'stages' with continuous batching "
                          "(4 rows a group), 'stages-1by1' with a generator a request")
     ap.add_argument("--stage-spin-ms", type=float, default=None,
-                    help="the stage actors' stage_spin_ms (default: the generator's, 5; 0: off)")
+                    help="the stage actors' stage_spin_ms (default: the generator's, 5 ms "
+                         "where a node has a core beyond its stages, else off; 0: off)")
     ap.add_argument("--sample", action="store_true",
                     help="sampled streams (top_k 20, temperature 0.8, a seed a prompt) "
                          "instead of greedy ones")

@@ -3,8 +3,8 @@ processes joined by the stage link's Unix sockets (`actors/generation/channel.py
 4 groups in flight (``--groups``), against one in-process single-threaded generator
 running the same sequences one after another. Separates what Ray's actor processes
 cost the ring (their threads, their timer, the driver's calls) from what the split and
-the sockets cost. The stages here do not spin between steps (`actors/generation/spin.py`
-is set up by an actor's `load`).
+the sockets cost. The stages here do not poll between steps (`actors/generation/spin.py`
+is set up by an actor's `share`, which this bench does not call).
 
     python bench/ring_without_ray.py [llama_optimum|gpt2_optimum] [--new 200] [--groups 4]
                                      [--in-ray]
@@ -216,8 +216,7 @@ def main() -> None:
             ray.shutdown()
     r, a = statistics.median(ring), statistics.median(alone)
     print(f"{args.model}: {args.groups} group(s) on two stage processes joined by sockets, "
-          f"no Ray: "
-          f"{r:.1f} tok/s; one in-process thread one after another: {a:.1f} tok/s: "
+          f"no Ray: {r:.1f} tok/s; one in-process thread one after another: {a:.1f} tok/s: "
           f"{r / a:.2f}x (medians of {args.rounds})")
     by_round = sorted(y / x for x, y in zip(ring, alone))
     print(f"{args.model}: time a token, the ring against in process, by round: "
