@@ -61,11 +61,12 @@ def _session_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _layer_counts(text: str) -> list[int]:
     """``--stage-layers 3,1``: each stage's layer count."""
+    from actors.generation.split import parse_layer_counts  # the Ray layer's; Ray-free
+
     try:
-        return [int(t) for t in text.replace(",", " ").split()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expects layer counts such as 3,1, got {text!r}") \
-            from None
+        return parse_layer_counts(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def random_feed(sess, dims: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:

@@ -26,6 +26,7 @@ from actors.connect import (
     serve_ingress_env,
     token_auth_told,
 )
+from actors.generation.split import parse_layer_counts
 from actors.serve.application import BUILD_KEYWORDS, build_app
 from actors.serve.generation import decoder_file
 from actors.serve.replicas import plan_devices
@@ -35,9 +36,9 @@ log = logging.getLogger(__name__)
 
 def _layer_counts(text: str) -> list[int]:
     try:
-        return [int(x) for x in str(text).replace(",", " ").split()]
-    except ValueError:
-        raise ValueError(f"stage_layers expects layer counts such as 3,1, got {text!r}") from None
+        return parse_layer_counts(text)
+    except ValueError as e:
+        raise ValueError(f"stage_layers {e}") from None
 
 
 #: ``serve run actors.serve:app key=value ...``: how each argument is read
@@ -59,6 +60,10 @@ def app_arguments(args: Mapping[str, str]) -> dict[str, Any]:
     {'model': 'm.onnx', 'providers': ['sim-gpu', 'cpu'], 'hetero': True, 'dim_bounds': {'batch': 8}, 'max_batch_size': 16}
     >>> app_arguments({"executor": "ray", "stage_layers": "3,1"})["stage_layers"]
     [3, 1]
+    >>> app_arguments({"stage_layers": "3;1"})
+    Traceback (most recent call last):
+    ...
+    ValueError: stage_layers expects layer counts such as 3,1, got '3;1'
     """
     kwargs: dict[str, Any] = {}
     for key, text in args.items():
