@@ -59,25 +59,6 @@ class StagePart:
     optional: tuple[str, ...] = ()
 
 
-def parse_layer_counts(text: str) -> list[int]:
-    """``stage_layers`` written as text, as vLLM's ``VLLM_PP_LAYER_PARTITION`` and our
-    command lines take it (``--stage-layers 3,1``, ``serve run ... stage_layers=3,1``):
-    the counts, commas or spaces between them; `layer_counts` checks them against the
-    decoder.
-
-    >>> parse_layer_counts("3,1"), parse_layer_counts(" 1 2, 1 ")
-    ([3, 1], [1, 2, 1])
-    >>> parse_layer_counts("3,x")
-    Traceback (most recent call last):
-    ...
-    ValueError: expects layer counts such as 3,1, got '3,x'
-    """
-    try:
-        return [int(t) for t in str(text).replace(",", " ").split()]
-    except ValueError:
-        raise ValueError(f"expects layer counts such as 3,1, got {text!r}") from None
-
-
 def layer_counts(layers: int, stages: int, given: Sequence[int] | None = None) -> list[int]:
     """How many of a decoder's ``layers`` each of ``stages`` stages runs: ``given`` (one
     count a stage, each at least 1, adding up to ``layers``: an uneven split, as

@@ -26,10 +26,10 @@ from actors.connect import (
     serve_ingress_env,
     token_auth_told,
 )
-from actors.generation.split import parse_layer_counts
 from actors.serve.application import BUILD_KEYWORDS, build_app
 from actors.serve.generation import decoder_file
 from actors.serve.replicas import plan_devices
+from hetero_exec.cli import parse_layer_counts
 
 log = logging.getLogger(__name__)
 
