@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -76,6 +77,15 @@ def parse_layer_counts(text: str) -> list[int]:
         return [int(t) for t in str(text).replace(",", " ").split()]
     except ValueError:
         raise ValueError(f"expects layer counts such as 3,1, got {text!r}") from None
+
+
+def _token_ids(text: str) -> list[int]:
+    """``--prompt-ids "5 6 7"``: the prompt's token ids."""
+    try:
+        return [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects token ids such as \"5 6 7\", got {text!r}") \
+            from None
 
 
 def _layer_counts(text: str) -> list[int]:
@@ -222,21 +232,53 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     opts = _session_options(args)
     providers = _providers(args.providers)
-    model = og.Model(args.model, **({"providers": providers} if providers else {}), **opts)
-    ids = [int(t) for t in args.prompt_ids.replace(",", " ").split()]
+    config = og.Config(args.model)
+    if args.prompt is not None and not os.path.exists(os.path.join(config.folder,
+                                                                   "tokenizer.json")):
+        # before the model (on executor="ray": before any stage actor starts)
+        raise og.GenaiError(f"--prompt needs a tokenizer.json beside the model ({config.folder} "
+                            "has none): give --prompt-ids instead")
+    model = og.Model(config, **({"providers": providers} if providers else {}), **opts)
     search = {"do_sample": args.do_sample, "top_k": args.top_k, "top_p": args.top_p,
               "temperature": args.temperature, "random_seed": args.seed}
-    t = time.perf_counter()
-    seq = og.generate(model, [ids], max_new_tokens=args.max_new_tokens, **search)[0]
-    dt = time.perf_counter() - t
-    new = seq[len(ids):]
-    print(" ".join(str(int(x)) for x in new))
+    try:
+        t = time.perf_counter()
+        if args.prompt is None:
+            ids = args.prompt_ids
+            seq = og.generate(model, [ids], max_new_tokens=args.max_new_tokens, **search)[0]
+            new = [int(x) for x in seq[len(ids):]]
+            print(" ".join(map(str, new)))
+        else:
+            new = _stream_text(og, model, args.prompt, args.max_new_tokens, search)
+        dt = time.perf_counter() - t
+    finally:
+        model.close()  # the stage actors, on executor="ray"
     where = ", ".join(model.providers)
     if model.remote is not None:
         where = f"{len(model.providers)} stage actors on {where}"
     print(f"{len(new)} tokens in {dt * 1e3:.1f} ms on {where}", file=sys.stderr)
-    model.close()  # the stage actors, on executor="ray"
     return 0
+
+
+def _stream_text(og: Any, model: Any, prompt: str, max_new_tokens: int,
+                 search: dict[str, Any]) -> list[int]:
+    """``--prompt``: the text through the folder's tokenizer, the new text written to stdout
+    as each token comes (onnxruntime-genai's examples' loop); returns the new ids."""
+    tokenizer = og.Tokenizer(model)
+    stream = tokenizer.create_stream()
+    ids = tokenizer.encode(prompt)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + max_new_tokens, **search)
+    new: list[int] = []
+    with og.Generator(model, params) as gen:
+        gen.append_tokens(ids[None, :])
+        while not gen.is_done():
+            gen.generate_next_token()
+            new.append(int(gen.get_next_tokens()[0]))
+            sys.stdout.write(stream.decode(new[-1]))
+            sys.stdout.flush()
+    print()
+    return new
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -296,7 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate tokens with a decoder (.onnx or a genai folder)")
     g.add_argument("model")
-    g.add_argument("--prompt-ids", required=True, help="token ids, space or comma separated")
+    prompt = g.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt-ids", type=_token_ids,
+                        help="token ids, space or comma separated; the new ids are printed")
+    prompt.add_argument("--prompt", help="text, through the tokenizer.json beside the model; "
+                                         "the new text is written as it is made")
     g.add_argument("--max-new-tokens", type=int, default=32)
     g.add_argument("--do-sample", action="store_true")
     g.add_argument("--top-k", type=int, default=50)

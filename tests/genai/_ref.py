@@ -16,6 +16,8 @@ import onnxruntime as ort
 from hetero_exec.genai.layout import discover
 
 MODELS = os.path.join(os.path.dirname(__file__), "models")
+#: onnxruntime-genai's builder folder of the tiny Llama, with a (tiny) tokenizer.json
+GENAI_FOLDER = os.path.join(MODELS, "llama_genai")
 ARCHS = ("llama", "gpt2", "qwen2")
 EXPORTERS = ("optimum", "dynamo")
 PAD = 0
@@ -114,3 +116,23 @@ def seeded_sampling(seed: int, top_k: int = 50, top_p: float = 1.0,
         return np.array(out, np.int64)
 
     return choose
+
+
+def genai_text(folder: str, prompt: str, new: int) -> str:
+    """onnxruntime-genai's greedy continuation of ``prompt`` as text: its tokens, the text
+    through the folder's tokenizer.json read by the tokenizers package (onnxruntime-genai's
+    own tokenizer does not read this tiny folder's)."""
+    import pytest
+
+    og = pytest.importorskip("onnxruntime_genai")
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+    ids = tok.encode(prompt).ids
+    model = og.Model(folder)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + new)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.asarray([ids], np.int32))
+    while not gen.is_done():
+        gen.generate_next_token()
+    return tok.decode([int(t) for t in gen.get_sequence(0)[len(ids):]])

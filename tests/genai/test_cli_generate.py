@@ -1,11 +1,17 @@
-"""``hetero-exec generate``: the tokens onnxruntime's greedy loop makes."""
+"""``hetero-exec generate``: the tokens onnxruntime's greedy loop makes; with ``--prompt``,
+the text of onnxruntime-genai's tokens on the same folder."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from tests.genai._ref import model_path, ort_greedy
+from tests.genai._ref import GENAI_FOLDER, genai_text, model_path, ort_greedy
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hetero_exec.cli", "generate", *args],
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_cli_generate_matches_onnxruntime():
@@ -26,3 +32,22 @@ def test_cli_generate_bad_token_is_an_error():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "GenerationInputError" in out.stderr and "999" in out.stderr
+
+
+def test_cli_generate_text_is_onnxruntime_genai_text():
+    prompt = "t5 t17 t33 t8 t91 t120"
+    out = _cli(GENAI_FOLDER, "--prompt", prompt, "--max-new-tokens", "8")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == genai_text(GENAI_FOLDER, prompt, 8) + "\n"
+    assert "8 tokens in" in out.stderr
+
+
+def test_cli_generate_refuses_bad_prompts_before_building_the_model():
+    out = _cli(GENAI_FOLDER, "--prompt-ids", "5 6 x")
+    assert out.returncode == 2
+    assert "--prompt-ids: expects token ids such as \"5 6 7\", got '5 6 x'" in out.stderr
+    out = _cli(GENAI_FOLDER, "--prompt", "t5", "--prompt-ids", "5")
+    assert out.returncode == 2 and "not allowed with argument" in out.stderr
+    out = _cli(model_path("llama", "optimum"), "--prompt", "t5 t6")  # no tokenizer.json there
+    assert out.returncode == 2 and out.stdout == ""
+    assert "GenaiError: --prompt needs a tokenizer.json beside the model" in out.stderr

@@ -10,7 +10,7 @@ import pytest
 import ray
 
 import hetero_exec.genai as og
-from tests.genai._ref import model_path, ort_greedy, prompts
+from tests.genai._ref import GENAI_FOLDER, genai_text, model_path, ort_greedy, prompts
 from tests.ray.helpers import eventually
 
 pytestmark = pytest.mark.ray
@@ -688,7 +688,8 @@ def test_a_stage_that_fails_to_build_names_itself_and_leaves_no_actor(ray_sessio
 
 def test_cli_generates_on_two_stages():
     """``hetero-exec generate --executor ray --stages 2``, in its own process (its own Ray,
-    started and stopped by the command)."""
+    started and stopped by the command): token ids, and text through onnxruntime-genai's
+    builder folder's tokenizer."""
     import subprocess
     import sys
 
@@ -702,6 +703,15 @@ def test_cli_generates_on_two_stages():
     assert [int(t) for t in out.stdout.split()] == ort_greedy(model_path("llama", "optimum"),
                                                              [ids], 8)[0]
     assert "8 tokens in" in out.stderr and "2 stage actors on sim-gpu:0, sim-gpu:1" in out.stderr
+    # text in, through the folder's tokenizer, and the new text streamed out as it comes
+    prompt = "t5 t17 t33 t8 t91 t120"
+    out = subprocess.run([sys.executable, "-m", "hetero_exec.cli", "generate", GENAI_FOLDER,
+                          "--prompt", prompt, "--max-new-tokens", "8", "--executor", "ray",
+                          "--stages", "2", "--providers", "sim-gpu:0,sim-gpu:1"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout == genai_text(GENAI_FOLDER, prompt, 8) + "\n"
+    assert "2 stage actors on sim-gpu:0, sim-gpu:1" in out.stderr
 
 
 def test_a_deeper_decoder_over_three_and_four_stages_and_split_unevenly(ray_session):
