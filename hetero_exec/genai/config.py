@@ -58,6 +58,24 @@ class Config:
                 out.append(_provider(name, values))
         return out
 
+    def overlay(self, json_text: str) -> None:
+        """Merge a JSON object into the configuration, as onnxruntime-genai's
+        ``Config.overlay`` does (objects key by key, anything else replaced): its examples
+        overlay ``{"search": {...}}`` before building the model. Provider options in it
+        replace the providers, as genai_config.json's do when it is read."""
+        try:
+            value = json.loads(json_text)
+        except (TypeError, ValueError) as e:
+            raise GenaiError(f"Config.overlay takes a JSON object: {e}") from None
+        if not isinstance(value, dict):
+            raise GenaiError(f"Config.overlay takes a JSON object, got {type(value).__name__}")
+        _merge(self.genai, value)
+        given: Any = value
+        for key in ("model", "decoder", "session_options"):
+            given = given.get(key) if isinstance(given, dict) else None
+        if isinstance(given, dict) and "provider_options" in given:
+            self.providers = self._configured_providers()
+
     def clear_providers(self) -> None:
         self.providers = []
 
@@ -87,6 +105,14 @@ class Config:
         if isinstance(pad, list):
             pad = pad[0] if pad else None
         return [int(e) for e in eos], pad, m.get("bos_token_id")
+
+
+def _merge(into: dict[str, Any], value: dict[str, Any]) -> None:
+    for key, v in value.items():
+        if isinstance(v, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], v)
+        else:
+            into[key] = v
 
 
 def _provider(name: str, values: dict[str, Any]) -> tuple[str, dict[str, Any]]:

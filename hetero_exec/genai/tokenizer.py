@@ -1,13 +1,15 @@
 """``Tokenizer`` over a folder's tokenizer.json, with the optional ``tokenizers``
-package (``pip install "hetero_exec[genai]"``)."""
+package (``pip install "hetero_exec[genai]"``); its chat template in chat_template.py."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Sequence
 
 import numpy as np
 
+from hetero_exec.genai.chat_template import folder_template, render, special_tokens
 from hetero_exec.genai.errors import GenaiError
 
 
@@ -24,6 +26,45 @@ class Tokenizer:
                              "pip install 'hetero_exec[genai]'") from None
         self._tok = HFTokenizer.from_file(path)
         self._pad = model.pad_token_id
+        self._folder = folder
+        self._eos, self._bos = list(model.eos_token_ids), model.bos_token_id
+        self._config: dict[str, Any] = {}
+        config = os.path.join(folder, "tokenizer_config.json")
+        if os.path.exists(config):
+            with open(config, encoding="utf-8") as f:
+                loaded = json.load(f)
+            self._config = loaded if isinstance(loaded, dict) else {}
+
+    @property
+    def eos_token_ids(self) -> np.ndarray:
+        return np.asarray(self._eos, dtype=np.int32)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._bos
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._pad
+
+    def to_token_id(self, text: str) -> int:
+        """The id of one token of the vocabulary."""
+        found = self._tok.token_to_id(text)
+        if found is None:
+            raise GenaiError(f"{text!r} is not a token of {self._folder}'s tokenizer")
+        return int(found)
+
+    def apply_chat_template(self, messages: Any, *, template_str: str | None = None,
+                            tools: Any = None, add_generation_prompt: bool = True) -> str:
+        """The prompt text of a conversation (``messages``: a JSON list of
+        {"role", "content"}, as onnxruntime-genai takes it) through ``template_str`` or the
+        folder's chat template (`chat_template.render`)."""
+        template = template_str or folder_template(self._folder, self._config)
+        if template is None:
+            raise GenaiError(f"{self._folder} has no chat template (tokenizer_config.json's "
+                             "chat_template, or chat_template.jinja): give template_str")
+        return render(template, messages, tools, add_generation_prompt,
+                      special_tokens(self._config))
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self._tok.encode(text).ids, dtype=np.int32)

@@ -70,6 +70,14 @@ class TokenRows:
     def is_done(self) -> bool:
         return self._length >= self.capacity or bool((self._end >= 0).all())
 
+    def token_count(self) -> int:
+        """The sequences' length so far, prompt and left padding included, as
+        onnxruntime-genai's ``Generator.token_count`` (its model-qa example prints it after
+        each answer) counts it: the eos that ends the last running row is not counted
+        (onnxruntime-genai does not append it; `get_sequence` here keeps it)."""
+        ended = self._end.size > 0 and bool((self._end >= 0).all())
+        return int(self._length) - int(ended and int(self._end.max()) == self._length)
+
     def get_next_tokens(self) -> np.ndarray:
         return self._ids[:, self._length - 1].copy() if self._length else np.zeros(0, np.int64)
 

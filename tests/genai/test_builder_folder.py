@@ -81,3 +81,67 @@ def test_tokenizer_round_trip():
     assert tok.decode(ids) == "t5 t6 t7"
     stream = tok.create_stream()
     assert "".join(stream.decode(t) for t in ids).split() == ["t5", "t6", "t7"]
+
+
+def _counted(mod, config, prompt: np.ndarray) -> tuple[list[int], list[int]]:
+    """``token_count()`` after the prompt and after each token (search options from the
+    config only, as onnxruntime-genai's examples set them through ``Config.overlay``),
+    and the sequence."""
+    model = mod.Model(config)
+    params = mod.GeneratorParams(model)
+    params.set_search_options(batch_size=1)
+    gen = mod.Generator(model, params)
+    gen.append_tokens(prompt)
+    counts = [gen.token_count()]
+    while not gen.is_done():
+        gen.generate_next_token()
+        counts.append(gen.token_count())
+    return counts, [int(t) for t in gen.get_sequence(0)]
+
+
+def test_overlay_and_token_count_as_onnxruntime_genai(reference):
+    """model-qa.py's calls: ``Config.overlay('{"search": ...}')`` before the model, and
+    ``Generator.token_count()`` after the answer."""
+    import json
+
+    prompt = np.arange(3, 23, dtype=np.int32)[None]
+    got, want = [], []
+    for mod, out in ((og, want), (hg, got)):
+        config = mod.Config(FOLDER)
+        config.overlay(json.dumps({"search": {"max_length": 30}}))
+        out.extend(_counted(mod, config, prompt))
+    assert got == want and want[0] == list(range(20, 31))
+
+
+def test_overlay_refuses_what_is_not_a_json_object():
+    config = hg.Config(FOLDER)
+    for bad, why in (("[1]", "got list"), ("{", "takes a JSON object")):
+        with pytest.raises(hg.GenaiError, match=why):
+            config.overlay(bad)
+    config.overlay('{"model": {"decoder": {"session_options": {"provider_options": '
+                   '[{"cuda": {"device_id": "1"}}]}}}}')
+    assert config.providers == [("gpu", {"device_id": 1})]
+
+
+@pytest.mark.parametrize("rows, max_length", [
+    ([34], 40),      # the row's eos ends it: onnxruntime-genai does not count that eos
+    ([34, 34], 40),  # both rows' eos on the same step
+    ([34, 1], 35),   # one row ends at eos, the other runs on to max_length
+    ([1], 30),       # max_length ends it
+])
+def test_token_count_as_onnxruntime_genai(reference, rows, max_length):
+    ours = hg.Model(FOLDER)
+    prompt = np.stack([np.random.default_rng(s).integers(3, 256, 12) for s in rows]).astype(np.int32)
+    counts = {}
+    for mod, model in ((og, reference), (hg, ours)):
+        params = mod.GeneratorParams(model)
+        params.set_search_options(max_length=max_length, batch_size=len(rows))
+        gen = mod.Generator(model, params)
+        gen.append_tokens(prompt)
+        counts[mod] = [gen.token_count()]
+        while not gen.is_done():
+            gen.generate_next_token()
+            counts[mod].append(gen.token_count())
+    assert counts[hg] == counts[og]
+    if max_length == 40:  # these prompts end at their eos, which is not counted
+        assert counts[og][-1] == counts[og][-2] < max_length
