@@ -131,7 +131,8 @@ def test_overlay_refuses_what_is_not_a_json_object():
 ])
 def test_token_count_as_onnxruntime_genai(reference, rows, max_length):
     ours = hg.Model(FOLDER)
-    prompt = np.stack([np.random.default_rng(s).integers(3, 256, 12) for s in rows]).astype(np.int32)
+    prompt = np.stack([np.random.default_rng(s).integers(3, 256, 12)
+                       for s in rows]).astype(np.int32)
     counts = {}
     for mod, model in ((og, reference), (hg, ours)):
         params = mod.GeneratorParams(model)
