@@ -124,3 +124,18 @@ def test_chat_template_errors_are_genai_errors(tokenizers_pair):
         plain.apply_chat_template(MESSAGES)
     assert plain.apply_chat_template(MESSAGES, template_str=TEMPLATES["chatml"]).startswith(
         "<|im_start|>system\nBe brief.<|im_end|>\n")
+
+
+def test_a_broken_tokenizer_folder_is_a_genai_error(folder, tmp_path):
+    for name in ("genai_config.json", "model.onnx", "model.onnx.data", "tokenizer.json"):
+        shutil.copy(os.path.join(folder, name), tmp_path / name)
+    (tmp_path / "tokenizer_config.json").write_text("{not json")
+    model = hg.Model(str(tmp_path))
+    tok = hg.Tokenizer(model)  # encodes without its config; has no template from it
+    assert list(tok.encode("hello world")) == list(hg.Tokenizer(hg.Model(folder)).encode(
+        "hello world"))
+    with pytest.raises(hg.GenaiError, match="has no chat template"):
+        tok.apply_chat_template(MESSAGES)
+    (tmp_path / "tokenizer.json").write_text('{"model": 3}')
+    with pytest.raises(hg.GenaiError, match="tokenizer.json does not load"):
+        hg.Tokenizer(model)
