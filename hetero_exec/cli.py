@@ -60,25 +60,6 @@ def _session_options(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
-def parse_layer_counts(text: str) -> list[int]:
-    """``stage_layers`` written as text, as vLLM's ``VLLM_PP_LAYER_PARTITION`` and our
-    command lines take it (``--stage-layers 3,1`` here, ``serve run ... stage_layers=3,1``
-    in actors/serve/cli.py): the counts, commas or spaces between them; the generator
-    checks them against the decoder (`actors.generation.split.layer_counts`).
-
-    >>> parse_layer_counts("3,1"), parse_layer_counts(" 1 2, 1 ")
-    ([3, 1], [1, 2, 1])
-    >>> parse_layer_counts("3,x")
-    Traceback (most recent call last):
-    ...
-    ValueError: expects layer counts such as 3,1, got '3,x'
-    """
-    try:
-        return [int(t) for t in str(text).replace(",", " ").split()]
-    except ValueError:
-        raise ValueError(f"expects layer counts such as 3,1, got {text!r}") from None
-
-
 def _token_ids(text: str) -> list[int]:
     """``--prompt-ids "5 6 7"``: the prompt's token ids."""
     try:
@@ -90,6 +71,8 @@ def _token_ids(text: str) -> list[int]:
 
 def _layer_counts(text: str) -> list[int]:
     """``--stage-layers 3,1``: each stage's layer count."""
+    from hetero_exec.genai.config import parse_layer_counts
+
     try:
         return parse_layer_counts(text)
     except ValueError as e:

@@ -39,7 +39,7 @@ MODULES = [
     "actors.transport.object_store",
     "actors.transport.shared_memory",
     "actors.transport.wire",
-    "hetero_exec.cli",
+    "hetero_exec.genai.config",
     "hetero_exec.kernels._conv_path",
     "hetero_exec.kernels.native.activation",
     "hetero_exec.model_plan",

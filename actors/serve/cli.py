@@ -29,7 +29,7 @@ from actors.connect import (
 from actors.serve.application import BUILD_KEYWORDS, build_app
 from actors.serve.generation import decoder_file
 from actors.serve.replicas import plan_devices
-from hetero_exec.cli import parse_layer_counts
+from hetero_exec.genai.config import parse_layer_counts
 
 log = logging.getLogger(__name__)
 

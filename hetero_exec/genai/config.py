@@ -130,3 +130,22 @@ def _option_value(value: Any) -> Any:
     if isinstance(value, str) and value.isdigit():
         return int(value)
     return value
+
+
+def parse_layer_counts(text: str) -> list[int]:
+    """``stage_layers`` written as text, as vLLM's ``VLLM_PP_LAYER_PARTITION`` and our
+    command lines take it (``hetero-exec generate|serve --stage-layers 3,1``, ``serve run
+    ... stage_layers=3,1``): the counts, commas or spaces between them; the generator on
+    Ray checks them against the decoder (`actors.generation.split.layer_counts`).
+
+    >>> parse_layer_counts("3,1"), parse_layer_counts(" 1 2, 1 ")
+    ([3, 1], [1, 2, 1])
+    >>> parse_layer_counts("3,x")
+    Traceback (most recent call last):
+    ...
+    ValueError: expects layer counts such as 3,1, got '3,x'
+    """
+    try:
+        return [int(t) for t in str(text).replace(",", " ").split()]
+    except ValueError:
+        raise ValueError(f"expects layer counts such as 3,1, got {text!r}") from None
