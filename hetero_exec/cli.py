@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shutil
@@ -216,11 +217,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     opts = _session_options(args)
     providers = _providers(args.providers)
     config = og.Config(args.model)
-    if args.prompt is not None and not os.path.exists(os.path.join(config.folder,
-                                                                   "tokenizer.json")):
-        # before the model (on executor="ray": before any stage actor starts)
-        raise og.GenaiError(f"--prompt needs a tokenizer.json beside the model ({config.folder} "
-                            "has none): give --prompt-ids instead")
+    _check_text_options(args, config.folder)  # before the model (and any stage actor)
     model = og.Model(config, **({"providers": providers} if providers else {}), **opts)
     search = {"do_sample": args.do_sample, "top_k": args.top_k, "top_p": args.top_p,
               "temperature": args.temperature, "random_seed": args.seed}
@@ -232,7 +229,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             new = [int(x) for x in seq[len(ids):]]
             print(" ".join(map(str, new)))
         else:
-            new = _stream_text(og, model, args.prompt, args.max_new_tokens, search)
+            new = _stream_text(og, model, _chat(args), args.max_new_tokens, search)
         dt = time.perf_counter() - t
     finally:
         model.close()  # the stage actors, on executor="ray"
@@ -243,12 +240,39 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stream_text(og: Any, model: Any, prompt: str, max_new_tokens: int,
+def _check_text_options(args: argparse.Namespace, folder: str) -> None:
+    from hetero_exec.genai.chat_template import folder_template
+    from hetero_exec.genai.errors import GenaiError
+
+    if args.system is not None and not args.chat:
+        raise GenaiError("--system is a turn of a chat: give --chat too")
+    if args.chat and args.prompt is None:
+        raise GenaiError("--chat makes a chat template's prompt from text: give --prompt")
+    if args.prompt is not None and not os.path.exists(os.path.join(folder, "tokenizer.json")):
+        raise GenaiError(f"--prompt needs a tokenizer.json beside the model ({folder} has "
+                         "none): give --prompt-ids instead")
+    if args.chat and folder_template(folder) is None:
+        raise GenaiError(f"--chat needs the folder's chat template (tokenizer_config.json's "
+                         f"chat_template, or chat_template.jinja); {folder} has none")
+
+
+def _chat(args: argparse.Namespace) -> list[dict[str, str]] | str:
+    """``--prompt``'s text, or with ``--chat`` the turns the chat template is applied to."""
+    if not args.chat:
+        return args.prompt
+    turns = [] if args.system is None else [{"role": "system", "content": args.system}]
+    return turns + [{"role": "user", "content": args.prompt}]
+
+
+def _stream_text(og: Any, model: Any, prompt: str | list[dict[str, str]], max_new_tokens: int,
                  search: dict[str, Any]) -> list[int]:
-    """``--prompt``: the text through the folder's tokenizer, the new text written to stdout
-    as each token comes (onnxruntime-genai's examples' loop); returns the new ids."""
+    """``--prompt``: the text (or ``--chat``'s turns through the folder's chat template) by
+    the folder's tokenizer, the new text written to stdout as each token comes
+    (onnxruntime-genai's examples' loop); returns the new ids."""
     tokenizer = og.Tokenizer(model)
     stream = tokenizer.create_stream()
+    if not isinstance(prompt, str):
+        prompt = tokenizer.apply_chat_template(json.dumps(prompt), add_generation_prompt=True)
     ids = tokenizer.encode(prompt)
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=len(ids) + max_new_tokens, **search)
@@ -326,6 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="token ids, space or comma separated; the new ids are printed")
     prompt.add_argument("--prompt", help="text, through the tokenizer.json beside the model; "
                                          "the new text is written as it is made")
+    g.add_argument("--chat", action="store_true",
+                   help="with --prompt: the text is a user's turn, made a prompt by the "
+                        "folder's chat template (onnxruntime-genai's model-qa example)")
+    g.add_argument("--system", help="with --chat: a system turn before the user's")
     g.add_argument("--max-new-tokens", type=int, default=32)
     g.add_argument("--do-sample", action="store_true")
     g.add_argument("--top-k", type=int, default=50)

@@ -16,19 +16,39 @@ onnxruntime-genai 0.18 does not). Templates that place their whitespace with ``{
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from typing import Any
 
 from hetero_exec.genai.errors import GenaiError
 
+log = logging.getLogger(__name__)
+
 #: tokenizer_config.json's special tokens a template may read
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
                   "mask_token")
 
 
-def folder_template(folder: str, tokenizer_config: dict[str, Any]) -> str | None:
+def read_tokenizer_config(folder: str) -> dict[str, Any]:
+    """The folder's tokenizer_config.json (its special tokens and chat template), or {}
+    when it has none or it is not readable JSON (logged: encoding needs none of it)."""
+    path = os.path.join(folder, "tokenizer_config.json")
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            loaded = json.load(f)
+    except (OSError, ValueError) as e:
+        log.warning("%s is not readable JSON (%s): no chat template from it", path, e)
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def folder_template(folder: str, tokenizer_config: dict[str, Any] | None = None) -> str | None:
     """The folder's own chat template, or None."""
+    if tokenizer_config is None:
+        tokenizer_config = read_tokenizer_config(folder)
     given = tokenizer_config.get("chat_template")
     if isinstance(given, list):  # [{"name": ..., "template": ...}]
         named = {t.get("name"): t.get("template") for t in given if isinstance(t, dict)}

@@ -3,17 +3,18 @@ package (``pip install "hetero_exec[genai]"``); its chat template in chat_templa
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 from typing import Any, Sequence
 
 import numpy as np
 
-from hetero_exec.genai.chat_template import folder_template, render, special_tokens
+from hetero_exec.genai.chat_template import (
+    folder_template,
+    read_tokenizer_config,
+    render,
+    special_tokens,
+)
 from hetero_exec.genai.errors import GenaiError
-
-log = logging.getLogger(__name__)
 
 
 class Tokenizer:
@@ -34,15 +35,7 @@ class Tokenizer:
         self._pad = model.pad_token_id
         self._folder = folder
         self._eos, self._bos = list(model.eos_token_ids), model.bos_token_id
-        self._config: dict[str, Any] = {}
-        config = os.path.join(folder, "tokenizer_config.json")
-        if os.path.exists(config):  # its special tokens and chat template; encoding needs none
-            try:
-                with open(config, encoding="utf-8") as f:
-                    loaded = json.load(f)
-                self._config = loaded if isinstance(loaded, dict) else {}
-            except (OSError, ValueError) as e:
-                log.warning("%s is not readable JSON (%s): no chat template from it", config, e)
+        self._config = read_tokenizer_config(folder)
 
     @property
     def eos_token_ids(self) -> np.ndarray:

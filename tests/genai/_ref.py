@@ -136,3 +136,39 @@ def genai_text(folder: str, prompt: str, new: int) -> str:
     while not gen.is_done():
         gen.generate_next_token()
     return tok.decode([int(t) for t in gen.get_sequence(0)[len(ids):]])
+
+
+#: Phi-3's chat template shape: whitespace written into the strings
+PHI_TEMPLATE = ("{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + "
+                "'<|end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+                "{{ '<|assistant|>\\n' }}{% endif %}")
+#: what `chat_folder`'s tokenizer is trained on: every character a test writes to it
+CHAT_CORPUS = ("<|system|>\nYou are brief.<|end|>\n<|user|>\nhello world, what color is the "
+               "sky?<|end|>\n<|assistant|>\nBlue.<|end|>\n")
+
+
+def chat_folder(path) -> str:
+    """``GENAI_FOLDER``'s model with a byte-level BPE tokenizer trained here on
+    `CHAT_CORPUS` (under 256 ids: the tiny model's vocabulary; onnxruntime-genai reads it
+    as a GPT-2 tokenizer, where it cannot read the folder's own) and `PHI_TEMPLATE` in
+    its tokenizer_config.json."""
+    import json
+    import shutil
+
+    import pytest
+
+    tokenizers = pytest.importorskip("tokenizers")
+    for name in ("genai_config.json", "model.onnx", "model.onnx.data"):
+        shutil.copy(os.path.join(GENAI_FOLDER, name), os.path.join(path, name))
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=200,
+                                             special_tokens=["<s>", "</s>", "<pad>"])
+    tok.train_from_iterator([CHAT_CORPUS] * 10, trainer)
+    assert tok.get_vocab_size() < 256
+    tok.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "GPT2Tokenizer", "bos_token": "<s>", "eos_token": "</s>",
+                   "pad_token": "<pad>", "chat_template": PHI_TEMPLATE}, f)
+    return str(path)

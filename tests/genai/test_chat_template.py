@@ -1,7 +1,6 @@
 """``Tokenizer.apply_chat_template`` and the tokenizer's ids, against onnxruntime-genai's
-on one folder: the tiny Llama builder folder with a byte-level BPE tokenizer trained here
-(onnxruntime-genai reads it as a GPT-2 tokenizer; the folder's own tiny one it cannot
-read) and a chat template in its tokenizer_config.json."""
+on one folder (`chat_folder`: the tiny Llama builder folder with a byte-level BPE
+tokenizer trained here and a chat template in its tokenizer_config.json)."""
 
 from __future__ import annotations
 
@@ -12,15 +11,12 @@ import shutil
 import pytest
 
 import hetero_exec.genai as hg
-from tests.genai._ref import GENAI_FOLDER
+from tests.genai._ref import GENAI_FOLDER, chat_folder
 
 og = pytest.importorskip("onnxruntime_genai")
 tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
-#: Phi-3's shape: whitespace written into the strings
-PHI = ("{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + '<|end|>\\n' }}"
-       "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
 TEMPLATES = {
     # ChatML with Qwen's whitespace control ({%- -%}), a default system prompt
     "chatml": """{%- for message in messages %}
@@ -60,21 +56,7 @@ TOOLS = json.dumps([{"name": "search"}, {"name": "calc"}])
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    path = tmp_path_factory.mktemp("chat_folder")
-    for name in ("genai_config.json", "model.onnx", "model.onnx.data"):
-        shutil.copy(os.path.join(GENAI_FOLDER, name), path / name)
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<s>", "</s>", "<pad>"],
-        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["hello world, what color is the sky?"] * 10, trainer)
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "GPT2Tokenizer", "bos_token": "<s>", "eos_token": "</s>",
-         "pad_token": "<pad>", "chat_template": PHI}))
-    return str(path)
+    return chat_folder(tmp_path_factory.mktemp("chat_folder"))
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.genai._ref import GENAI_FOLDER, genai_text, model_path, ort_greedy
+from tests.genai._ref import GENAI_FOLDER, chat_folder, genai_text, model_path, ort_greedy
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -51,3 +51,41 @@ def test_cli_generate_refuses_bad_prompts_before_building_the_model():
     out = _cli(model_path("llama", "optimum"), "--prompt", "t5 t6")  # no tokenizer.json there
     assert out.returncode == 2 and out.stdout == ""
     assert "GenaiError: --prompt needs a tokenizer.json beside the model" in out.stderr
+
+
+def test_cli_chat_is_onnxruntime_genai_chat(tmp_path):
+    """``--chat --system``: the folder's chat template over a system and a user turn, the
+    way onnxruntime-genai's model-qa example makes its prompt, all of it onnxruntime-genai's
+    here (its tokenizer, template, greedy loop and decoding)."""
+    import json
+
+    import pytest
+
+    og = pytest.importorskip("onnxruntime_genai")
+    folder = chat_folder(tmp_path)
+    model = og.Model(folder)
+    tok = og.Tokenizer(model)
+    turns = [{"role": "system", "content": "You are brief."},
+             {"role": "user", "content": "what color is the sky?"}]
+    ids = tok.encode(tok.apply_chat_template(json.dumps(turns), add_generation_prompt=True))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + 12)
+    gen = og.Generator(model, params)
+    gen.append_tokens(ids)
+    while not gen.is_done():
+        gen.generate_next_token()
+    want = tok.decode(gen.get_sequence(0)[len(ids):])
+    assert want.strip()  # the tiny model's answer: text, not an immediate eos
+    out = _cli(folder, "--prompt", "what color is the sky?", "--chat", "--system",
+               "You are brief.", "--max-new-tokens", "12")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == want + "\n"
+
+
+def test_cli_chat_options_are_checked_before_the_model():
+    for args, why in ((["--prompt", "t5", "--chat"], "--chat needs the folder's chat template"),
+                      (["--prompt-ids", "5", "--chat"], "--chat makes a chat template's prompt"),
+                      (["--prompt", "t5", "--system", "hi"], "--system is a turn of a chat")):
+        out = _cli(GENAI_FOLDER, *args)
+        assert out.returncode == 2 and out.stdout == ""
+        assert why in out.stderr and "tokens in" not in out.stderr
