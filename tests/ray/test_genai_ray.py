@@ -686,6 +686,32 @@ def test_a_stage_that_fails_to_build_names_itself_and_leaves_no_actor(ray_sessio
     assert eventually(lambda: _generation_actors() == before)
 
 
+def test_token_count_on_two_stages_is_onnxruntime_genais(ray_session):
+    """``token_count()`` (onnxruntime-genai's model-qa prints it) on the builder folder
+    split over two stages, step by step, as onnxruntime-genai counts: two rows that end
+    at their eos on the same step, whose eos it does not count."""
+    import numpy as np
+
+    genai = pytest.importorskip("onnxruntime_genai")
+    rows = np.stack([np.random.default_rng(34).integers(3, 256, 12)] * 2).astype(np.int32)
+    counts = {}
+    model = og.Model(GENAI_FOLDER, executor="ray", stages=2, providers=DEVICES)
+    try:
+        for mod, m in ((genai, genai.Model(GENAI_FOLDER)), (og, model)):
+            params = mod.GeneratorParams(m)
+            params.set_search_options(max_length=40, batch_size=2)
+            gen = mod.Generator(m, params)
+            gen.append_tokens(rows)
+            counts[mod] = [gen.token_count()]
+            while not gen.is_done():
+                gen.generate_next_token()
+                counts[mod].append(gen.token_count())
+            del gen
+    finally:
+        model.close()
+    assert counts[og] == counts[genai] and counts[og][-1] == counts[og][-2] < 40
+
+
 def test_cli_generates_on_two_stages():
     """``hetero-exec generate --executor ray --stages 2``, in its own process (its own Ray,
     started and stopped by the command): token ids, and text through onnxruntime-genai's
