@@ -40,6 +40,7 @@ MODULES = [
     "actors.transport.shared_memory",
     "actors.transport.wire",
     "hetero_exec.genai.config",
+    "hetero_exec.genai.widths",
     "hetero_exec.kernels._conv_path",
     "hetero_exec.kernels.native.activation",
     "hetero_exec.model_plan",

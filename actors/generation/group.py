@@ -183,7 +183,10 @@ class StageGroup:
     # -- feeds (as `Generator._feeds`, `_decode_step`, `_cache_feeds`) ---------------
 
     def feeds(self, layout: Any, p: int, t: int, fixed: bool, shared: bool) -> dict[str, Any]:
-        if fixed and t - p == 1 and p > 0:
+        # the bound decode step reads the mask at its bucket's width, so only a job's last
+        # position may take it: a piece before other pieces of the job (a prompt's chunk)
+        # would see their positions unmasked
+        if fixed and t - p == 1 and p > 0 and t == self.length:
             return self._decode_feeds(layout, p, shared)
         feeds: dict[str, Any] = {layout.input_ids: self.ids[:, p:t], PAST_LENGTH: np.array(p)}
         if layout.attention_mask:

@@ -24,6 +24,7 @@ from hetero_exec.genai.widths import (  # noqa: F401  (MIN_WIDTH..: public here 
     WIDTHS_PER_DOUBLING,
     TokenRows,
     check_rows,
+    chunks,
     decode_width,
     leading,
 )
@@ -134,10 +135,12 @@ class Generator(TokenRows):
         p, t = self._filled, self._length
         if self._fixed and t - p == 1 and p > 0:
             logits = self._decode_step(p)
+            self._real += self._mask[:, p:t].sum(axis=1)
         else:
-            logits = self._runner.run(self._feeds(p, t))
+            for a, b in chunks(p, t, self.options.chunk_size if self.batch == 1 else 0):
+                logits = self._runner.run(self._feeds(a, b))
+                self._real += self._mask[:, a:b].sum(axis=1)
         self._logits = logits[:, -1, :] if logits.ndim == 3 else logits
-        self._real += self._mask[:, p:t].sum(axis=1)
         self._filled = t
 
     def _feeds(self, p: int, t: int) -> dict[str, Any]:

@@ -36,6 +36,10 @@ class SearchOptions:
     length_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
     diversity_penalty: float = 0.0
+    #: a prompt (or any append) runs at most this many positions a run, as
+    #: onnxruntime-genai's prefill chunks: a long prompt's activations stay bounded
+    #: (0: all at once). The tokens are the same either way.
+    chunk_size: int = 0
 
     def update(self, **options: Any) -> None:
         """All or nothing: a refused option leaves the options as they were."""
@@ -65,6 +69,9 @@ class SearchOptions:
                                     "greedy or sampling")
         if self.repetition_penalty <= 0.0:
             raise SearchOptionError("repetition_penalty must be > 0")
+        if self.chunk_size < 0:
+            raise SearchOptionError(f"chunk_size must be >= 0 (0: no chunks), got "
+                                    f"{self.chunk_size}")
 
 
 def _coerce(name: str, value: Any, current: Any) -> Any:

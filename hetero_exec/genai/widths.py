@@ -55,6 +55,18 @@ def check_rows(tokens: Any, batch: int, vocab: int | None, pad: int, first: bool
     return arr.astype(np.int64)
 
 
+def chunks(p: int, t: int, size: int) -> list[tuple[int, int]]:
+    """Positions [p, t) in runs of at most ``size`` (0: one run), as a prompt is prefilled
+    with the ``chunk_size`` search option.
+
+    >>> chunks(0, 10, 4), chunks(3, 5, 0), chunks(0, 8, 4)
+    ([(0, 4), (4, 8), (8, 10)], [(3, 5)], [(0, 4), (4, 8)])
+    """
+    if size <= 0 or t - p <= size:
+        return [(p, t)]
+    return [(a, min(a + size, t)) for a in range(p, t, size)]
+
+
 class TokenRows:
     """What a generator answers from its token rows: ``_ids`` [batch, capacity], the
     ``_length`` filled, each row's first real position ``_start`` and its end ``_end``

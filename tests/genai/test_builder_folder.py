@@ -146,3 +146,13 @@ def test_token_count_as_onnxruntime_genai(reference, rows, max_length):
     assert counts[hg] == counts[og]
     if max_length == 40:  # these prompts end at their eos, which is not counted
         assert counts[og][-1] == counts[og][-2] < max_length
+
+
+@pytest.mark.parametrize("chunk", [1, 5])
+def test_chunked_prefill_as_onnxruntime_genai(reference, chunk):
+    """``chunk_size``, as onnxruntime-genai's examples pass it (set_search_options): the
+    builder folder's shared buffer filled a chunk at a time gives its tokens."""
+    rows = np.random.default_rng(7).integers(3, 256, (1, 21)).astype(np.int32)
+    want = _tokens(og, reference, rows, 16, chunk_size=chunk)
+    got = _tokens(hg, hg.Model(FOLDER, providers=["sim-gpu"]), rows, 16, chunk_size=chunk)
+    np.testing.assert_array_equal(got[0], want[0])

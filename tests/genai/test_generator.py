@@ -373,6 +373,20 @@ def test_bad_tokens_leave_the_generator_usable(gen):
     assert len(gen.get_sequence(0)) == 24 and len(gen.get_sequence(1)) == 23
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_prompt_prefilled_in_chunks_gives_onnxruntimes_tokens(arch):
+    """``chunk_size`` (onnxruntime-genai's prefill chunks): the prompt runs in runs of at
+    most that many positions, the cache growing between them; a batch of several rows
+    runs its prompt whole (onnxruntime-genai refuses chunks there)."""
+    rows = prompts(1, seed=5, longest=11)
+    want = ort_greedy(model_path(arch, "optimum"), rows, NEW)
+    for chunk in (1, 4):
+        assert _generate(_model(arch, "optimum", True), rows, chunk_size=chunk) == want
+    rows = prompts(2, seed=5, longest=11)
+    assert _generate(_model(arch, "optimum", False), rows, chunk_size=4) == \
+        ort_greedy(model_path(arch, "optimum"), rows, NEW)
+
+
 def test_bad_search_options():
     params = og.GeneratorParams(_model("gpt2", "optimum", False))
     with pytest.raises(og.SearchOptionError, match="unknown search option 'max_len'"):
@@ -381,6 +395,8 @@ def test_bad_search_options():
         params.set_search_options(top_p=1.5)
     with pytest.raises(og.SearchOptionError, match="temperature"):
         params.set_search_options(temperature=0)
+    with pytest.raises(og.SearchOptionError, match="chunk_size must be >= 0"):
+        params.set_search_options(chunk_size=-1)
 
 
 def test_model_without_a_cache_names_what_was_looked_for(tmp_path):

@@ -122,6 +122,16 @@ def test_streaming_rewind_and_append_follow_the_in_process_generator(llama):
     assert eventually(lambda: _cache_free(llama))
 
 
+def test_a_prompt_prefilled_in_chunks_follows_onnxruntime(llama):
+    """``chunk_size``: the prompt goes round the ring as pieces of at most that many
+    positions in one step; a one-position piece before the job's last runs at its exact
+    shape (the bound decode step would see the later pieces' positions unmasked)."""
+    rows = prompts(1, seed=13)
+    want = ort_greedy(model_path("llama", "optimum"), rows, NEW)
+    for chunk in (1, 5):
+        assert _generate(llama, rows, chunk_size=chunk) == want
+
+
 def _logits_along(model: og.Model, rows, steps: list[int], new: int = 6, **search):
     """get_logits after the prompt and after each count of tokens in ``steps`` (the
     last: after is_done), then the tokens."""
