@@ -24,7 +24,7 @@ from actors.generation.group import GroupSpec, Job
 from actors.generation.inbox import TokenInbox, inbox_name
 from hetero_exec.errors import ActorError
 from hetero_exec.genai.errors import GenerationInputError
-from hetero_exec.genai.widths import TokenRows, check_rows, chunks, leading
+from hetero_exec.genai.widths import TokenRows, check_rows, leading
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class RemoteGenerator(TokenRows):
         pieces = []
         if self._filled < at:
             pieces.append((self._filled, at))  # the sampled token not yet run comes first
-        pieces.extend(chunks(at, at + n, self.options.chunk_size if self.batch == 1 else 0))
+        pieces.extend(self._prefill_runs(at, at + n))
         lo = pieces[0][0]
         rewind = (at, self._filled)
         self._length += n

@@ -24,7 +24,6 @@ from hetero_exec.genai.widths import (  # noqa: F401  (MIN_WIDTH..: public here 
     WIDTHS_PER_DOUBLING,
     TokenRows,
     check_rows,
-    chunks,
     decode_width,
     leading,
 )
@@ -137,7 +136,7 @@ class Generator(TokenRows):
             logits = self._decode_step(p)
             self._real += self._mask[:, p:t].sum(axis=1)
         else:
-            for a, b in chunks(p, t, self.options.chunk_size if self.batch == 1 else 0):
+            for a, b in self._prefill_runs(p, t):
                 logits = self._runner.run(self._feeds(a, b))
                 self._real += self._mask[:, a:b].sum(axis=1)
         self._logits = logits[:, -1, :] if logits.ndim == 3 else logits

@@ -73,6 +73,7 @@ class TokenRows:
     (-1 while it runs)."""
 
     _ids: np.ndarray
+    options: Any  # SearchOptions
     _length: int
     _start: np.ndarray
     _end: np.ndarray
@@ -81,6 +82,12 @@ class TokenRows:
 
     def is_done(self) -> bool:
         return self._length >= self.capacity or bool((self._end >= 0).all())
+
+    def _prefill_runs(self, p: int, t: int) -> list[tuple[int, int]]:
+        """Positions [p, t) as the runs the ``chunk_size`` search option cuts them into; a
+        batch of several rows runs whole (onnxruntime-genai refuses chunks there, and a
+        chunk of only left padding for a row would leave it nothing to attend to)."""
+        return chunks(p, t, self.options.chunk_size if self.batch == 1 else 0)
 
     def token_count(self) -> int:
         """The sequences' length so far, prompt and left padding included, as
