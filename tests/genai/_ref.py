@@ -118,6 +118,20 @@ def seeded_sampling(seed: int, top_k: int = 50, top_p: float = 1.0,
     return choose
 
 
+def token_counts(mod, model, rows: np.ndarray, **search) -> tuple[list[int], list[list[int]]]:
+    """``token_count()`` after the prompt ``rows`` and after each token, and the
+    sequences, from ``mod``'s generator (onnxruntime_genai's or ours, the same calls)."""
+    params = mod.GeneratorParams(model)
+    params.set_search_options(batch_size=rows.shape[0], **search)
+    gen = mod.Generator(model, params)
+    gen.append_tokens(rows)
+    counts = [gen.token_count()]
+    while not gen.is_done():
+        gen.generate_next_token()
+        counts.append(gen.token_count())
+    return counts, [[int(t) for t in gen.get_sequence(i)] for i in range(rows.shape[0])]
+
+
 def genai_text(folder: str, prompt: str, new: int) -> str:
     """onnxruntime-genai's greedy continuation of ``prompt`` as text: its tokens, the text
     through the folder's tokenizer.json read by the tokenizers package (onnxruntime-genai's

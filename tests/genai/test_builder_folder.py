@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import hetero_exec.genai as hg
-from tests.genai._ref import MODELS
+from tests.genai._ref import MODELS, token_counts
 
 og = pytest.importorskip("onnxruntime_genai")  # a test dependency (pyproject's test extra)
 FOLDER = os.path.join(MODELS, "llama_genai")
@@ -83,22 +83,6 @@ def test_tokenizer_round_trip():
     assert "".join(stream.decode(t) for t in ids).split() == ["t5", "t6", "t7"]
 
 
-def _counted(mod, config, prompt: np.ndarray) -> tuple[list[int], list[int]]:
-    """``token_count()`` after the prompt and after each token (search options from the
-    config only, as onnxruntime-genai's examples set them through ``Config.overlay``),
-    and the sequence."""
-    model = mod.Model(config)
-    params = mod.GeneratorParams(model)
-    params.set_search_options(batch_size=1)
-    gen = mod.Generator(model, params)
-    gen.append_tokens(prompt)
-    counts = [gen.token_count()]
-    while not gen.is_done():
-        gen.generate_next_token()
-        counts.append(gen.token_count())
-    return counts, [int(t) for t in gen.get_sequence(0)]
-
-
 def test_overlay_and_token_count_as_onnxruntime_genai(reference):
     """model-qa.py's calls: ``Config.overlay('{"search": ...}')`` before the model, and
     ``Generator.token_count()`` after the answer."""
@@ -107,9 +91,9 @@ def test_overlay_and_token_count_as_onnxruntime_genai(reference):
     prompt = np.arange(3, 23, dtype=np.int32)[None]
     got, want = [], []
     for mod, out in ((og, want), (hg, got)):
-        config = mod.Config(FOLDER)
+        config = mod.Config(FOLDER)  # max_length from the overlay only
         config.overlay(json.dumps({"search": {"max_length": 30}}))
-        out.extend(_counted(mod, config, prompt))
+        out.extend(token_counts(mod, mod.Model(config), prompt))
     assert got == want and want[0] == list(range(20, 31))
 
 
@@ -133,16 +117,8 @@ def test_token_count_as_onnxruntime_genai(reference, rows, max_length):
     ours = hg.Model(FOLDER)
     prompt = np.stack([np.random.default_rng(s).integers(3, 256, 12)
                        for s in rows]).astype(np.int32)
-    counts = {}
-    for mod, model in ((og, reference), (hg, ours)):
-        params = mod.GeneratorParams(model)
-        params.set_search_options(max_length=max_length, batch_size=len(rows))
-        gen = mod.Generator(model, params)
-        gen.append_tokens(prompt)
-        counts[mod] = [gen.token_count()]
-        while not gen.is_done():
-            gen.generate_next_token()
-            counts[mod].append(gen.token_count())
+    counts = {mod: token_counts(mod, model, prompt, max_length=max_length)[0]
+              for mod, model in ((og, reference), (hg, ours))}
     assert counts[hg] == counts[og]
     if max_length == 40:  # these prompts end at their eos, which is not counted
         assert counts[og][-1] == counts[og][-2] < max_length

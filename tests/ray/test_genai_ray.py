@@ -10,7 +10,14 @@ import pytest
 import ray
 
 import hetero_exec.genai as og
-from tests.genai._ref import GENAI_FOLDER, genai_text, model_path, ort_greedy, prompts
+from tests.genai._ref import (
+    GENAI_FOLDER,
+    genai_text,
+    model_path,
+    ort_greedy,
+    prompts,
+    token_counts,
+)
 from tests.ray.helpers import eventually
 
 pytestmark = pytest.mark.ray
@@ -742,19 +749,10 @@ def test_token_count_on_two_stages_is_onnxruntime_genais(ray_session):
 
     genai = pytest.importorskip("onnxruntime_genai")
     rows = np.stack([np.random.default_rng(34).integers(3, 256, 12)] * 2).astype(np.int32)
-    counts = {}
     model = og.Model(GENAI_FOLDER, executor="ray", stages=2, providers=DEVICES)
     try:
-        for mod, m in ((genai, genai.Model(GENAI_FOLDER)), (og, model)):
-            params = mod.GeneratorParams(m)
-            params.set_search_options(max_length=40, batch_size=2)
-            gen = mod.Generator(m, params)
-            gen.append_tokens(rows)
-            counts[mod] = [gen.token_count()]
-            while not gen.is_done():
-                gen.generate_next_token()
-                counts[mod].append(gen.token_count())
-            del gen
+        counts = {mod: token_counts(mod, m, rows, max_length=40)[0]
+                  for mod, m in ((genai, genai.Model(GENAI_FOLDER)), (og, model))}
     finally:
         model.close()
     assert counts[og] == counts[genai] and counts[og][-1] == counts[og][-2] < 40
