@@ -11,6 +11,9 @@ tokens, ``--new`` new ones; with ``--sample``, top-k sampling, each prompt its o
 * ``ort-genai``: onnxruntime-genai's Generator in this process (the anchor; builder
   folders only);
 * ``in-process``: our Generator in this process (`hetero_exec.genai`);
+* with ``--stages``, ``in-process-sim``: the same on strict sim-gpu:0, the device the
+  stage actors run on (their rows' anchor: the cpu rows run the C kernels, the
+  stages the array module's kernels on simulated devices);
 
 at 1 stream, and at 8 as 8 generators stepped in turn in one thread (each prefilled,
 then a token each in turn: what a replica's pool does with 8 streams);
@@ -203,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
             targets = {"ort-genai": (og, og.Model(args.model)), **targets}
         except ImportError:
             print("onnxruntime-genai is not installed: no anchor", file=sys.stderr)
+    if args.stages:  # the stages' anchor: the same generator on the same kind of device
+        targets["in-process-sim"] = (hg, hg.Model(args.model, providers=["sim-gpu:0"],
+                                                  intra_op_num_threads=1))
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": ROOT, **env, **serve_ingress_env()}})
     node = ray.get_runtime_context().get_node_id()
@@ -265,6 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     base = med.get("ort-genai@1") or med["in-process@1"]
     anchor = "ort-genai" if "ort-genai@1" in med else "in-process"
     for k, v in med.items():
+        label, streams = k.rsplit("@", 1)
+        sim = med.get(f"in-process-sim@{streams}")
+        if label.startswith("stages") and sim is not None:  # against the same device's
+            print(f"{k:<16} inter-token p50 {v['itl_p50_ms'] / sim['itl_p50_ms']:.2f}x "
+                  f"in-process-sim@{streams}'s, first token "
+                  f"{v['ttft_p50_ms'] / sim['ttft_p50_ms']:.2f}x")
+            continue
         print(f"{k:<16} inter-token p50 {v['itl_p50_ms'] / base['itl_p50_ms']:.2f}x {anchor}'s, "
               f"first token {v['ttft_p50_ms'] / base['ttft_p50_ms']:.2f}x")
     if args.json:
