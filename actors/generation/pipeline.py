@@ -319,8 +319,13 @@ class RayDecoder:
         return RemoteGenerator(model, params, capacity)
 
     def close_group(self, gid: str) -> None:
+        """Free ``gid``'s cache on every stage: a close frame to stage 0, which each stage
+        passes on (`GenerationStage.close_ring`), else a Ray call to each."""
         self.release(gid)
         if self.closed or not ray_usable():
+            return
+        inlet = getattr(self, "inlet", None)
+        if inlet is not None and inlet.send_close(gid, len(self.actors) - 1):
             return
         for a in self.actors:
             try:

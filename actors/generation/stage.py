@@ -76,7 +76,8 @@ class GenerationStage:
         self.ended: dict[str, None] = {}  # groups the driver closed (the latest ENDED_KEPT)
         self.failures: dict[str, tuple[int, Any]] = {}  # the last stage's: groups that failed
         self.ring: list[Any] = []  # every stage's handle, by index
-        self.link = StageLink(self.label, self.step, self.join)  # to the next stage (channel.py)
+        # to the next stage (channel.py)
+        self.link = StageLink(self.label, self.step, self.join, self.close_ring)
         self.changed = asyncio.Event()
         self.steps = 0
         self.pushed = 0  # token columns written to a driver's socket (inbox.py)
@@ -258,6 +259,14 @@ class GenerationStage:
         if g is not None:
             g.free()
         self._notify()
+
+    def close_ring(self, gid: str, epoch: int | None, until: int) -> None:
+        """`close` here, then pass it on to the next stage while this one is before stage
+        ``until`` (a close frame from the driver, or from the last stage ending a group:
+        `channel.encode_close`)."""
+        self.close(gid, epoch)
+        if self.index < until and self.ring:
+            self.link.send_close(self.ring[self.index + 1], gid, epoch, until)
 
     def join(self, gid: str, join: Join) -> bool:
         """Stage 0: queue ``join`` for ``gid``'s next decode step (continuous batching);
@@ -476,8 +485,8 @@ class GenerationStage:
     def _finish(self, gid: str, g: StageGroup, epoch: int) -> None:
         g.free()  # the bookkeeping stays for the driver to read; the cache goes
         self.reserved.pop(gid, None)
-        for k in range(self.count - 1):
-            self.ring[k].close.remote(gid, epoch)
+        if self.count > 1:  # the earlier stages, in turn from stage 0
+            self.link.send_close(self.ring[0], gid, epoch, self.count - 2)
 
     async def logits(self, gid: str, epoch: int, timeout: float = 1.0) -> dict[str, Any]:
         """The logits kept by a ``logits`` step of ``epoch`` once there (or after

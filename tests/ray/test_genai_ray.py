@@ -272,8 +272,11 @@ def test_a_cancelled_or_abandoned_group_frees_its_cache(llama):
     gen = _start(llama, rows, new=400)
     gen.generate_next_token()
     assert all(s["groups"] == 1 and s["cache_bytes"] > 0 for s in llama.remote.stats())
+    sent = llama.remote.inlet.sent
     gen.close()  # cancelled mid-generation
     assert eventually(lambda: _cache_free(llama))
+    # a close frame to stage 0, passed on to stage 1: no Ray call to a busy stage
+    assert llama.remote.inlet.sent == sent + 1
     gen = _start(llama, rows, new=400)
     gen.generate_next_token()
     del gen  # abandoned: collected, its caches go

@@ -1,6 +1,7 @@
 """The stage ring's frames (actors/generation/channel.py, inbox.py) with continuous
-batching's fields and a group's spec: a step frame's joins and spec and a token frame's
-acknowledgements round-trip, and a malformed one is refused with WireFormatError
+batching's fields and a group's spec: a step frame's joins and spec, a group's close and
+a token frame's acknowledgements round-trip, and a malformed one is refused with
+WireFormatError
 naming the field (the receiving stage, or the driver, then drops that connection only:
 tests/ray/test_genai_ray.py)."""
 
@@ -10,7 +11,14 @@ import msgpack
 import numpy as np
 import pytest
 
-from actors.generation.channel import _HEADER, decode_frame, decode_step, encode_join, encode_step
+from actors.generation.channel import (
+    _HEADER,
+    decode_frame,
+    decode_step,
+    encode_close,
+    encode_join,
+    encode_step,
+)
 from actors.generation.group import GroupSpec, Job, Join
 from actors.generation.inbox import decode_column, encode_column
 from actors.transport.wire import WireFormatError, tensor_to_list
@@ -100,6 +108,16 @@ def test_a_join_frame_from_the_driver_round_trips_and_a_bad_one_is_refused():
         decode_frame(msgpack.packb(["join", 5, []], use_bin_type=True))
     with pytest.raises(WireFormatError, match="a step frame is a list of 13"):
         decode_frame(msgpack.packb(["leave", "g", []], use_bin_type=True))
+
+
+def test_a_close_frame_round_trips_and_a_bad_one_is_refused():
+    # the driver's (closed for good: no epoch) and the last stage's (the epoch it ended)
+    assert decode_frame(encode_close("g", None, 1)[_HEADER.size:]) == ("close", ("g", None, 1))
+    assert decode_frame(encode_close("g", 7, 0)[_HEADER.size:]) == ("close", ("g", 7, 0))
+    for bad in (["close", 5, None, 1], ["close", "g", 1.5, 1], ["close", "g", None, "1"],
+                ["close", "g", True, 1]):
+        with pytest.raises(WireFormatError, match="close frame"):
+            decode_frame(msgpack.packb(bad, use_bin_type=True))
 
 
 def test_carried_maps_must_match_the_pieces_and_joins():
