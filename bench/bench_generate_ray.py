@@ -37,9 +37,21 @@ from hetero_exec.genai.layout import discover
 DEVICES = ["sim-gpu:0", "sim-gpu:1"]
 #: the batch-1 rows' spinning ring (its default is off where two stages share 2 cores)
 SPIN_MS = 5.0
-#: rounds of the 4-groups figure, each a pair (the ring, then in process): on a shared
-#: 2-core host one round's tokens/s moves +-15% either side, the pair's ratio less
-PAIRED_ROUNDS = 9
+#: rounds of the 4-groups figure, each a pair (the ring and in process, `in_turn`): on a
+#: shared 2-core host one round's tokens/s moves +-15% either side, the pair's ratio
+#: less; on 2026-12-07 a round's ratio ranged 0.8-1.7 as the host's speed moved
+PAIRED_ROUNDS = 15
+
+
+def in_turn(ring: Any, alone: Any, k: int) -> tuple[Any, Any]:
+    """(ring(), alone()) of the k-th round: the ring first in even rounds and second in
+    odd ones, so a host speeding up or slowing down over a round weighs on both
+    sides alike (the ring always first put it on one side)."""
+    if k % 2:
+        second = alone()
+        return ring(), second
+    first = ring()
+    return first, alone()
 
 
 def decode_ms(model, rows: np.ndarray, new: int) -> float:
@@ -366,17 +378,27 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
             prompts = [prompt_rows(1, 32) + i for i in range(4)]
             r, lo_ = [], []
             pids = stage_pids(remote1)
-            for _ in range(max(args.rounds, PAIRED_ROUNDS)):
-                before, t0 = [_sched_s(p) for p in pids], time.perf_counter()
-                r.append(tokens_per_s(remote1, prompts, args.new, in_flight=True))
-                wall = time.perf_counter() - t0
-                lo_.append(tokens_per_s(local1, prompts, args.new, in_flight=False))
+            sched: dict[str, Any] = {}
+
+            def ring_round() -> tuple[float, float]:
+                sched["before"], t0 = [_sched_s(p) for p in pids], time.perf_counter()
+                out = tokens_per_s(remote1, prompts, args.new, in_flight=True)
+                sched["wall"] = time.perf_counter() - t0
+                sched["after"] = [_sched_s(p) for p in pids]
+                return out
+
+            for k in range(max(args.rounds, PAIRED_ROUNDS)):
+                a, b = in_turn(ring_round, lambda: tokens_per_s(local1, prompts, args.new,
+                                                                in_flight=False), k)
+                r.append(a)
+                lo_.append(b)
             r, lo_ = list(zip(*r)), list(zip(*lo_))  # (with opening, opened) each
             # the last round's: a full pipeline keeps each stage on a core or waiting for one
+            wall = sched["wall"]
             print(f"{name:14} 4 groups in flight, 1 thread per stage, share of the time each "
                   "stage was on a core / runnable but waiting for one: " + ", ".join(
                       f"stage#{k} {(a[0] - b[0]) / wall:.2f} / {(a[1] - b[1]) / wall:.2f}"
-                      for k, (a, b) in enumerate(zip([_sched_s(p) for p in pids], before))),
+                      for k, (a, b) in enumerate(zip(sched["after"], sched["before"]))),
                   flush=True)
             # continuous batching: 8 requests of different lengths sharing 4 rows
             requests = [(prompt_rows(1, 32) + i, args.new // 2 + i * args.new // 8)
@@ -399,9 +421,12 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
             tokens_per_s(pinned1, prompts, args.new, in_flight=True)  # plans bound
             r, lo_, two_way = [], [], []
             with TwoWayCeiling(path, prompts, args.new) as ceiling:
-                for _ in range(max(args.rounds, PAIRED_ROUNDS)):
-                    r.append(tokens_per_s(pinned1, prompts, args.new, in_flight=True))
-                    lo_.append(tokens_per_s(local1, prompts, args.new, in_flight=False))
+                for k in range(max(args.rounds, PAIRED_ROUNDS)):
+                    a, b = in_turn(
+                        lambda: tokens_per_s(pinned1, prompts, args.new, in_flight=True),
+                        lambda: tokens_per_s(local1, prompts, args.new, in_flight=False), k)
+                    r.append(a)
+                    lo_.append(b)
                     one, two = ceiling.round()
                     two_way.append(two / one)
             cores = pinned1.remote.cores
@@ -412,9 +437,11 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
                                "1 thread", r, lo_))
             # the same with default threads on both sides
             r, lo_ = [], []
-            for _ in range(max(args.rounds, PAIRED_ROUNDS)):
-                r.append(tokens_per_s(remote, prompts, args.new, in_flight=True))
-                lo_.append(tokens_per_s(local, prompts, args.new, in_flight=False))
+            for k in range(max(args.rounds, PAIRED_ROUNDS)):
+                a, b = in_turn(lambda: tokens_per_s(remote, prompts, args.new, in_flight=True),
+                              lambda: tokens_per_s(local, prompts, args.new, in_flight=False), k)
+                r.append(a)
+                lo_.append(b)
             remote.close()
             r, lo_ = list(zip(*r)), list(zip(*lo_))
             throughput.append((name, "default threads", "default threads", r, lo_))
