@@ -420,15 +420,38 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
                                yield_to_stages=True)
             tokens_per_s(pinned1, prompts, args.new, in_flight=True)  # plans bound
             r, lo_, two_way = [], [], []
+            # the CPU a token costs each side: the stages' and the driver's, against the
+            # in-process generator's (a bound on two cores that does not move with the
+            # host's speed as tokens/s does; Ray's own processes are not counted)
+            cpu = {"ring": [0.0, 0], "alone": [0.0, 0]}
+            pids1 = stage_pids(pinned1)
+
+            def counted(key: str, fn: Any, pids: list[int]) -> Any:
+                def run() -> Any:
+                    before, own = [_sched_s(p)[0] for p in pids], time.process_time()
+                    out = fn()
+                    cpu[key][0] += time.process_time() - own + sum(
+                        _sched_s(p)[0] - b for p, b in zip(pids, before))
+                    cpu[key][1] += 2 * len(prompts) * args.new  # tokens_per_s: two passes
+                    return out
+                return run
+
             with TwoWayCeiling(path, prompts, args.new) as ceiling:
                 for k in range(max(args.rounds, PAIRED_ROUNDS)):
                     a, b = in_turn(
-                        lambda: tokens_per_s(pinned1, prompts, args.new, in_flight=True),
-                        lambda: tokens_per_s(local1, prompts, args.new, in_flight=False), k)
+                        counted("ring", lambda: tokens_per_s(pinned1, prompts, args.new,
+                                                             in_flight=True), pids1),
+                        counted("alone", lambda: tokens_per_s(local1, prompts, args.new,
+                                                              in_flight=False), []), k)
                     r.append(a)
                     lo_.append(b)
                     one, two = ceiling.round()
                     two_way.append(two / one)
+            ring_ms, alone_ms = (cpu[k][0] / max(cpu[k][1], 1) * 1e3 for k in ("ring", "alone"))
+            print(f"{name:14} 4 groups in flight, pinned: CPU a token, the stages and the driver "
+                  f"{ring_ms:.3f} ms against in process {alone_ms:.3f} ({ring_ms / alone_ms:.2f}x):"
+                  f" two cores doing nothing else bound the ring at {2 * alone_ms / ring_ms:.2f}x "
+                  "in process's tokens/s", flush=True)
             cores = pinned1.remote.cores
             pinned1.close()
             ceilings.append((name, two_way, [a / b for (a, _), (b, _) in zip(r, lo_)]))
