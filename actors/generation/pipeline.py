@@ -324,7 +324,7 @@ class RayDecoder:
         self.release(gid)
         if self.closed or not ray_usable():
             return
-        inlet = getattr(self, "inlet", None)
+        inlet = self.inlet
         if inlet is not None and inlet.send_close(gid, len(self.actors) - 1):
             return
         for a in self.actors:
