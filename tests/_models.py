@@ -43,11 +43,13 @@ def graph(nodes: Sequence[onnx.NodeProto], inputs: Sequence[onnx.ValueInfoProto]
     return helper.make_graph(list(nodes), name, list(inputs), list(outputs))
 
 
-def ort_run(m: onnx.ModelProto, feed: Mapping[str, Any], outputs: Sequence[str] | None = None) -> list:
+def ort_run(m: onnx.ModelProto, feed: Mapping[str, Any], outputs: Sequence[str] | None = None,
+            *, weights_7bit: bool = False) -> list:
     """onnxruntime's outputs; on a host where its uint8 x int8 products saturate
     (`ort_u8s8_saturates`), a model that has them gets the reference evaluator's
-    (`exact_anchor`) instead."""
-    if ort_u8s8_saturates() and mixes_u8_s8(m):
+    (`exact_anchor`) instead, unless ``weights_7bit``: its int8 weights lie in [-64, 63]
+    (onnxruntime's ``reduce_range``), where a pair of products cannot pass int16."""
+    if not weights_7bit and ort_u8s8_saturates() and mixes_u8_s8(m):
         return exact_anchor(m, feed, outputs)
     return _ort(m, feed, outputs)
 

@@ -22,11 +22,12 @@ def placed(sess: Any, op_type: str) -> set[str]:
 
 
 def compare(m: onnx.ModelProto, feed: Mapping[str, Any], *, device_ops: Sequence[str] = (),
-            rtol: float = 1e-5, atol: float = 1e-5, providers: Sequence[Any] | None = None
-            ) -> list[np.ndarray]:
-    """Outputs of ``m`` on our cpu and on strict sim-gpu (then cpu) against onnxruntime's;
+            rtol: float = 1e-5, atol: float = 1e-5, providers: Sequence[Any] | None = None,
+            weights_7bit: bool = False) -> list[np.ndarray]:
+    """Outputs of ``m`` on our cpu and on strict sim-gpu (then cpu) against onnxruntime's
+    (`ort_run`: ``weights_7bit`` says its int8 weights keep it exact on every host);
     each op of ``device_ops`` must have been placed on sim-gpu."""
-    want = ort_run(m, feed)
+    want = ort_run(m, feed, weights_7bit=weights_7bit)
     data = m.SerializeToString()
     runs = [["cpu"], [SIM, "cpu"]] if providers is None else [list(providers)]
     for provs in runs:
