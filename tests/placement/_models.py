@@ -42,10 +42,11 @@ def model(nodes: Sequence[onnx.NodeProto], inputs: Sequence[onnx.ValueInfoProto]
 def ort(m: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     import onnxruntime as rt
 
-    from tests._models import exact_anchor, mixes_u8_s8, ort_u8s8_saturates
+    from tests._models import u8s8_anchor
 
-    if ort_u8s8_saturates() and mixes_u8_s8(m):
-        return exact_anchor(m, feed)
+    exact = u8s8_anchor(m, feed)
+    if exact is not None:
+        return exact
     opts = rt.SessionOptions()
     opts.intra_op_num_threads = 1
     opts.inter_op_num_threads = 1

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 import hetero_exec
 from hetero_exec.ir.load import load
 from hetero_exec.placement.fusions.integer import fuse_integer_scale
-from tests._models import exact_anchor, init, mixes_u8_s8, model, ort_u8s8_saturates, vi
+from tests._models import init, model, u8s8_anchor, vi
 from tests.exec.program.test_lowerings import python_steps
 from tests.kernels.contrib.test_quant_integer import _mlp
 
@@ -20,8 +20,9 @@ from tests.kernels.contrib.test_quant_integer import _mlp
 def _ort(m: onnx.ModelProto, feed: dict) -> list:
     import onnxruntime
 
-    if ort_u8s8_saturates() and mixes_u8_s8(m):
-        return exact_anchor(m, feed)
+    exact = u8s8_anchor(m, feed)
+    if exact is not None:
+        return exact
     so = onnxruntime.SessionOptions()
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return onnxruntime.InferenceSession(m.SerializeToString(), so,
