@@ -1,9 +1,8 @@
 """The stage ring's frames (actors/generation/channel.py, inbox.py) with continuous
 batching's fields and a group's spec: a step frame's joins and spec, a group's close and
 a token frame's acknowledgements round-trip, and a malformed one is refused with
-WireFormatError
-naming the field (the receiving stage, or the driver, then drops that connection only:
-tests/ray/test_genai_ray.py)."""
+WireFormatError naming the field (the receiving stage, or the driver, then drops that
+connection only: tests/ray/test_genai_ray.py)."""
 
 from __future__ import annotations
 
