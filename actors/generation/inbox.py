@@ -9,7 +9,9 @@ The driver's generator listens on an abstract-namespace socket of its own (named
 the ring and the group; nothing in the file system) and names it in the group's
 `GroupSpec`. The last stage connects when it opens the group on the same node and
 writes, after each token it samples, a frame: a 4-byte length and a msgpack list
-``[epoch, at, ids (a compact wire tensor, [batch, 1]), done, acks]``. The socket only speeds
+``[epoch, at, ids (a compact wire tensor, [batch, 1]), done, acks]``; when a step of the
+group fails on a stage, that stage writes ``["failed", epoch]`` (`encode_failed`), and
+the driver asks the last stage for the error at once. The socket only speeds
 things up; the Ray poll stays the truth: a frame that does not follow what the driver
 has (a column lost, a connection made late) makes the driver poll, and so does a
 silent socket (a fault is found there, as before). A stage never blocks on the driver:
@@ -123,8 +125,18 @@ def encode_column(epoch: int, at: int, ids: np.ndarray, done: bool,
     return _HEADER.pack(len(body)) + body
 
 
+def encode_failed(epoch: int) -> bytes:
+    """A step of the group's ``epoch`` failed on a stage: the driver asks the last stage
+    for the error (`GenerationStage.tokens`) rather than waiting out a poll."""
+    body = pack(["failed", int(epoch)])
+    return _HEADER.pack(len(body)) + body
+
+
 def decode_column(body: bytes) -> tuple[int, int, np.ndarray, bool, list]:
-    obj = unpack_frame(body, MAX_FRAME_BYTES)
+    return _column(unpack_frame(body, MAX_FRAME_BYTES))
+
+
+def _column(obj: object) -> tuple[int, int, np.ndarray, bool, list]:
     if not isinstance(obj, list) or len(obj) != 5:
         raise WireFormatError("a token frame is a list of 5 fields")
     epoch, at, ids, done, acks = obj
@@ -159,6 +171,7 @@ class TokenInbox:
             raise
         self.conns: dict[socket.socket, bytearray] = {}
         self.ended = False  # a connection ended without a done frame (polls from then on)
+        self.failed: set[int] = set()  # the epochs a stage said a step of failed
 
     @classmethod
     def open(cls, address: str, yielding: bool = False) -> "TokenInbox | None":
@@ -174,12 +187,14 @@ class TokenInbox:
             return None
 
     def columns(self, timeout: float) -> list[tuple[int, int, np.ndarray, bool, list]]:
-        """The frames that came, waiting up to ``timeout`` for the first one (a yielding
-        inbox waits under SCHED_BATCH: `yield_thread`)."""
+        """The columns that came, waiting up to ``timeout`` for the first frame (a
+        failure notice ends the wait too: it goes to ``failed``; a yielding inbox waits
+        under SCHED_BATCH: `yield_thread`)."""
         if self.yielding:
             yield_thread(id(self))
         deadline = time.monotonic() + timeout
         out: list[tuple[int, int, np.ndarray, bool, list]] = []
+        failures = len(self.failed)
         while True:
             left = deadline - time.monotonic()
             readable, _, _ = select.select([self.listener, *self.conns], [], [], max(left, 0.0))
@@ -188,7 +203,7 @@ class TokenInbox:
                     self._accept()
                 else:
                     self._read(s, out)
-            if out or left <= 0:
+            if out or left <= 0 or len(self.failed) != failures:
                 return out
 
     def release(self) -> None:
@@ -233,7 +248,13 @@ class TokenInbox:
             body = bytes(buf[_HEADER.size:_HEADER.size + n])
             del buf[:_HEADER.size + n]
             try:
-                out.append(decode_column(body))
+                obj = unpack_frame(body, MAX_FRAME_BYTES)
+                if isinstance(obj, list) and len(obj) == 2 and obj[0] == "failed":
+                    if type(obj[1]) is not int:
+                        raise WireFormatError('a failure frame is ["failed", epoch]')
+                    self.failed.add(obj[1])
+                else:
+                    out.append(_column(obj))
             except WireFormatError as e:
                 log.warning("token socket: %s: connection dropped", e)
                 return self._drop(conn, ended=True)
@@ -279,9 +300,11 @@ class TokenOutlet:
              acks: list[tuple[int, str, int, bool]] = ()) -> bool:
         """Write one column's frame (with the joins taken at it: ``acks``); on a short or
         failed write, close (the driver polls)."""
+        return self._write(encode_column(epoch, at, ids, done, acks))
+
+    def _write(self, frame: bytes) -> bool:
         if self.sock is None:
             return False
-        frame = encode_column(epoch, at, ids, done, acks)
         try:
             sent = self.sock.send(frame)
         except OSError:
@@ -290,6 +313,10 @@ class TokenOutlet:
             self.close()
             return False
         return True
+
+    def send_failed(self, epoch: int) -> bool:
+        """Tell the driver a step of ``epoch`` failed (`encode_failed`)."""
+        return self._write(encode_failed(epoch))
 
     def close(self) -> None:
         if self.sock is not None:
