@@ -302,12 +302,15 @@ class GenerationStage:
         try:
             self._step(gid, epoch, job, carried)
         except Exception as e:  # a kernel's failure: the group's driver raises it, not waits
-            log.exception("%s: a step of group %s failed", self.label, gid)
+            # (the error names its node there; its traceback here only when asked for)
+            log.warning("%s: a step of group %s failed: %s", self.label, gid, e)
+            log.debug("%s: the failed step's traceback", self.label, exc_info=True)
             error = SegmentRunError(self.label, e)
             if self.index == self.count - 1:
                 self.fail(gid, epoch, error)
             elif self.ring:  # (not yet connected: the driver's poll finds no progress)
                 self.ring[-1].fail.remote(gid, epoch, error)
+                self._tell_failed(gid, epoch)
         finally:
             if self.spin.cap_s > 0:
                 self.spin.done(sum(1 for g in self.groups.values() if g.caches) <= 1)
@@ -324,6 +327,22 @@ class GenerationStage:
         elif epoch >= g.epoch:
             g.error = (epoch, error)
             self._notify()
+            if g.outlet is not None:
+                g.outlet.send_failed(epoch)
+
+    def _tell_failed(self, gid: str, epoch: int) -> None:
+        """A stage before the last: tell the group's driver, when it shares this node,
+        that a step of ``epoch`` failed (the group may not have reached the last stage,
+        whose token socket would tell it)."""
+        g = self.groups.get(gid)
+        inbox = None if g is None else g.spec.inbox
+        if inbox is None or not self.link.enabled \
+                or inbox[0] != ray.get_runtime_context().get_node_id():
+            return
+        outlet = TokenOutlet.connect(inbox[1], self.label)
+        if outlet is not None:
+            outlet.send_failed(epoch)
+            outlet.close()
 
     def _step(self, gid: str, epoch: int, job: Job, carried: list[dict[str, Any]]) -> None:
         if self.part is None:
