@@ -3,9 +3,11 @@
 The driver keeps the same bookkeeping as the in-process generator (ids, left padding,
 eos per row, how much was computed) and hands the group to the ring once per
 ``append_tokens``; the stages then generate on their own up to eos or max_length, and
-the driver only collects token ids, a batch of columns per long poll of the last
-stage (`stream` yields them as they come). Nothing the driver does per token crosses
-to a stage; ``generate_next_token`` reads the next collected column.
+the driver only collects token ids: the columns the last stage pushed to its socket
+(`inbox.py`), else a batch per long poll of the last stage (`stream` yields them as they
+come). Nothing the driver does per token crosses to a stage; ``generate_next_token``
+reads the next collected column. An append after generating is one step frame too:
+the new epoch it carries makes each stage drop the group's run-ahead.
 
 Closing (``close``, the end of a ``with`` block, or the generator being collected)
 frees the group's cache on every stage; a finished group's is freed by the stages.
@@ -14,6 +16,7 @@ frees the group's cache on every stage; a finished group's is freed by the stage
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from typing import Any, Iterator
 
@@ -56,6 +59,7 @@ class RemoteGenerator(TokenRows):
         self.gid = uuid.uuid4().hex[:16]
         self.epoch = 0
         self.replays = 0
+        self.polls = 0  # Ray long polls of the last stage (its token socket brings the rest)
         self._running = False  # the ring holds a live epoch of this group
         self._finished = False  # the ring ended it (eos, max_length): its cache is freed
         self._closed = False
@@ -66,7 +70,7 @@ class RemoteGenerator(TokenRows):
             if self.decoder.link == "socket" else None
         self._pushing = False
         self._fresh = True  # never sent: the first step opens the group on each stage
-        self._verified = True  # the pushed tokens may be taken (see _send)
+        self._opened = 0  # the epoch the stages' cache of the group was opened at
         try:
             self._open(self.epoch)  # admission: before any token, as in process
         except BaseException:
@@ -89,6 +93,7 @@ class RemoteGenerator(TokenRows):
         self.decoder.admit(self.gid, spec)
         if not self._fresh:
             self.decoder.open(self.gid, spec, epoch)
+        self._opened = epoch
         self._pushing = self._inbox is not None and self.decoder.pushing
         if self._pushing:
             self._inbox.ended = False  # a new connection waits to be accepted
@@ -125,17 +130,13 @@ class RemoteGenerator(TokenRows):
                        start=self._start.copy() if first else None))
 
     def _send(self, job: Job) -> None:
-        """Hand the group to the ring under a new epoch (its older messages dropped)."""
+        """Hand the group to the ring under a new epoch: each stage drops the group's
+        older messages once this step has got there (nothing goes ahead of it: a
+        stage runs the steps that came before it, as it would have anyway)."""
         self.epoch += 1
         if self._fresh:
             job.spec = self._spec()  # each stage opens the group when this step gets there
             self._fresh = False
-        else:
-            for a in self.decoder.actors:
-                a.halt.remote(self.gid, self.epoch)
-            # the ring may have ended the group unseen (it runs ahead): a poll tells,
-            # the pushed tokens would not
-            self._verified = False
         self.decoder.send_step(self.gid, self.epoch, job)
         self._running = True
         self._finished = False
@@ -170,8 +171,9 @@ class RemoteGenerator(TokenRows):
         if self._seen != self.decoder.incarnations:
             self._replay()  # a stage restarted since this group last ran
         if self._pushing and self._inbox is not None and not self._inbox.ended \
-                and self._verified and self._take_pushed():
+                and self.epoch not in self._inbox.failed and self._take_pushed():
             return
+        self.polls += 1
         try:
             got = ray.get(self.decoder.last.tokens.remote(self.gid, self.epoch, self._got, POLL_S),
                           timeout=POLL_S + 30)
@@ -180,13 +182,10 @@ class RemoteGenerator(TokenRows):
             got = {"missing": True}
         _raise_failed(got)
         if got.get("freed"):  # the ring had ended the group unseen: all the tokens again
-            self._finished = True
-            self.decoder.release(self.gid)
-            self._resume()
+            self._freed()
             return
         if got.get("missing") and self.decoder.check():
             return  # the group's first step has not reached the last stage yet
-        self._verified = True
         if got.get("missing") or (got["ids"].shape[1] == 0 and not got["done"]
                                   and not self.decoder.check()):
             self.decoder.recover(self._seen)
@@ -217,17 +216,38 @@ class RemoteGenerator(TokenRows):
 
     def _take_pushed(self) -> bool:
         """The columns pushed since ``_got`` (every one that came, waiting up to a poll
-        for the first); False when none follows on (a lost column, a silent socket):
-        then the Ray poll answers, and finds a fault."""
-        took = False
-        for epoch, at, ids, done, acks in self._inbox.columns(POLL_S):
-            if epoch != self.epoch or self._finished or at + ids.shape[1] <= self._got:
-                continue  # an older epoch's, or collected by a poll already
-            if at != self._got:
-                return took  # a gap: the poll fills it from ``_got``
-            self._columns(ids, done, acks)
-            took = True
-        return took
+        for the first); False when none follows on (a lost column, a silent socket, a
+        step that failed on a stage): then the Ray poll answers, and finds the fault.
+
+        An earlier epoch's last column (``done``) means the ring ended the group before
+        this epoch's step got to the last stage (it runs ahead of the driver), freed its
+        cache and dropped that step: the group runs all its tokens again."""
+        deadline = time.monotonic() + POLL_S
+        while (left := deadline - time.monotonic()) > 0 and self.epoch not in self._inbox.failed:
+            took = False
+            for epoch, at, ids, done, acks in self._inbox.columns(left):
+                if self._finished:
+                    continue
+                if epoch != self.epoch:
+                    if done and self._opened <= epoch < self.epoch:
+                        self._freed()
+                        return True
+                    continue  # an older epoch's run-ahead
+                if at + ids.shape[1] <= self._got:
+                    continue  # collected by a poll already
+                if at != self._got:
+                    return took  # a gap: the poll fills it from ``_got``
+                self._columns(ids, done, acks)
+                took = True
+            if took or self._inbox.ended:
+                return took
+        return False
+
+    def _freed(self) -> None:
+        """The ring ended the group unseen and freed its cache: all the tokens again."""
+        self._finished = True
+        self.decoder.release(self.gid)
+        self._resume()
 
     def _replay(self) -> None:
         """Open the group again where it was lost and run a prefill over the tokens so
