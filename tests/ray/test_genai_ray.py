@@ -325,6 +325,38 @@ def test_a_rewind_after_the_ring_ended_the_group_unseen_runs_all_the_tokens_agai
     assert eventually(lambda: _cache_free(llama))
 
 
+def test_an_append_after_the_ring_ended_the_group_unseen_is_told_by_the_token_socket(
+        llama, monkeypatch):
+    # an append after generating hands the ring a new epoch with no Ray call: where the
+    # ring had ended the group meanwhile (run ahead to max_length, its cache freed), the
+    # last column of the earlier epoch, pushed to the driver's socket, tells it so, and
+    # it runs all the tokens again; no poll of the last stage is made (were the socket
+    # silent, a poll after POLL_S would answer)
+    import actors.generation.generator as remote_generator
+
+    monkeypatch.setattr(remote_generator, "POLL_S", 60.0)
+    rows = prompts(1, seed=33)
+    local = _start(_local_model("llama"), rows, new=6)
+    remote = _start(llama, rows, new=6)
+    for gen in (local, remote):
+        gen.generate_next_token()
+    assert eventually(lambda: [s["groups"] for s in llama.remote.stats()] == [0, 0])  # ended
+    for gen in (local, remote):
+        gen.append_tokens([[9, 4]])
+    assert _finish(remote, rows) == _finish(local, rows)
+    assert remote._pushing and remote.polls == 0
+    # and an append to a group the ring still runs takes its tokens from the socket too
+    with _start(llama, rows, new=24) as gen:
+        local = _start(_local_model("llama"), rows, new=24)
+        for g in (local, gen):
+            for _ in range(4):
+                g.generate_next_token()
+            g.append_tokens([[7, 3, 5]])
+        assert _finish(gen, rows) == _finish(local, rows)
+        assert gen.polls == 0
+    assert eventually(lambda: _cache_free(llama))
+
+
 def test_a_refused_group_names_its_stage_and_leaves_the_others_running(ray_session):
     # a budget on stage#1's device only: stage#0 admits the big group, stage#1 refuses
     # it, and what stage#0 admitted is released
@@ -474,11 +506,18 @@ def test_a_malformed_token_frame_drops_that_connection_only():
                 s.connect(inbox.address)
                 s.sendall(frame)
                 assert inbox.columns(1.0) == [] and inbox.ended and not inbox.conns
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(inbox.address)
+            s.sendall(struct.pack("<I", 12) + b"\x92\xa6failed\xa3two")  # ["failed", "two"]
+            assert inbox.columns(1.0) == [] and inbox.ended and not inbox.failed
         outlet = TokenOutlet.connect(inbox.address, "test")
         assert outlet.send(3, 7, np.array([[5], [6]], dtype=np.int64), True, [(7, "k", 1, True)])
         [(epoch, at, ids, done, acks)] = inbox.columns(5.0)
         assert (epoch, at, ids.tolist(), done) == (3, 7, [[5], [6]], True)
         assert acks == [(7, "k", 1, True)]
+        # a failure notice ends a wait with no column, and names its epoch
+        assert outlet.send_failed(4)
+        assert inbox.columns(30.0) == [] and inbox.failed == {4} and not inbox.ended
         outlet.close()
     finally:
         inbox.close()
@@ -829,6 +868,23 @@ def test_a_step_that_fails_on_a_stage_raises_its_error_and_the_model_goes_on(ray
     try:
         with pytest.raises(KernelError, match="wpe/Gather.*out of bounds"):
             _generate(model, [[5] * 1030], new=4)
+        # stage 0 tells the driver over its token socket (the group never got to the
+        # last stage, whose socket would): it asks for the error at once, not after a
+        # poll's wait; so does a later step's failure, from the last stage too
+        gen = _start(model, [[5] * 1000], new=40)
+        gen.generate_next_token()
+        with pytest.raises(KernelError, match="wpe/Gather.*out of bounds"):
+            gen.append_tokens([[6] * 30])
+            gen.generate_next_token()
+        assert gen._pushing and gen.epoch in gen._inbox.failed
+        gen.close()
+        fresh = og.GeneratorParams(model)
+        fresh.set_search_options(batch_size=1, max_length=1040)
+        with og.Generator(model, fresh) as gen:
+            with pytest.raises(KernelError, match="wpe/Gather.*out of bounds"):
+                gen.append_tokens([[5] * 1030])
+                gen.generate_next_token()
+            assert gen._pushing and gen._inbox.failed == {gen.epoch}
         rows = prompts(1, seed=43)
         assert _generate(model, rows) == ort_greedy(path, rows, NEW)
         assert eventually(lambda: _cache_free(model))
