@@ -357,6 +357,33 @@ def test_an_append_after_the_ring_ended_the_group_unseen_is_told_by_the_token_so
     assert eventually(lambda: _cache_free(llama))
 
 
+def test_a_next_turn_after_an_eos_opens_the_group_again_with_its_first_step(llama, monkeypatch):
+    # a chat's next turn: the group ended at an eos the driver saw, and the stages freed
+    # its cache; the append runs all the tokens again, the group opening on each stage
+    # when that step gets there (no Ray call to each stage first), as in process
+    rows = prompts(1, seed=34)
+    made = _generate(_local_model("llama"), rows, new=8)[0]
+    eos = next(t for k, t in enumerate(made) if k >= 2 and t not in made[:k])
+    for m in (llama, _local_model("llama")):
+        monkeypatch.setattr(m, "eos_token_ids", [eos])
+
+    def no_call(*args):
+        raise AssertionError("the group was opened by a Ray call to each stage")
+
+    monkeypatch.setattr(llama.remote, "open", no_call)
+    gens = [_start(m, rows, new=24) for m in (_local_model("llama"), llama)]
+    for gen in gens:
+        while not gen.is_done():
+            gen.generate_next_token()
+    assert gens[1]._finished and [int(t) for t in gens[1].get_sequence(0)][-1] == eos
+    for gen in gens:
+        gen.append_tokens([[9, 4]])
+    local, remote = (_finish(gen, rows) for gen in gens)
+    assert remote == local
+    gens[1].close()
+    assert eventually(lambda: _cache_free(llama))
+
+
 def test_a_refused_group_names_its_stage_and_leaves_the_others_running(ray_session):
     # a budget on stage#1's device only: stage#0 admits the big group, stage#1 refuses
     # it, and what stage#0 admitted is released
