@@ -20,7 +20,7 @@ arrays in `actors.transport.wire`'s compact form, ``[dtype, shape, data]``: neve
 anything on the host can connect to an abstract socket). A frame that does not decode
 drops its connection. A group's close goes the same way, from stage to stage
 (`encode_close`): from the driver when it closes a generator, from the last stage to
-the earlier ones when it ends a group.
+the earlier ones when it ends a group; and so does a rewind's halt (`encode_halt`).
 
 The sender keeps one connection to its successor (stage i+1, the last stage's is stage
 0), made by `connect` only when the successor's node id is this actor's; otherwise, when
@@ -61,10 +61,10 @@ _HEADER = struct.Struct("<I")
 #: the ways a stage passes a step on: the socket where it can, or always the Ray call
 LINKS = ("socket", "ray")
 
-Step = Callable[[str, int, Job, list[dict[str, Any]]], None]
-JoinTo = Callable[[str, Join], Any]
-#: (gid, epoch or None, until): `GenerationStage.close_ring`
-CloseOn = Callable[[str, "int | None", int], Any]
+#: a frame's kind -> the stage method it calls with the frame's fields: "step" (gid,
+#: epoch, job, carried), "join" (gid, join), "close" (gid, epoch or None, until:
+#: `GenerationStage.close_ring`), "halt" (gid, epoch, until: `GenerationStage.halt_ring`)
+Handlers = dict[str, Callable[..., Any]]
 
 
 def socket_name(ring_id: str, index: int, incarnation: str) -> str:
@@ -118,9 +118,17 @@ def encode_close(gid: str, epoch: int | None, until: int) -> bytes:
     return _HEADER.pack(len(body)) + body
 
 
+def encode_halt(gid: str, epoch: int, until: int) -> bytes:
+    """A rewind's halt: each stage up to ``until`` drops ``gid``'s messages of epochs
+    before ``epoch`` (`GenerationStage.halt_ring`), so the ring stops running ahead."""
+    body = pack(["halt", gid, int(epoch), int(until)])
+    return _HEADER.pack(len(body)) + body
+
+
 def decode_frame(body: bytes) -> tuple[str, tuple[Any, ...]]:
-    """("step", (gid, epoch, job, carried)), ("join", (gid, join)) or ("close", (gid,
-    epoch, until)) of a frame's body; WireFormatError when malformed."""
+    """("step", (gid, epoch, job, carried)), ("join", (gid, join)), ("close", (gid,
+    epoch, until)) or ("halt", (gid, epoch, until)) of a frame's body; WireFormatError
+    when malformed."""
     obj = unpack_frame(body, MAX_FRAME_BYTES)
     if isinstance(obj, list) and len(obj) == 3 and obj[0] == "join":
         if not isinstance(obj[1], str):
@@ -132,6 +140,11 @@ def decode_frame(body: bytes) -> tuple[str, tuple[Any, ...]]:
                 or type(until) is not int:
             raise WireFormatError("close frame: [\"close\", group id, epoch or nil, until]")
         return "close", (gid, epoch, until)
+    if isinstance(obj, list) and len(obj) == 4 and obj[0] == "halt":
+        _, gid, epoch, until = obj
+        if not isinstance(gid, str) or type(epoch) is not int or type(until) is not int:
+            raise WireFormatError("halt frame: [\"halt\", group id, epoch, until]")
+        return "halt", (gid, epoch, until)
     return "step", _step(obj)
 
 
@@ -232,13 +245,12 @@ def _join(v: Any) -> Join:
 
 
 class _Receiver(asyncio.Protocol):
-    """One incoming connection: frames in, each run as a step (or a join queued, or a
-    group closed) on the actor's loop."""
+    """One incoming connection: frames in, each run as a step (or a join queued, a
+    group closed or halted) on the actor's loop."""
 
-    def __init__(self, step: Step, join: JoinTo, close: CloseOn, label: str):
+    def __init__(self, handlers: Handlers, label: str):
         self.label = label
-        self.handlers: dict[str, Callable[..., Any]] = {"step": step, "join": join,
-                                                         "close": close}
+        self.handlers = handlers
         self.buffer = bytearray()
         self.transport: Any = None
 
@@ -333,6 +345,11 @@ class DriverLink:
         by Ray calls."""
         return self._write(encode_close(gid, None, until), wait=False)
 
+    def send_halt(self, gid: str, epoch: int, until: int) -> bool:
+        """Halt ``gid``'s epochs before ``epoch`` on stage 0 and, passed on, on each stage
+        up to ``until`` (`encode_halt`)."""
+        return self._write(encode_halt(gid, epoch, until))
+
     def _write(self, frame: bytes, wait: bool = True) -> bool:
         if not self.lock.acquire(blocking=wait):
             return False
@@ -358,9 +375,9 @@ class DriverLink:
 class StageLink:
     """A stage's listening socket and its connection to its successor."""
 
-    def __init__(self, label: str, step: Step, join: JoinTo, close: CloseOn,
-                 enabled: bool = True):
-        self.label, self.step, self.join, self.close_on = label, step, join, close
+    def __init__(self, label: str, handlers: Handlers, enabled: bool = True):
+        """``handlers``: what each kind of frame received calls (`Handlers`)."""
+        self.label, self.handlers = label, dict(handlers)
         self.enabled = enabled and supported()
         self.address = ""
         self.server: Any = None
@@ -379,7 +396,7 @@ class StageLink:
             sock.bind(address)
             sock.listen(64)
             self.server = await loop.create_unix_server(
-                lambda: _Receiver(self.step, self.join, self.close_on, self.label), sock=sock)
+                lambda: _Receiver(self.handlers, self.label), sock=sock)
             self.address = address
         except OSError as e:
             sock.close()
@@ -419,6 +436,12 @@ class StageLink:
         by ``successor.close_ring.remote``."""
         if not self._write(lambda: encode_close(gid, epoch, until)):
             successor.close_ring.remote(gid, epoch, until)
+
+    def send_halt(self, successor: Any, gid: str, epoch: int, until: int) -> None:
+        """Pass a rewind's halt on (`encode_halt`): over the socket while it is up, else
+        by ``successor.halt_ring.remote``."""
+        if not self._write(lambda: encode_halt(gid, epoch, until)):
+            successor.halt_ring.remote(gid, epoch, until)
 
     def _write(self, frame: Callable[[], bytes]) -> bool:
         """Write ``frame()`` to the successor's socket; False when it is not up (then it
