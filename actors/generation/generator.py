@@ -341,8 +341,7 @@ class RemoteGenerator(TokenRows):
         """Stop the ring's run-ahead (its later messages carry an older epoch)."""
         self.epoch += 1
         if self._running:
-            for a in self.decoder.actors:
-                a.halt.remote(self.gid, self.epoch)
+            self.decoder.halt_group(self.gid, self.epoch)
         self._running = False
 
     # -- lifetime ----------------------------------------------------------------------

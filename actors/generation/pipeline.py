@@ -318,6 +318,16 @@ class RayDecoder:
             raise GenaiError("the model's stage actors are closed")
         return RemoteGenerator(model, params, capacity)
 
+    def halt_group(self, gid: str, epoch: int) -> None:
+        """Halt ``gid``'s epochs before ``epoch`` on every stage (a rewind): a halt frame
+        to stage 0, which each stage passes on (`GenerationStage.halt_ring`), else a Ray
+        call to each."""
+        inlet = self.inlet
+        if inlet is not None and inlet.send_halt(gid, epoch, len(self.actors) - 1):
+            return
+        for a in self.actors:
+            a.halt.remote(gid, epoch)
+
     def close_group(self, gid: str) -> None:
         """Free ``gid``'s cache on every stage: a close frame to stage 0, which each stage
         passes on (`GenerationStage.close_ring`), else a Ray call to each."""

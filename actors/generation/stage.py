@@ -77,7 +77,8 @@ class GenerationStage:
         self.failures: dict[str, tuple[int, Any]] = {}  # the last stage's: groups that failed
         self.ring: list[Any] = []  # every stage's handle, by index
         # to the next stage (channel.py)
-        self.link = StageLink(self.label, self.step, self.join, self.close_ring)
+        self.link = StageLink(self.label, {"step": self.step, "join": self.join,
+                                           "close": self.close_ring, "halt": self.halt_ring})
         self.changed = asyncio.Event()
         self.steps = 0
         self.pushed = 0  # token columns written to a driver's socket (inbox.py)
@@ -283,6 +284,13 @@ class GenerationStage:
         g = self.groups.get(gid)
         if g is not None:
             g.epoch = max(g.epoch, epoch)
+
+    def halt_ring(self, gid: str, epoch: int, until: int) -> None:
+        """`halt` here, then pass it on to the next stage while this one is before stage
+        ``until`` (a halt frame from the driver: `channel.encode_halt`)."""
+        self.halt(gid, epoch)
+        if self.index < until and self.ring:
+            self.link.send_halt(self.ring[self.index + 1], gid, epoch, until)
 
     def stats(self) -> dict[str, Any]:
         return {"stage": self.label, "incarnation": self.incarnation, "groups": sum(1 for g in self.groups.values() if g.caches),
