@@ -129,6 +129,36 @@ def test_streaming_rewind_and_append_follow_the_in_process_generator(llama):
     assert eventually(lambda: _cache_free(llama))
 
 
+def test_a_rewind_halts_the_ring_by_one_frame(llama):
+    import time
+
+    rows = prompts(1, seed=12)
+    local = _start(_local_model("llama"), rows, new=300)
+    remote = _start(llama, rows, new=300)
+    for gen in (local, remote):
+        for _ in range(3):
+            gen.generate_next_token()
+    sent = llama.remote.inlet.sent
+    for gen in (local, remote):
+        gen.rewind_to(len(rows[0]) + 1)
+    assert llama.remote.inlet.sent == sent + 1  # to stage 0, which passes it on
+
+    def stopped() -> bool:
+        before = [s["steps"] for s in llama.remote.stats()]
+        time.sleep(0.3)
+        return before == [s["steps"] for s in llama.remote.stats()]
+
+    # the ring stops running ahead (but for the steps on their way): it did not run on
+    # to max_length, which would have ended the group and freed its cache
+    assert eventually(stopped)
+    assert [s["groups"] for s in llama.remote.stats()] == [1, 1]
+    for gen in (local, remote):
+        gen.append_tokens([[5, 6]])
+    assert _finish(remote, rows) == _finish(local, rows)
+    remote.close()
+    assert eventually(lambda: _cache_free(llama))
+
+
 def test_a_prompt_prefilled_in_chunks_follows_onnxruntime(llama):
     """``chunk_size``: the prompt goes round the ring as pieces of at most that many
     positions in one step; a one-position piece before the job's last runs at its exact

@@ -1,6 +1,6 @@
 """The stage ring's frames (actors/generation/channel.py, inbox.py) with continuous
-batching's fields and a group's spec: a step frame's joins and spec, a group's close and
-a token frame's acknowledgements round-trip, and a malformed one is refused with
+batching's fields and a group's spec: a step frame's joins and spec, a group's close or
+halt and a token frame's acknowledgements round-trip, and a malformed one is refused with
 WireFormatError naming the field (the receiving stage, or the driver, then drops that
 connection only: tests/ray/test_genai_ray.py)."""
 
@@ -15,6 +15,7 @@ from actors.generation.channel import (
     decode_frame,
     decode_step,
     encode_close,
+    encode_halt,
     encode_join,
     encode_step,
 )
@@ -116,6 +117,14 @@ def test_a_close_frame_round_trips_and_a_bad_one_is_refused():
     for bad in (["close", 5, None, 1], ["close", "g", 1.5, 1], ["close", "g", None, "1"],
                 ["close", "g", True, 1]):
         with pytest.raises(WireFormatError, match="close frame"):
+            decode_frame(msgpack.packb(bad, use_bin_type=True))
+
+
+def test_a_halt_frame_round_trips_and_a_bad_one_is_refused():
+    assert decode_frame(encode_halt("g", 4, 1)[_HEADER.size:]) == ("halt", ("g", 4, 1))
+    for bad in (["halt", 5, 4, 1], ["halt", "g", None, 1], ["halt", "g", 4, 1.0],
+                ["halt", "g", True, 1]):
+        with pytest.raises(WireFormatError, match="halt frame"):
             decode_frame(msgpack.packb(bad, use_bin_type=True))
 
 
