@@ -15,8 +15,8 @@ Figures per model:
   each counting the generators' opening (the driver's admission; each stage opens a
   group with its first step), and with them open before the clock starts (what the
   ring itself sustains);
-* a chat's next turn: the time from appending 8 tokens (after 8 generated, the ring
-  running ahead) to the first token after them, on the ring and in process;
+* a chat's next turn: the time from appending 8 tokens (5 ms after 8 generated, the
+  ring running ahead) to the first token after them, on the ring and in process;
 * continuous batching (actors/generation/batcher.py): 8 requests of different lengths
   submitted at once to a ContinuousBatcher of 4 rows on the two single-threaded stages,
   against one in-process thread running them one after another and as static batches
@@ -70,15 +70,19 @@ def decode_ms(model, rows: np.ndarray, new: int) -> float:
         return (time.perf_counter() - t0) / max(n, 1) * 1e3
 
 
-def turn_ms(model, rows: np.ndarray, made: int = 8, appended: int = 8) -> float:
-    """A chat's next turn: ms from appending ``appended`` tokens, after ``made`` tokens
-    were generated (the ring running ahead meanwhile), to the first token after them."""
+def turn_ms(model, rows: np.ndarray, made: int = 8, appended: int = 8,
+            pause_s: float = 0.005) -> float:
+    """A chat's next turn: ms from appending ``appended`` tokens, ``pause_s`` after the
+    last of ``made`` tokens generated (the caller's own work between: printing the
+    answer, encoding the next prompt; the ring runs ahead meanwhile), to the first
+    token after them."""
     params = hg.GeneratorParams(model)
     params.set_search_options(batch_size=1, max_length=rows.shape[1] + made + appended + 200)
     with hg.Generator(model, params) as gen:
         gen.append_tokens(rows)
         for _ in range(made):
             gen.generate_next_token()
+        time.sleep(pause_s)
         t0 = time.perf_counter()
         gen.append_tokens(rows[:, :appended] + 1)
         gen.generate_next_token()
@@ -389,8 +393,8 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
             turns = [in_turn(lambda: turn_ms(remote, rows), lambda: turn_ms(local, rows), k)
                      for k in range(rounds)]
             ratios = sorted(a / b for a, b in turns)
-            print(f"{name:14} a chat's next turn (8 tokens appended after 8 made, the ring "
-                  f"running ahead), ms to its first token: ray "
+            print(f"{name:14} a chat's next turn (8 tokens appended 5 ms after 8 made, the "
+                  f"ring running ahead), ms to its first token: ray "
                   f"{statistics.median(a for a, _ in turns):.2f}, in process "
                   f"{statistics.median(b for _, b in turns):.2f} ({statistics.median(ratios):.2f}x;"
                   f" {ratios[0]:.2f}-{ratios[-1]:.2f})", flush=True)
