@@ -384,6 +384,9 @@ class GenerationStage:
                 if j.ok and g.sampler is not None and g.sampler.row_rngs is not None:
                     g.sampler.reseed(j.row, j.seed)  # the request's own draws from its first token
         last: Any = None
+        if job.pieces and job.pieces[0][0] > g.filled:  # the driver's to keep: never computed
+            raise RuntimeError(f"a step from position {job.pieces[0][0]} of group {gid}, whose "
+                               f"cache here holds {g.filled} positions")
         for (p, t), came in zip(job.pieces, carried):
             feeds, came = self._with(g.feeds(self.layout, p, t, self.fixed, self.shared), came)
             values = self.runner.run(feeds)
