@@ -109,6 +109,18 @@ class RemoteGenerator(TokenRows):
                 f"{self._length} tokens so far + {n} new exceed max_length {self.capacity}")
         first = self._length == 0
         at = self._length
+        if self._running and not self._finished and self._got <= at and self._pushing \
+                and self._inbox is not None and not self._inbox.ended:
+            self._take_pushed(wait=0.0)  # what the ring made meanwhile (see below)
+        # the sampled token not yet run (at ``_filled``): the ring, running ahead, ran it
+        # on every stage already when it sampled the token after it (collected: ``_got``
+        # past ``at``); its cache entries are the ones a run now would write (the same
+        # one-token step), so the stages keep them rather than run it again (a runner
+        # pass on each stage: a chat turn on two stages took 1.7-1.8x the in-process
+        # time to its first token with it). Not where a row had ended (its mask then
+        # differs), nor after a rewind or the group's end.
+        filled = at if self._running and not self._finished and self._got > at \
+            and bool((self._end < 0).all()) else self._filled
         self._ids[:, at:at + n] = rows
         if first and self.batch > 1:
             self._start = leading(rows, self._pad)
@@ -118,11 +130,11 @@ class RemoteGenerator(TokenRows):
             self._resume(ended=True)
             return
         pieces = []
-        if self._filled < at:
-            pieces.append((self._filled, at))  # the sampled token not yet run comes first
+        if filled < at:
+            pieces.append((filled, at))  # the sampled token not yet run comes first
         pieces.extend(self._prefill_runs(at, at + n))
         lo = pieces[0][0]
-        rewind = (at, self._filled)
+        rewind = (at, filled)
         self._length += n
         self._filled = self._length
         self._send(Job(lo, self._ids[:, lo:self._length].copy(), pieces, rewind=rewind,
@@ -214,18 +226,19 @@ class RemoteGenerator(TokenRows):
         """A join (`batcher.py`) taken at ``column`` - 1: here, nothing (a plain generator
         sends none)."""
 
-    def _take_pushed(self) -> bool:
-        """The columns pushed since ``_got`` (every one that came, waiting up to a poll
+    def _take_pushed(self, wait: float = POLL_S) -> bool:
+        """The columns pushed since ``_got`` (every one that came, waiting up to ``wait``
         for the first); False when none follows on (a lost column, a silent socket, a
         step that failed on a stage): then the Ray poll answers, and finds the fault.
 
         An earlier epoch's last column (``done``) means the ring ended the group before
         this epoch's step got to the last stage (it runs ahead of the driver), freed its
         cache and dropped that step: the group runs all its tokens again."""
-        deadline = time.monotonic() + POLL_S
-        while (left := deadline - time.monotonic()) > 0 and self.epoch not in self._inbox.failed:
+        deadline = time.monotonic() + wait
+        while self.epoch not in self._inbox.failed:
             took = False
-            for epoch, at, ids, done, acks in self._inbox.columns(left):
+            for epoch, at, ids, done, acks in self._inbox.columns(
+                    max(deadline - time.monotonic(), 0.0)):
                 if self._finished:
                     continue
                 if epoch != self.epoch:
@@ -239,7 +252,7 @@ class RemoteGenerator(TokenRows):
                     return took  # a gap: the poll fills it from ``_got``
                 self._columns(ids, done, acks)
                 took = True
-            if took or self._inbox.ended:
+            if took or self._inbox.ended or time.monotonic() >= deadline:
                 return took
         return False
 
