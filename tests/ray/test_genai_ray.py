@@ -387,6 +387,34 @@ def test_an_append_after_the_ring_ended_the_group_unseen_is_told_by_the_token_so
     assert eventually(lambda: _cache_free(llama))
 
 
+def test_an_append_keeps_the_step_the_ring_ran_ahead(llama, monkeypatch):
+    # the driver's last sampled token was run on every stage already (the ring ran
+    # ahead and sampled the tokens after it): the append's step starts at the appended
+    # tokens, keeping the stages' cache of it, and the tokens follow the in-process
+    # generator (which runs that token again)
+    rows = prompts(1, seed=35)
+    local = _start(_local_model("llama"), rows, new=300)
+    remote = _start(llama, rows, new=300)
+    for gen in (local, remote):
+        for _ in range(3):
+            gen.generate_next_token()
+    before = llama.remote.stats()[-1]["steps"]
+    assert eventually(lambda: llama.remote.stats()[-1]["steps"] >= before + 2)
+    pieces = []
+    send = llama.remote.send_step
+    monkeypatch.setattr(llama.remote, "send_step",
+                        lambda gid, epoch, job: (pieces.append(job.pieces), send(gid, epoch, job)))
+    at = remote._length
+    for gen in (local, remote):
+        gen.append_tokens([[9, 4]])
+        for _ in range(6):
+            gen.generate_next_token()
+    assert pieces == [[(at, at + 2)]]
+    assert [int(t) for t in remote.get_sequence(0)] == [int(t) for t in local.get_sequence(0)]
+    remote.close()
+    assert eventually(lambda: _cache_free(llama))
+
+
 def test_a_next_turn_after_an_eos_opens_the_group_again_with_its_first_step(llama, monkeypatch):
     # a chat's next turn: the group ended at an eos the driver saw, and the stages freed
     # its cache; the append runs all the tokens again, the group opening on each stage
