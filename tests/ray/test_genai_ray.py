@@ -415,6 +415,27 @@ def test_an_append_keeps_the_step_the_ring_ran_ahead(llama, monkeypatch):
     assert eventually(lambda: _cache_free(llama))
 
 
+def test_a_step_past_what_a_stage_holds_is_refused_not_run(llama):
+    # a step whose first position the stage's cache of the group does not reach (the
+    # driver's bookkeeping gone wrong) fails with the stage's error, rather than running
+    # over a cache with a hole in it
+    import numpy as np
+
+    from actors.generation.group import Job
+
+    rows = prompts(1, seed=36)
+    with _start(llama, rows, new=300) as gen:
+        gen.generate_next_token()
+        at = gen._length
+        gen._stop()  # the ring halted at the driver's next epoch
+        job = Job(at + 4, np.array([[5]], dtype=np.int64), [(at + 4, at + 5)],
+                  rewind=(at + 5, at), end=np.array([-1]))
+        llama.remote.send_step(gen.gid, gen.epoch, job)
+        got = ray.get(llama.remote.last.tokens.remote(gen.gid, gen.epoch, 0, 30.0))
+        assert "error" in got and "holds" in str(got["error"]), got
+    assert eventually(lambda: _cache_free(llama))
+
+
 def test_a_next_turn_after_an_eos_opens_the_group_again_with_its_first_step(llama, monkeypatch):
     # a chat's next turn: the group ended at an eos the driver saw, and the stages freed
     # its cache; the append runs all the tokens again, the group opening on each stage
