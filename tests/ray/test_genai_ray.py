@@ -61,6 +61,16 @@ def _local_model(arch: str) -> og.Model:
     return _local[arch]
 
 
+def _side_by_side(model: og.Model, rows, new: int, made: int) -> tuple:
+    """The in-process generator and ``model``'s (a Llama on the stages), each started on
+    ``rows`` and ``made`` tokens on."""
+    gens = (_start(_local_model("llama"), rows, new), _start(model, rows, new))
+    for gen in gens:
+        for _ in range(made):
+            gen.generate_next_token()
+    return gens
+
+
 @pytest.fixture(scope="module")
 def llama(ray_session):
     model = og.Model(model_path("llama", "optimum"), executor="ray", stages=2, providers=DEVICES)
@@ -133,11 +143,7 @@ def test_a_rewind_halts_the_ring_by_one_frame(llama):
     import time
 
     rows = prompts(1, seed=12)
-    local = _start(_local_model("llama"), rows, new=300)
-    remote = _start(llama, rows, new=300)
-    for gen in (local, remote):
-        for _ in range(3):
-            gen.generate_next_token()
+    local, remote = _side_by_side(llama, rows, new=300, made=3)
     sent = llama.remote.inlet.sent
     for gen in (local, remote):
         gen.rewind_to(len(rows[0]) + 1)
@@ -393,11 +399,7 @@ def test_an_append_keeps_the_step_the_ring_ran_ahead(llama, monkeypatch):
     # tokens, keeping the stages' cache of it, and the tokens follow the in-process
     # generator (which runs that token again)
     rows = prompts(1, seed=35)
-    local = _start(_local_model("llama"), rows, new=300)
-    remote = _start(llama, rows, new=300)
-    for gen in (local, remote):
-        for _ in range(3):
-            gen.generate_next_token()
+    local, remote = _side_by_side(llama, rows, new=300, made=3)
     before = llama.remote.stats()[-1]["steps"]
     assert eventually(lambda: llama.remote.stats()[-1]["steps"] >= before + 2)
     pieces = []
