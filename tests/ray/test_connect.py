@@ -90,15 +90,20 @@ def start_head(log_path, gpus: int = 2) -> tuple[subprocess.Popen, int]:
 
 
 def stop(proc: subprocess.Popen, port: int) -> None:
-    """SIGTERM to the node's own process group (never `ray stop`)."""
+    """SIGTERM to the node's `ray start` process, which drains the node and stops the
+    processes it started, then to its process group for anything left (never `ray
+    stop`). A SIGTERM to the whole group at once stopped the GCS first, and the CLI's
+    drain then waited 30 s for it: 34 s a test, against 2.6 s this way."""
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
-    except ProcessLookupError:
-        pass
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
     if recorded(port):  # a stale record would send later bare ray.init()s here
         os.unlink(ADDRESS_FILE)
 
