@@ -237,9 +237,9 @@ class GenerationStage:
             self._notify()  # a long poll waiting for the group
             if self.index == self.count - 1:
                 g.sampler = self._sampler(spec)
-                if spec.inbox is not None and self.link.enabled \
-                        and spec.inbox[0] == ray.get_runtime_context().get_node_id():
-                    g.outlet = TokenOutlet.connect(spec.inbox[1], self.label)
+                address = self._driver_socket(spec)
+                if address:
+                    g.outlet = TokenOutlet.connect(address, self.label)
         g.epoch = max(g.epoch, epoch)
 
     def close(self, gid: str, epoch: int | None = None) -> None:
@@ -343,14 +343,19 @@ class GenerationStage:
         that a step of ``epoch`` failed (the group may not have reached the last stage,
         whose token socket would tell it)."""
         g = self.groups.get(gid)
-        inbox = None if g is None else g.spec.inbox
-        if inbox is None or not self.link.enabled \
-                or inbox[0] != ray.get_runtime_context().get_node_id():
-            return
-        outlet = TokenOutlet.connect(inbox[1], self.label)
+        address = None if g is None else self._driver_socket(g.spec)
+        outlet = TokenOutlet.connect(address, self.label) if address else None
         if outlet is not None:
             outlet.send_failed(epoch)
             outlet.close()
+
+    def _driver_socket(self, spec: GroupSpec) -> str | None:
+        """The group's driver's token socket (`inbox.py`) when this stage may write to
+        it: the links are on and the driver shares this node."""
+        if spec.inbox is None or not self.link.enabled \
+                or spec.inbox[0] != ray.get_runtime_context().get_node_id():
+            return None
+        return spec.inbox[1]
 
     def _step(self, gid: str, epoch: int, job: Job, carried: list[dict[str, Any]]) -> None:
         if self.part is None:
