@@ -908,32 +908,31 @@ def test_token_count_on_two_stages_is_onnxruntime_genais(ray_session):
     assert counts[og] == counts[genai] and counts[og][-1] == counts[og][-2] < 40
 
 
-def test_cli_generates_on_two_stages():
-    """``hetero-exec generate --executor ray --stages 2``, in its own process (its own Ray,
-    started and stopped by the command): token ids, and text through onnxruntime-genai's
-    builder folder's tokenizer."""
+def test_cli_generates_on_two_stages(ray_session, capsys):
+    """``hetero-exec generate --executor ray --stages 2``: token ids, on the session's Ray
+    (the command's own `main`), and text through onnxruntime-genai's builder folder's
+    tokenizer in its own process (its own Ray, started and stopped by the command)."""
     import subprocess
     import sys
 
+    from hetero_exec.cli import main
+
     ids = [5, 17, 33, 8, 91, 120]
-    out = subprocess.run([sys.executable, "-m", "hetero_exec.cli", "generate",
-                          model_path("llama", "optimum"), "--prompt-ids", " ".join(map(str, ids)),
-                          "--max-new-tokens", "8", "--executor", "ray", "--stages", "2",
-                          "--providers", "sim-gpu:0,sim-gpu:1"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert [int(t) for t in out.stdout.split()] == ort_greedy(model_path("llama", "optimum"),
-                                                             [ids], 8)[0]
-    assert "8 tokens in" in out.stderr and "2 stage actors on sim-gpu:0, sim-gpu:1" in out.stderr
+    assert main(["generate", model_path("llama", "optimum"), "--prompt-ids",
+                 " ".join(map(str, ids)), "--max-new-tokens", "8", "--executor", "ray",
+                 "--stages", "2", "--providers", "sim-gpu:0,sim-gpu:1"]) == 0
+    out, err = capsys.readouterr()
+    assert [int(t) for t in out.split()] == ort_greedy(model_path("llama", "optimum"), [ids], 8)[0]
+    assert "8 tokens in" in err and "2 stage actors on sim-gpu:0, sim-gpu:1" in err
     # text in, through the folder's tokenizer, and the new text streamed out as it comes
     prompt = "t5 t17 t33 t8 t91 t120"
-    out = subprocess.run([sys.executable, "-m", "hetero_exec.cli", "generate", GENAI_FOLDER,
-                          "--prompt", prompt, "--max-new-tokens", "8", "--executor", "ray",
-                          "--stages", "2", "--providers", "sim-gpu:0,sim-gpu:1"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout == genai_text(GENAI_FOLDER, prompt, 8) + "\n"
-    assert "2 stage actors on sim-gpu:0, sim-gpu:1" in out.stderr
+    done = subprocess.run([sys.executable, "-m", "hetero_exec.cli", "generate", GENAI_FOLDER,
+                           "--prompt", prompt, "--max-new-tokens", "8", "--executor", "ray",
+                           "--stages", "2", "--providers", "sim-gpu:0,sim-gpu:1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == genai_text(GENAI_FOLDER, prompt, 8) + "\n"
+    assert "2 stage actors on sim-gpu:0, sim-gpu:1" in done.stderr
 
 
 def test_a_deeper_decoder_over_three_and_four_stages_and_split_unevenly(ray_session):
