@@ -6,12 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
-import time
 
 import msgpack
 import numpy as np
@@ -30,7 +25,6 @@ WIDTH = 16
 LIMIT = 1 << 16  # the main app's body limit, small enough to test
 MIXED = [("sim-gpu", {"exclude_ops": ["Relu"]}), "cpu"]
 CPU = 0.25  # what each replica reserves
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -378,71 +372,3 @@ def test_msgpack_body_carries_strings_and_frames(server):
 
 
 # -- the CLI ------------------------------------------------------------------------------------
-
-
-def _haproxy_folders() -> set[str]:
-    """The folders Serve's HAProxy ingresses keep their configuration in, one per node."""
-    from ray.serve._private.constants import RAY_SERVE_HAPROXY_SOCKET_PATH
-
-    base = os.path.dirname(RAY_SERVE_HAPROXY_SOCKET_PATH)
-    return set(os.listdir(base)) if os.path.isdir(base) else set()
-
-
-def _haproxy_running() -> bool:
-    """Whether an HAProxy process runs on this host (the session's Ray runs none: its
-    Serve keeps Serve's own proxy)."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() == "haproxy":
-                    return True
-        except OSError:
-            pass
-    return False
-
-
-def test_cli_serves_until_sigint(models):
-    """The CLI's own Ray serves through Serve's HAProxy ingress (actors/connect.py
-    serve_ingress_env) and leaves none of its files behind."""
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    env.pop("RAY_ADDRESS", None)
-    env.pop("RAY_SERVE_ENABLE_HA_PROXY", None)
-    folders = _haproxy_folders()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hetero_exec.cli", "serve", models["mlp"], "--name", "cli",
-         "--port", str(port), "--providers", "cpu"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        client = InferenceClient(f"http://127.0.0.1:{port}", "cli", timeout=10)
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if client.model_ready():
-                    break
-            except OSError:
-                pass
-            time.sleep(0.5)
-        assert proc.poll() is None, proc.stdout.read()
-        x = rand(2, seed=7)
-        close(client.infer(x)["y"], ort(models["mlp"], {"x": x})[0])
-        # a bad request through HAProxy: the app's own 4xx, and the server keeps serving
-        with pytest.raises(InferenceServerError) as bad:
-            client.infer({"nope": x})
-        assert bad.value.status == 400 and "nope" in bad.value.message
-        close(client.infer(x)["y"], ort(models["mlp"], {"x": x})[0])
-        assert _haproxy_running()
-        client.close()
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 0, out[-2000:]
-        assert "serving cli at http://127.0.0.1" in out and "shutting down" in out
-        assert _haproxy_folders() <= folders
-    finally:
-        if proc.poll() is None:  # a failed check: stop it the clean way first
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()

@@ -1,7 +1,8 @@
 """`hetero-exec serve` and `hetero-exec demo` on the embedded default, as a user runs
 them (issue 27): every socket they and their Ray listen on is on loopback, and a
 replica killed under load from several real clients loses no request, each error a
-client could see being the JSON the app answers with.
+client could see being the JSON the app answers with; a bad request gets its 400 and
+SIGINT stops the server cleanly, leaving none of HAProxy's files.
 
 Sockets are read from /proc/net/tcp{,6} and mapped to the process tree of the command
 through /proc/<pid>/fd. Each command runs in its own process and starts its own Ray.
@@ -46,6 +47,14 @@ def comm(pid: int) -> str:
         return ""
 
 
+def haproxy_folders() -> set[str]:
+    """The folders Serve's HAProxy ingresses keep their configuration in, one per node."""
+    from ray.serve._private.constants import RAY_SERVE_HAPROXY_SOCKET_PATH
+
+    base = os.path.dirname(RAY_SERVE_HAPROXY_SOCKET_PATH)
+    return set(os.listdir(base)) if os.path.isdir(base) else set()
+
+
 def infer_body(rows: int, seed: int) -> tuple[bytes, np.ndarray]:
     x = np.random.default_rng(seed).standard_normal((rows, WIDTH)).astype(np.float32)
     body = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
@@ -55,7 +64,8 @@ def infer_body(rows: int, seed: int) -> tuple[bytes, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """`hetero-exec serve` of an mlp with two replicas on a Ray it starts itself."""
+    """`hetero-exec serve` of an mlp with two replicas on a Ray it starts itself: (the
+    process, its port, the model's path, the HAProxy folders there were before it)."""
     from actors.connect import discovered_cluster
 
     if discovered_cluster() is not None:
@@ -63,6 +73,7 @@ def served(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("ingress") / "mlp.onnx")
     onnx.save(mlp(WIDTH, layers=2), path)
     port = free_port()
+    folders = haproxy_folders()
     # RAY_ADDRESS=local asks for a Ray of its own: the embedded default, HAProxy and all
     proc = subprocess.Popen(
         [sys.executable, "-m", "hetero_exec.cli", "serve", path, "--name", "m", "--port",
@@ -82,7 +93,7 @@ def served(tmp_path_factory):
             time.sleep(0.5)
         else:
             pytest.fail(f"the server did not come up: {proc.stdout.read()[-3000:]}")
-        yield proc, port, path
+        yield proc, port, path, folders
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
@@ -94,7 +105,7 @@ def served(tmp_path_factory):
 
 
 def test_serve_listens_on_loopback_only(served):
-    proc, port, _ = served
+    proc, port, _, _ = served
     # Sampled, not read once: a graceful HAProxy reload (replicas joining) starts a new
     # haproxy that takes the socket over, and one read can fall between the two processes.
     seen: dict[tuple[int, str, int], str] = {}  # socket -> its process's name when seen
@@ -150,7 +161,7 @@ def test_demo_listens_on_loopback_only():
 def test_a_replica_killed_under_load_loses_no_request(served, record_property):
     import onnxruntime as ort
 
-    proc, port, path = served
+    proc, port, path, _ = served
     opts = ort.SessionOptions()
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     ref = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
@@ -241,3 +252,28 @@ def test_a_replica_killed_under_load_loses_no_request(served, record_property):
           f"kill {gap:.2f} s")
     assert lost == [] and non_json == [] and wrong == [], (lost[:5], non_json[:5], wrong[:5])
     assert len(after) > 10 * clients  # it kept serving after the kill
+
+
+def test_serve_answers_then_stops_at_sigint_leaving_no_files(served):
+    """Last of the module's tests of `served`: through HAProxy, an answer matching
+    onnxruntime, a bad request's own 400 with the server serving on, then SIGINT: a
+    clean exit that leaves none of HAProxy's files behind."""
+    import onnxruntime as ort
+
+    from actors.client import InferenceClient, InferenceServerError
+
+    proc, port, path, folders = served
+    x = np.random.default_rng(7).standard_normal((2, WIDTH)).astype(np.float32)
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with InferenceClient(f"http://127.0.0.1:{port}", "m", timeout=30) as client:
+        np.testing.assert_allclose(client.infer(x)["y"], want, rtol=1e-4, atol=1e-5)
+        with pytest.raises(InferenceServerError) as bad:
+            client.infer({"nope": x})
+        assert bad.value.status == 400 and "nope" in bad.value.message
+        np.testing.assert_allclose(client.infer(x)["y"], want, rtol=1e-4, atol=1e-5)
+    assert "haproxy" in {comm(p) for p in process_tree(proc.pid)}
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-2000:]
+    assert f"serving m at http://127.0.0.1:{port}" in out and "shutting down" in out
+    assert haproxy_folders() <= folders
