@@ -60,6 +60,7 @@ class RemoteGenerator(TokenRows):
         self.epoch = 0
         self.replays = 0
         self.polls = 0  # Ray long polls of the last stage (its token socket brings the rest)
+        self.logits_steps = 0  # steps sent to run the last token again for its logits
         self._running = False  # the ring holds a live epoch of this group
         self._finished = False  # the ring ended it (eos, max_length): its cache is freed
         self._closed = False
@@ -291,14 +292,15 @@ class RemoteGenerator(TokenRows):
             self.generate_next_token()
             yield self.get_next_tokens()
 
-
-
     def get_logits(self) -> np.ndarray:
         """The logits for the next token, [batch, vocab], on the host: once the live epoch
         has got through every stage (their caches hold the tokens before the last), the
         group runs its last token again through the ring (after a rewind or its end: all
         its tokens), and the last stage keeps the logits of that step for the driver
-        before it samples and goes on as before (its sampler skips the earlier draws)."""
+        before it samples and goes on as before (its sampler skips the earlier draws).
+        From then on, where the last stage shares this node, it pushes every step's
+        logits with its token (`inbox.py`): the next call takes those the ring ran ahead
+        with, and runs nothing again."""
         self._check_open()
         if self._length == 0:
             raise GenerationInputError("no logits yet: call append_tokens first")
@@ -309,6 +311,10 @@ class RemoteGenerator(TokenRows):
             while live and self._got <= self._length and not self._finished:
                 self._collect()  # the live epoch got through every stage: keep its cache
             n = self._length
+            kept = self._inbox.take_logits(self.epoch, n) \
+                if live and not self._finished and self._pushing and self._inbox else None
+            if kept is not None:  # pushed when the ring ran ahead with them (asked before)
+                return kept
             if live and not self._finished:  # run the last token again
                 job = Job(n - 1, self._ids[:, n - 1:n].copy(), [(n - 1, n)], rewind=(n, n - 1),
                           end=self._end.copy(), draws=self._draws, logits=True)
@@ -317,8 +323,15 @@ class RemoteGenerator(TokenRows):
                 job = Job(0, self._ids[:, :n].copy(), [(0, n)], rewind=(0, 0), end=self._end.copy(),
                           draws=self._draws, start=self._start.copy(), logits=True)
             self._send(job)
+            self.logits_steps += 1
             self._filled = n
-            while True:
+            pushed = self._pushed_logits(n)
+            if pushed is not None:
+                if self.is_done():  # the last stage freed the group's cache again
+                    self._finished, self._running = True, False
+                return pushed
+            while True:  # not pushed: the last stage keeps them (or knows what went wrong)
+                self.polls += 1
                 try:
                     got = ray.get(self.decoder.last.logits.remote(self.gid, self.epoch, POLL_S),
                                   timeout=POLL_S + 30)
@@ -336,6 +349,14 @@ class RemoteGenerator(TokenRows):
                 if got.get("missing") or not self.decoder.check():
                     self.decoder.recover(self._seen)
                     break  # replayed above, then asked again
+
+    def _pushed_logits(self, column: int) -> np.ndarray | None:
+        """The logits of the step just sent, pushed by the last stage to this driver's
+        socket (no Ray poll of a stage busy with steps); None: ask the last stage
+        (`TokenInbox.wait_logits`)."""
+        if not self._pushing or self._inbox is None or self._inbox.ended:
+            return None
+        return self._inbox.wait_logits(self.epoch, column, POLL_S)
 
     def rewind_to(self, new_length: int) -> None:
         self._check_open()

@@ -103,6 +103,7 @@ class StageGroup:
         self.sampler: Any = None  # the last stage's
         self.outlet: Any = None  # the last stage's token socket to the driver (inbox.py)
         self.logits: tuple[int, np.ndarray] | None = None  # (epoch, [batch, vocab]) on request
+        self.push_logits = False  # the last stage pushes each step's logits to the driver
         #: the last stage's: (epoch, SegmentRunError) when a step of that epoch failed on a stage
         self.error: tuple[int, Any] | None = None
         self.ids = np.full((self.batch, self.capacity), spec.pad, dtype=np.int64)

@@ -11,7 +11,11 @@ the ring and the group; nothing in the file system) and names it in the group's
 writes, after each token it samples, a frame: a 4-byte length and a msgpack list
 ``[epoch, at, ids (a compact wire tensor, [batch, 1]), done, acks]``; when a step of the
 group fails on a stage, that stage writes ``["failed", epoch]`` (`encode_failed`), and
-the driver asks the last stage for the error at once. The socket only speeds
+the driver asks the last stage for the error at once. Logits come the same way
+(``["logits", epoch, column, logits or None]``, `encode_logits`, before the column they
+chose): those a ``get_logits`` step kept, and from then on every step's, so that the
+driver's next ``get_logits`` finds the logits the ring ran ahead with rather than running
+the last token again. The socket only speeds
 things up; the Ray poll stays the truth: a frame that does not follow what the driver
 has (a column lost, a connection made late) makes the driver poll, and so does a
 silent socket (a fault is found there, as before). A stage never blocks on the driver:
@@ -47,6 +51,11 @@ _HEADER = struct.Struct("<I")
 MAX_FRAME_BYTES = 1 << 20
 #: one read's size: a short read has drained the socket
 _READ_BYTES = 1 << 16
+#: the largest logits pushed (batch x vocab): under a Unix socket's default buffer (208 KiB)
+#: so that one write goes whole; larger ones stay on the last stage for the driver's poll
+PUSHED_LOGITS_BYTES = 128 << 10
+#: pushed logits an inbox keeps (the ring runs ahead of a driver that asks for them)
+KEPT_LOGITS = 64
 
 
 #: Linux's batch policy: a thread woken under it does not preempt the one on its core
@@ -132,6 +141,14 @@ def encode_failed(epoch: int) -> bytes:
     return _HEADER.pack(len(body)) + body
 
 
+def encode_logits(epoch: int, column: int, logits: np.ndarray | None) -> bytes:
+    """The logits ([batch, vocab]) a step of ``epoch`` chose ``column`` from; None in
+    their place when they stay on the last stage (larger than `PUSHED_LOGITS_BYTES`)."""
+    body = pack(["logits", int(epoch), int(column),
+                 None if logits is None else tensor_to_list(logits)])
+    return _HEADER.pack(len(body)) + body
+
+
 def decode_column(body: bytes) -> tuple[int, int, np.ndarray, bool, list]:
     return _column(unpack_frame(body, MAX_FRAME_BYTES))
 
@@ -172,6 +189,11 @@ class TokenInbox:
         self.conns: dict[socket.socket, bytearray] = {}
         self.ended = False  # a connection ended without a done frame (polls from then on)
         self.failed: set[int] = set()  # the epochs a stage said a step of failed
+        #: the latest epoch's pushed logits by the column they chose ([batch, vocab]; None:
+        #: too big, kept on the stage), the latest `KEPT_LOGITS`
+        self.logits: dict[tuple[int, int], np.ndarray | None] = {}
+        #: columns read while waiting for logits (`wait_logits`), for the next `columns`
+        self.backlog: list[tuple[int, int, np.ndarray, bool, list]] = []
 
     @classmethod
     def open(cls, address: str, yielding: bool = False) -> "TokenInbox | None":
@@ -192,19 +214,52 @@ class TokenInbox:
         under SCHED_BATCH: `yield_thread`)."""
         if self.yielding:
             yield_thread(id(self))
-        deadline = time.monotonic() + timeout
-        out: list[tuple[int, int, np.ndarray, bool, list]] = []
+        out, self.backlog = self.backlog, []
+        deadline = time.monotonic() + (0.0 if out else timeout)
         failures = len(self.failed)
         while True:
-            left = deadline - time.monotonic()
-            readable, _, _ = select.select([self.listener, *self.conns], [], [], max(left, 0.0))
-            for s in readable:
-                if s is self.listener:
-                    self._accept()
-                else:
-                    self._read(s, out)
+            left = self._wait(deadline, out)
             if out or left <= 0 or len(self.failed) != failures:
                 return out
+
+    def wait_logits(self, epoch: int, column: int, timeout: float) -> np.ndarray | None:
+        """The logits a step of ``epoch`` pushed for ``column``, waiting up to ``timeout``;
+        None when the driver must ask the last stage: too big to push, a failure notice,
+        the connection's end, or the group's last column first (the ring ended it before
+        that step got there, and dropped the step). Columns that come meanwhile wait for
+        the next `columns`."""
+        if self.yielding:
+            yield_thread(id(self))
+        deadline = time.monotonic() + timeout
+        while True:
+            if (epoch, column) in self.logits:
+                return self.take_logits(epoch, column)
+            if epoch in self.failed or self.ended \
+                    or any(c[0] == epoch and c[3] for c in self.backlog):
+                return None
+            if self._wait(deadline, self.backlog) <= 0:
+                return self.take_logits(epoch, column)
+
+    def take_logits(self, epoch: int, column: int) -> np.ndarray | None:
+        """The logits pushed for ``column`` of ``epoch`` if they came (those of earlier
+        columns go: the driver is past them)."""
+        got = self.logits.pop((epoch, column), None)
+        for key in [k for k in self.logits if k[1] < column]:
+            del self.logits[key]
+        return got
+
+    def _wait(self, deadline: float, out: list[tuple[int, int, np.ndarray, bool, list]]
+              ) -> float:
+        """One wait (until ``deadline``) for frames, read into ``out``; the time that was
+        left."""
+        left = deadline - time.monotonic()
+        readable, _, _ = select.select([self.listener, *self.conns], [], [], max(left, 0.0))
+        for s in readable:
+            if s is self.listener:
+                self._accept()
+            else:
+                self._read(s, out)
+        return left
 
     def release(self) -> None:
         """Let go of the threads this inbox put under SCHED_BATCH (its group is done)."""
@@ -253,11 +308,28 @@ class TokenInbox:
                     if type(obj[1]) is not int:
                         raise WireFormatError('a failure frame is ["failed", epoch]')
                     self.failed.add(obj[1])
+                elif isinstance(obj, list) and len(obj) == 4 and obj[0] == "logits":
+                    self._logits(obj[1], obj[2], obj[3])
                 else:
                     out.append(_column(obj))
             except WireFormatError as e:
                 log.warning("token socket: %s: connection dropped", e)
                 return self._drop(conn, ended=True)
+
+    def _logits(self, epoch: object, column: object, value: object) -> None:
+        if type(epoch) is not int or type(column) is not int:
+            raise WireFormatError('a logits frame is ["logits", epoch, column, logits or None]')
+        arr = None if value is None else np.array(tensor_from_list(value))  # the caller's
+        if arr is not None and (arr.ndim != 2 or arr.dtype.kind != "f"):
+            raise WireFormatError(f"logits frame: [batch, vocab] floats, got {arr.dtype} "
+                                  f"{arr.shape}")
+        if self.logits and epoch < max(e for e, _ in self.logits):
+            return  # an older epoch's run-ahead: nobody's
+        for key in [k for k in self.logits if k[0] < epoch]:
+            del self.logits[key]
+        self.logits[epoch, column] = arr
+        while len(self.logits) > KEPT_LOGITS:
+            del self.logits[next(iter(self.logits))]
 
     def _drop(self, conn: socket.socket, ended: bool) -> None:
         if self.conns.pop(conn, None) is not None:
@@ -313,6 +385,10 @@ class TokenOutlet:
             self.close()
             return False
         return True
+
+    def send_logits(self, epoch: int, column: int, logits: np.ndarray | None) -> bool:
+        """Push the logits a step chose ``column`` from (`encode_logits`)."""
+        return self._write(encode_logits(epoch, column, logits))
 
     def send_failed(self, epoch: int) -> bool:
         """Tell the driver a step of ``epoch`` failed (`encode_failed`)."""

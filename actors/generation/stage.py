@@ -38,7 +38,7 @@ import ray
 from actors.generation.channel import LINKS, StageLink, socket_name
 from actors.generation.cores import even_runs, pin_process, usable_cores
 from actors.generation.group import GroupSpec, Job, Join, StageGroup
-from actors.generation.inbox import TokenOutlet
+from actors.generation.inbox import PUSHED_LOGITS_BYTES, TokenOutlet
 from actors.generation.runner import StageRunner
 from actors.generation.spin import SpinWait, spin_cap_ms
 from actors.generation.split import StagePart, send_again
@@ -493,12 +493,18 @@ class GenerationStage:
                 joins: list[Join] | None = None) -> None:
         """The last stage: sample the next token, keep it for the driver, start the next
         step at stage 0 (or, when the group is done, free its cache everywhere); with
-        ``keep``, first keep the logits on the host for the driver's `logits`."""
+        ``keep``, first keep the logits on the host for the driver's `logits`, and push
+        them (and every later step's: ``push_logits``) to its socket."""
         logits = logits[:, -1, :] if logits.ndim == 3 else logits
+        host = None
         if keep:
-            g.logits = (epoch, np.array(self.runner.output_provider.to_host(logits)))
+            host = np.array(self.runner.output_provider.to_host(logits))
+            g.logits = (epoch, host)
             self._notify()
+            # a driver that asked once asks again: every later step's go to it too
+            g.push_logits = g.outlet is not None and host.nbytes <= PUSHED_LOGITS_BYTES
             if g.done():  # asked at max_length or after every row's eos: nothing to sample
+                self._push_logits(g, epoch, g.length, host)
                 self._finish(gid, g, epoch)
                 return
         o = g.sampler.options
@@ -511,11 +517,22 @@ class GenerationStage:
         if not done:  # the next step first: the ring, not the driver, bounds a token
             self.link.send(self.ring[0], gid, epoch,
                            Job(at, g.ids[:, at:at + 1].copy(), [(at, at + 1)]), [{}])
+        if g.push_logits or host is not None:
+            if host is None:
+                host = np.array(self.runner.output_provider.to_host(logits))
+            self._push_logits(g, epoch, at, host)
         if g.outlet is not None and g.outlet.send(epoch, at, g.ids[:, at:at + 1], done, acks):
             self.pushed += 1
         self._notify()
         if done:
             self._finish(gid, g, epoch)
+
+    def _push_logits(self, g: StageGroup, epoch: int, column: int, host: np.ndarray) -> None:
+        """To the driver's socket, before ``column``'s frame: the logits that chose it
+        (None in their place when too big: the driver asks by `logits`)."""
+        if g.outlet is not None:
+            g.outlet.send_logits(epoch, column,
+                                 host if host.nbytes <= PUSHED_LOGITS_BYTES else None)
 
     def _finish(self, gid: str, g: StageGroup, epoch: int) -> None:
         g.free()  # the bookkeeping stays for the driver to read; the cache goes

@@ -259,6 +259,67 @@ def test_get_logits_follows_the_in_process_generator(llama):
     assert eventually(lambda: _cache_free(llama))
 
 
+def test_get_logits_each_token_takes_the_logits_the_ring_ran_ahead_with(llama):
+    # scoring: get_logits after every token. The first call runs the last token again
+    # on the ring; from then on the last stage pushes every step's logits with its
+    # token, so no call runs anything again nor polls a stage by Ray
+    import numpy as np
+
+    rows = prompts(2, seed=23)
+    for search in ({}, {"do_sample": True, "top_k": 5, "random_seed": 9}):
+        want, want_tokens = _logits_along(_local_model("llama"), rows, list(range(1, 9)),
+                                          new=10, **search)
+        with _start(llama, rows, 10, **search) as gen:
+            got = [np.array(gen.get_logits())]
+            for _ in range(8):
+                gen.generate_next_token()
+                got.append(np.array(gen.get_logits()))
+            assert gen.logits_steps == 1 and gen.polls == 0, (gen.logits_steps, gen.polls)
+            tokens = _finish(gen, rows)
+        assert tokens == want_tokens
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    assert eventually(lambda: _cache_free(llama))
+
+
+def test_pushed_logits_come_before_their_column_and_a_bad_frame_is_refused():
+    import struct
+    import uuid
+
+    import msgpack
+    import numpy as np
+
+    from actors.generation.inbox import TokenInbox, TokenOutlet, inbox_name
+
+    inbox = TokenInbox.open(inbox_name("test", uuid.uuid4().hex))
+    try:
+        outlet = TokenOutlet.connect(inbox.address, "test")
+        logits = np.arange(8, dtype=np.float32).reshape(2, 4)
+        assert outlet.send_logits(2, 9, logits * 0)  # an older epoch's: dropped when 3's come
+        assert outlet.send_logits(3, 9, logits)
+        assert outlet.send(3, 9, np.array([[5], [6]], np.int64), False)
+        # the wait for the logits keeps the column that came with them for `columns`
+        np.testing.assert_array_equal(inbox.wait_logits(3, 9, 5.0), logits)
+        [(epoch, at, ids, done, _)] = inbox.columns(0.0)
+        assert (epoch, at, ids.tolist(), done) == (3, 9, [[5], [6]], False)
+        assert inbox.take_logits(2, 9) is None
+        # too big to push: a None in their place ends the wait (the driver asks the stage)
+        assert outlet.send_logits(3, 10, None)
+        assert inbox.wait_logits(3, 10, 30.0) is None and (3, 10) not in inbox.logits
+        # the group's last column first: the ring ended it and dropped that step
+        assert outlet.send(3, 11, np.array([[1], [2]], np.int64), True)
+        assert inbox.wait_logits(3, 12, 30.0) is None
+        assert [c[1] for c in inbox.columns(0.0)] == [11]
+        # ids where logits go: that connection is dropped, as any malformed frame
+        body = msgpack.packb(["logits", 3, 12, ["int64", [1, 1], b"\0" * 8]], use_bin_type=True)
+        outlet.sock.setblocking(True)
+        outlet.sock.sendall(struct.pack("<I", len(body)) + body)
+        assert inbox.wait_logits(3, 12, 30.0) is None and inbox.ended and not inbox.conns
+        outlet.close()
+    finally:
+        inbox.close()
+
+
 def test_groups_in_flight_share_the_pipeline_and_free_their_caches(llama):
     groups = [prompts(b, seed=20 + i) for i, b in enumerate((1, 2, 1, 3))]
     # long enough that no group ends before the last one starts (the ring runs ahead)
