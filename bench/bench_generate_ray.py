@@ -17,6 +17,7 @@ Figures per model:
   ring itself sustains);
 * a chat's next turn: the time from appending 8 tokens (5 ms after 8 generated, the
   ring running ahead) to the first token after them, on the ring and in process;
+* a scoring loop: get_logits after every token, ms a token, on the ring and in process;
 * continuous batching (actors/generation/batcher.py): 8 requests of different lengths
   submitted at once to a ContinuousBatcher of 4 rows on the two single-threaded stages,
   against one in-process thread running them one after another and as static batches
@@ -87,6 +88,24 @@ def turn_ms(model, rows: np.ndarray, made: int = 8, appended: int = 8,
         gen.append_tokens(rows[:, :appended] + 1)
         gen.generate_next_token()
         return (time.perf_counter() - t0) * 1e3
+
+
+def scoring_ms(model, rows: np.ndarray, new: int = 32) -> float:
+    """A scoring loop: ``get_logits`` after the prompt and after every token; ms a token
+    (generate_next_token and get_logits), the first call (which runs the last token
+    again on either side) included."""
+    params = hg.GeneratorParams(model)
+    params.set_search_options(batch_size=rows.shape[0], max_length=rows.shape[1] + new)
+    with hg.Generator(model, params) as gen:
+        gen.append_tokens(rows)
+        t0 = time.perf_counter()
+        gen.get_logits()
+        n = 0
+        while not gen.is_done():
+            gen.generate_next_token()
+            gen.get_logits()
+            n += 1
+        return (time.perf_counter() - t0) / max(n, 1) * 1e3
 
 
 def cpu_ms_per_token(model, rows: np.ndarray, new: int,
@@ -397,6 +416,13 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
                   f"ring running ahead), ms to its first token: ray "
                   f"{statistics.median(a for a, _ in turns):.2f}, in process "
                   f"{statistics.median(b for _, b in turns):.2f} ({statistics.median(ratios):.2f}x;"
+                  f" {ratios[0]:.2f}-{ratios[-1]:.2f})", flush=True)
+            scores = [in_turn(lambda: scoring_ms(remote, rows), lambda: scoring_ms(local, rows), k)
+                      for k in range(rounds)]
+            ratios = sorted(a / b for a, b in scores)
+            print(f"{name:14} a scoring loop (get_logits after every token), ms a token: ray "
+                  f"{statistics.median(a for a, _ in scores):.2f}, in process "
+                  f"{statistics.median(b for _, b in scores):.2f} ({statistics.median(ratios):.2f}x;"
                   f" {ratios[0]:.2f}-{ratios[-1]:.2f})", flush=True)
             calls.close()
             spin.close()
