@@ -57,6 +57,16 @@ def in_turn(ring: Any, alone: Any, k: int) -> tuple[Any, Any]:
     return first, alone()
 
 
+def paired_row(name: str, what: str, rounds: int, ring: Any, alone: Any) -> None:
+    """Print the medians of ``rounds`` pairs (`in_turn`), the ring's and in process's,
+    and of their ratios with the range."""
+    pairs = [in_turn(ring, alone, k) for k in range(rounds)]
+    ratios = sorted(a / b for a, b in pairs)
+    print(f"{name:14} {what}: ray {statistics.median(a for a, _ in pairs):.2f}, in process "
+          f"{statistics.median(b for _, b in pairs):.2f} ({statistics.median(ratios):.2f}x; "
+          f"{ratios[0]:.2f}-{ratios[-1]:.2f})", flush=True)
+
+
 def decode_ms(model, rows: np.ndarray, new: int) -> float:
     params = hg.GeneratorParams(model)
     params.set_search_options(batch_size=rows.shape[0], max_length=rows.shape[1] + new)
@@ -409,21 +419,11 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
                 f"stage#{k} {c:.3f} (of it polling for the next step {w:.3f})"
                 for k, (c, w) in enumerate(zip(ray_cpu[1:], spun)))
                 + f" (sum {sum(ray_cpu):.3f}); in process {local_cpu[0]:.3f}", flush=True)
-            turns = [in_turn(lambda: turn_ms(remote, rows), lambda: turn_ms(local, rows), k)
-                     for k in range(rounds)]
-            ratios = sorted(a / b for a, b in turns)
-            print(f"{name:14} a chat's next turn (8 tokens appended 5 ms after 8 made, the "
-                  f"ring running ahead), ms to its first token: ray "
-                  f"{statistics.median(a for a, _ in turns):.2f}, in process "
-                  f"{statistics.median(b for _, b in turns):.2f} ({statistics.median(ratios):.2f}x;"
-                  f" {ratios[0]:.2f}-{ratios[-1]:.2f})", flush=True)
-            scores = [in_turn(lambda: scoring_ms(remote, rows), lambda: scoring_ms(local, rows), k)
-                      for k in range(rounds)]
-            ratios = sorted(a / b for a, b in scores)
-            print(f"{name:14} a scoring loop (get_logits after every token), ms a token: ray "
-                  f"{statistics.median(a for a, _ in scores):.2f}, in process "
-                  f"{statistics.median(b for _, b in scores):.2f} ({statistics.median(ratios):.2f}x;"
-                  f" {ratios[0]:.2f}-{ratios[-1]:.2f})", flush=True)
+            paired_row(name, "a chat's next turn (8 tokens appended 5 ms after 8 made, the ring "
+                       "running ahead), ms to its first token", rounds,
+                       lambda: turn_ms(remote, rows), lambda: turn_ms(local, rows))
+            paired_row(name, "a scoring loop (get_logits after every token), ms a token", rounds,
+                       lambda: scoring_ms(remote, rows), lambda: scoring_ms(local, rows))
             calls.close()
             spin.close()
             # 4 groups in flight on two single-threaded stages vs one thread in process
