@@ -311,8 +311,8 @@ class RemoteGenerator(TokenRows):
             while live and self._got <= self._length and not self._finished:
                 self._collect()  # the live epoch got through every stage: keep its cache
             n = self._length
-            kept = self._inbox.take_logits(self.epoch, n) \
-                if live and not self._finished and self._pushing and self._inbox else None
+            kept = self._inbox.take_logits(self.epoch, n) if live and not self._finished \
+                and self._pushing and self._inbox is not None else None
             if kept is not None:  # pushed when the ring ran ahead with them (asked before)
                 return kept
             if live and not self._finished:  # run the last token again
@@ -325,30 +325,13 @@ class RemoteGenerator(TokenRows):
             self._send(job)
             self.logits_steps += 1
             self._filled = n
-            pushed = self._pushed_logits(n)
-            if pushed is not None:
+            logits = self._pushed_logits(n)
+            if logits is None:
+                logits = self._polled_logits()
+            if logits is not None:
                 if self.is_done():  # the last stage freed the group's cache again
                     self._finished, self._running = True, False
-                return pushed
-            while True:  # not pushed: the last stage keeps them (or knows what went wrong)
-                self.polls += 1
-                try:
-                    got = ray.get(self.decoder.last.logits.remote(self.gid, self.epoch, POLL_S),
-                                  timeout=POLL_S + 30)
-                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
-                        ray.exceptions.ActorUnavailableError):
-                    got = {"missing": True}
-                _raise_failed(got)
-                if got.get("logits") is not None:
-                    if self.is_done():  # the last stage freed the group's cache again
-                        self._finished, self._running = True, False
-                    return got["logits"]
-                if got.get("freed"):  # the ring had ended the group: all the tokens again
-                    self._finished = True
-                    break
-                if got.get("missing") or not self.decoder.check():
-                    self.decoder.recover(self._seen)
-                    break  # replayed above, then asked again
+                return logits
 
     def _pushed_logits(self, column: int) -> np.ndarray | None:
         """The logits of the step just sent, pushed by the last stage to this driver's
@@ -357,6 +340,28 @@ class RemoteGenerator(TokenRows):
         if not self._pushing or self._inbox is None or self._inbox.ended:
             return None
         return self._inbox.wait_logits(self.epoch, column, POLL_S)
+
+    def _polled_logits(self) -> np.ndarray | None:
+        """The logits the last stage kept for this epoch's step, by Ray long polls (not
+        pushed: too big, or no token socket); None when the group must run again: the
+        ring had ended it (all its tokens again), or a stage was lost (replayed)."""
+        while True:
+            self.polls += 1
+            try:
+                got = ray.get(self.decoder.last.logits.remote(self.gid, self.epoch, POLL_S),
+                              timeout=POLL_S + 30)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
+                    ray.exceptions.ActorUnavailableError):
+                got = {"missing": True}
+            _raise_failed(got)
+            if got.get("logits") is not None:
+                return got["logits"]
+            if got.get("freed"):  # the ring had ended the group: all the tokens again
+                self._finished = True
+                return None
+            if got.get("missing") or not self.decoder.check():
+                self.decoder.recover(self._seen)
+                return None  # replayed by the caller's next round, then asked again
 
     def rewind_to(self, new_length: int) -> None:
         self._check_open()
