@@ -323,10 +323,11 @@ class TokenInbox:
         if arr is not None and (arr.ndim != 2 or arr.dtype.kind != "f"):
             raise WireFormatError(f"logits frame: [batch, vocab] floats, got {arr.dtype} "
                                   f"{arr.shape}")
-        if self.logits and epoch < max(e for e, _ in self.logits):
+        newest = next(iter(self.logits))[0] if self.logits else epoch  # all one epoch's
+        if epoch < newest:
             return  # an older epoch's run-ahead: nobody's
-        for key in [k for k in self.logits if k[0] < epoch]:
-            del self.logits[key]
+        if epoch > newest:
+            self.logits.clear()
         self.logits[epoch, column] = arr
         while len(self.logits) > KEPT_LOGITS:
             del self.logits[next(iter(self.logits))]
@@ -386,9 +387,11 @@ class TokenOutlet:
             return False
         return True
 
-    def send_logits(self, epoch: int, column: int, logits: np.ndarray | None) -> bool:
-        """Push the logits a step chose ``column`` from (`encode_logits`)."""
-        return self._write(encode_logits(epoch, column, logits))
+    def send_logits(self, epoch: int, column: int, logits: np.ndarray) -> bool:
+        """Push the logits a step chose ``column`` from (`encode_logits`); None in their
+        place when larger than `PUSHED_LOGITS_BYTES` (a write that would not go whole)."""
+        small = logits.nbytes <= PUSHED_LOGITS_BYTES
+        return self._write(encode_logits(epoch, column, logits if small else None))
 
     def send_failed(self, epoch: int) -> bool:
         """Tell the driver a step of ``epoch`` failed (`encode_failed`)."""

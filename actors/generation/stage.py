@@ -529,10 +529,9 @@ class GenerationStage:
 
     def _push_logits(self, g: StageGroup, epoch: int, column: int, host: np.ndarray) -> None:
         """To the driver's socket, before ``column``'s frame: the logits that chose it
-        (None in their place when too big: the driver asks by `logits`)."""
+        (too big ones stay here: the driver asks by `logits`)."""
         if g.outlet is not None:
-            g.outlet.send_logits(epoch, column,
-                                 host if host.nbytes <= PUSHED_LOGITS_BYTES else None)
+            g.outlet.send_logits(epoch, column, host)
 
     def _finish(self, gid: str, g: StageGroup, epoch: int) -> None:
         g.free()  # the bookkeeping stays for the driver to read; the cache goes

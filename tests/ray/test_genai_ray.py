@@ -289,7 +289,7 @@ def test_pushed_logits_come_before_their_column_and_a_bad_frame_is_refused():
     import msgpack
     import numpy as np
 
-    from actors.generation.inbox import TokenInbox, TokenOutlet, inbox_name
+    from actors.generation.inbox import PUSHED_LOGITS_BYTES, TokenInbox, TokenOutlet, inbox_name
 
     inbox = TokenInbox.open(inbox_name("test", uuid.uuid4().hex))
     try:
@@ -304,7 +304,7 @@ def test_pushed_logits_come_before_their_column_and_a_bad_frame_is_refused():
         assert (epoch, at, ids.tolist(), done) == (3, 9, [[5], [6]], False)
         assert inbox.take_logits(2, 9) is None
         # too big to push: a None in their place ends the wait (the driver asks the stage)
-        assert outlet.send_logits(3, 10, None)
+        assert outlet.send_logits(3, 10, np.zeros((1, PUSHED_LOGITS_BYTES // 4 + 1), np.float32))
         assert inbox.wait_logits(3, 10, 30.0) is None and (3, 10) not in inbox.logits
         # the group's last column first: the ring ended it and dropped that step
         assert outlet.send(3, 11, np.array([[1], [2]], np.int64), True)
