@@ -93,7 +93,8 @@ def encode_step(gid: str, epoch: int, job: Job, carried: list[dict[str, Any]]) -
          None if job.draws is None else int(job.draws), _opt(job.end), _opt(job.start),
          [{name: tensor_to_list(v) for name, v in c.items()} if c else {} for c in carried],
          bool(job.logits), [_join_fields(j) for j in job.joins] if job.joins else [],
-         None if job.spec is None else _spec_fields(job.spec)])
+         None if job.spec is None else _spec_fields(job.spec),
+         None if job.rows is None else int(job.rows)])
     return _HEADER.pack(len(body)) + body
 
 
@@ -167,9 +168,10 @@ def decode_step(body: bytes) -> tuple[str, int, Job, list[dict[str, Any]]]:
 
 
 def _step(obj: Any) -> tuple[str, int, Job, list[dict[str, Any]]]:
-    if not isinstance(obj, list) or len(obj) != 13:
-        raise WireFormatError("a step frame is a list of 13 fields")
-    gid, epoch, at, ids, pieces, rewind, draws, end, start, carried, logits, joins, spec = obj
+    if not isinstance(obj, list) or len(obj) != 14:
+        raise WireFormatError("a step frame is a list of 14 fields")
+    gid, epoch, at, ids, pieces, rewind, draws, end, start, carried, logits, joins, spec, rows \
+        = obj
     if not isinstance(gid, str) or not isinstance(pieces, list) or not isinstance(carried, list) \
             or not isinstance(logits, bool) or not isinstance(joins, list):
         raise WireFormatError("step frame: gid, pieces, carried, logits or joins of the wrong type")
@@ -178,7 +180,8 @@ def _step(obj: Any) -> tuple[str, int, Job, list[dict[str, Any]]]:
               None if draws is None else _int(draws, "draws"),
               None if end is None else tensor_from_list(end),
               None if start is None else tensor_from_list(start), logits,
-              [_join(j) for j in joins] if joins else [], None if spec is None else _spec(spec))
+              [_join(j) for j in joins] if joins else [], None if spec is None else _spec(spec),
+              None if rows is None else _int(rows, "rows"))
     values: list[dict[str, Any]] = []
     for c in carried:
         if type(c) is not dict:
@@ -196,7 +199,8 @@ def _spec_fields(spec: GroupSpec) -> list[Any]:
             dict(spec.search), [int(e) for e in spec.eos],
             None if spec.inbox is None else [str(spec.inbox[0]), str(spec.inbox[1])],
             bool(spec.batched),
-            None if spec.row_seeds is None else [[int(s), int(f)] for s, f in spec.row_seeds]]
+            None if spec.row_seeds is None else [[int(s), int(f)] for s, f in spec.row_seeds],
+            None if spec.row_stops is None else [int(s) for s in spec.row_stops]]
 
 
 #: a search option's value on the wire (SearchOptions' fields: numbers, flags, None)
@@ -204,10 +208,13 @@ _OPTION_TYPES = (int, float, bool, type(None))
 
 
 def _spec(v: Any) -> GroupSpec:
-    if not isinstance(v, list) or len(v) != 9:
+    if not isinstance(v, list) or len(v) != 10:
         raise WireFormatError("step frame: a group spec is [batch, capacity, pad, start, search, "
-                              "eos, inbox, batched, row_seeds]")
-    batch, capacity, pad, start, search, eos, inbox, batched, seeds = v
+                              "eos, inbox, batched, row_seeds, row_stops]")
+    batch, capacity, pad, start, search, eos, inbox, batched, seeds, stops = v
+    if stops is not None and not (isinstance(stops, list) and len(stops) == batch):
+        raise WireFormatError("step frame: a group spec's row_stops must be a list of ints, "
+                              "one a row")
     if not isinstance(search, dict) or not all(
             isinstance(k, str) and isinstance(x, _OPTION_TYPES) for k, x in search.items()):
         raise WireFormatError("step frame: a group spec's search options are a map of "
@@ -225,7 +232,8 @@ def _spec(v: Any) -> GroupSpec:
                      _int(pad, "spec pad"), rows, search,
                      tuple(_int(e, "spec eos") for e in eos),
                      None if inbox is None else (inbox[0], inbox[1]), batched,
-                     None if seeds is None else tuple(_pair(s, "spec row seed") for s in seeds))
+                     None if seeds is None else tuple(_pair(s, "spec row seed") for s in seeds),
+                     None if stops is None else tuple(_int(s, "spec row stop") for s in stops))
 
 
 def _join(v: Any) -> Join:

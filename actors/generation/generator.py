@@ -140,7 +140,8 @@ class RemoteGenerator(TokenRows):
         self._filled = self._length
         self._send(Job(lo, self._ids[:, lo:self._length].copy(), pieces, rewind=rewind,
                        end=self._end.copy(), draws=self._draws,
-                       start=self._start.copy() if first else None))
+                       start=self._start.copy() if first else None,
+                       rows=self._rows_wanted(self._length)))
 
     def _send(self, job: Job) -> None:
         """Hand the group to the ring under a new epoch: each stage drops the group's
@@ -227,6 +228,11 @@ class RemoteGenerator(TokenRows):
         """A join (`batcher.py`) taken at ``column`` - 1: here, nothing (a plain generator
         sends none)."""
 
+    def _rows_wanted(self, column: int) -> int | None:
+        """How many leading rows a step making the token at ``column`` runs (None: all;
+        a batcher's group runs only up to its last row still wanting a token)."""
+        return None
+
     def _take_pushed(self, wait: float = POLL_S) -> bool:
         """The columns pushed since ``_got`` (every one that came, waiting up to ``wait``
         for the first); False when none follows on (a lost column, a silent socket, a
@@ -283,7 +289,8 @@ class RemoteGenerator(TokenRows):
         self._fresh = ended
         self._open(self.epoch + 1)
         self._send(Job(0, self._ids[:, :n].copy(), [(0, n)], rewind=(0, 0),
-                       end=self._end.copy(), draws=self._draws, start=self._start.copy()))
+                       end=self._end.copy(), draws=self._draws, start=self._start.copy(),
+                       rows=self._rows_wanted(n)))
         self._filled = n
 
     def stream(self) -> Iterator[np.ndarray]:

@@ -39,6 +39,10 @@ class GroupSpec:
     #: a batcher's sampling group: each row's (seed, column of its first token), its
     #: request's own random stream (None: the rows draw from one, ``search``'s seed)
     row_seeds: tuple[tuple[int, int], ...] | None = None
+    #: a batcher's group: each row's last column it needs a token for (-1: no request
+    #: there); its decode steps run the rows up to the last one that still does, so a
+    #: lone request in a group of 4 rows runs at batch 1 (None: every row, every step)
+    row_stops: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -80,6 +84,9 @@ keeps the logits it sampled from for the driver when ``logits`` is set);
     joins: list[Join] = field(default_factory=list)  # set by stage 0 (continuous batching)
     #: with a group's first step of an epoch: each stage opens the group when it gets there
     spec: GroupSpec | None = None
+    #: a decode step of a batcher's group runs rows [0, rows) only (`GroupSpec.row_stops`;
+    #: None: every row); set by the last stage, widened by stage 0 for the rows joining
+    rows: int | None = None
 
 
 class StageGroup:
@@ -114,8 +121,12 @@ class StageGroup:
         self.filled = 0
         self.real = np.zeros(self.batch, dtype=np.int64)
         self.draws = 0
-        self._placeholders: dict[int, dict[str, Any]] = {}
-        self._decode: dict[int, dict[str, Any]] = {}
+        #: each row's last column it needs a token for (`GroupSpec.row_stops`), or None
+        # (a row's cache is a leading block only where the batch axis comes first)
+        self.stops = None if spec.row_stops is None or any(e.axis == 0 for e in entries) \
+            else np.asarray(spec.row_stops, dtype=np.int64).copy()
+        self._placeholders: dict[tuple[int, int], dict[str, Any]] = {}
+        self._decode: dict[tuple[int, int], dict[str, Any]] = {}
         self._step_ids = np.zeros((self.batch, 1), dtype=np.int64)
         self._step_pos = np.zeros((self.batch, 1), dtype=np.int64)
         self._step_past = np.zeros((), dtype=np.int64)
@@ -175,7 +186,18 @@ class StageGroup:
         self.start[r] = s
         self.end[r] = -1
         self.real[r] = n - 1  # prefilled apart; the step at ``at`` runs the last one
+        if self.stops is not None:  # its first token at ``at`` + 1
+            self.stops[r] = a + join.max_new
         return s
+
+    def live_rows(self, at: int) -> int | None:
+        """How many leading rows the decode step after column ``at`` runs: up to the
+        last row still wanting a token after ``at`` (not ended, not at its stop), at
+        least one; None (every row) without `GroupSpec.row_stops`."""
+        if self.stops is None:
+            return None
+        wanting = np.flatnonzero((self.end < 0) & (self.stops > at))
+        return int(wanting[-1]) + 1 if wanting.size else 1
 
     def computed(self, p: int, t: int) -> None:
         self.real += self.mask[:, p] if t == p + 1 else self.mask[:, p:t].sum(axis=1)
@@ -183,73 +205,85 @@ class StageGroup:
 
     # -- feeds (as `Generator._feeds`, `_decode_step`, `_cache_feeds`) ---------------
 
-    def feeds(self, layout: Any, p: int, t: int, fixed: bool, shared: bool) -> dict[str, Any]:
+    def feeds(self, layout: Any, p: int, t: int, fixed: bool, shared: bool,
+              rows: int | None = None) -> dict[str, Any]:
+        """Positions [p, t) of rows [0, ``rows``) (None: every row). The rows are leading
+        views of the group's arrays: the cache is batch-major, so a row's cache is a
+        contiguous block the step appends to in place."""
+        r = self.batch if rows is None else rows
         # the bound decode step reads the mask at its bucket's width, so only a job's last
         # position may take it: a piece before other pieces of the job (a prompt's chunk)
         # would see their positions unmasked
         if fixed and t - p == 1 and p > 0 and t == self.length:
-            return self._decode_feeds(layout, p, shared)
-        feeds: dict[str, Any] = {layout.input_ids: self.ids[:, p:t], PAST_LENGTH: np.array(p)}
+            return self._decode_feeds(layout, p, shared, r)
+        feeds: dict[str, Any] = {layout.input_ids: self.ids[:r, p:t], PAST_LENGTH: np.array(p)}
         if layout.attention_mask:
-            feeds[layout.attention_mask] = self.mask[:, :t]
+            feeds[layout.attention_mask] = self.mask[:r, :t]
         if layout.position_ids:
-            pos = np.cumsum(self.mask[:, :t], axis=1) - 1
-            feeds[layout.position_ids] = np.where(self.mask[:, p:t] == 0, 1, pos[:, p:t])
-        feeds.update(self._cache_feeds(p))
+            pos = np.cumsum(self.mask[:r, :t], axis=1) - 1
+            feeds[layout.position_ids] = np.where(self.mask[:r, p:t] == 0, 1, pos[:, p:t])
+        feeds.update(self._cache_feeds(p, r))
         return feeds
 
-    def _decode_feeds(self, layout: Any, p: int, shared: bool) -> dict[str, Any]:
+    def _decode_feeds(self, layout: Any, p: int, shared: bool, rows: int) -> dict[str, Any]:
         width = self.capacity if shared else decode_width(p + 1, self.capacity)
-        feeds = self._decode.get(width)
+        feeds = self._decode.get((width, rows))
         if feeds is None:
-            feeds = {layout.input_ids: self._step_ids, PAST_LENGTH: self._step_past}
+            feeds = {layout.input_ids: self._step_ids[:rows], PAST_LENGTH: self._step_past}
             if layout.attention_mask:
-                feeds[layout.attention_mask] = self.mask[:, :width]
+                feeds[layout.attention_mask] = self.mask[:rows, :width]
             if layout.position_ids:
-                feeds[layout.position_ids] = self._step_pos
-            feeds.update(self._cache_feeds(width - 1))
-            self._decode[width] = feeds
+                feeds[layout.position_ids] = self._step_pos[:rows]
+            feeds.update(self._cache_feeds(width - 1, rows))
+            self._decode[(width, rows)] = feeds
         self._step_ids[:, 0] = self.ids[:, p]
         self._step_pos[:, 0] = self.real
         self._step_past[()] = p
         return feeds
 
-    def _cache_feeds(self, n: int) -> dict[str, Any]:
-        feeds = self._placeholders.get(n)
+    def _cache_feeds(self, n: int, rows: int) -> dict[str, Any]:
+        feeds = self._placeholders.get((n, rows))
         if feeds is None:
             feeds = {}
             for e in self.all_entries:
                 if e.mode == "shared":
                     if e.past in self.caches:
-                        feeds[e.past] = self.caches[e.past]
+                        feeds[e.past] = self._lead(self.caches[e.past], rows)
                     continue
-                shape = [self.batch, e.kv_heads, e.head_size]
+                shape = [rows, e.kv_heads, e.head_size]
                 shape.insert(e.axis, n)
                 feeds[e.past] = np.broadcast_to(np.zeros((), e.dtype), tuple(shape))
                 if e.past in self.caches:
-                    feeds[cache_input(e.past)] = self.caches[e.past]
+                    feeds[cache_input(e.past)] = self._lead(self.caches[e.past], rows)
             if len(self._placeholders) > 4:
                 self._placeholders.clear()
-            self._placeholders[n] = feeds
+            self._placeholders[(n, rows)] = feeds
         return feeds
+
+    def _lead(self, cache: Any, rows: int) -> Any:
+        """The first ``rows`` rows of a cache buffer (the buffer itself for all: a shared
+        one is known by its identity)."""
+        return cache if rows == self.batch else cache[:rows]
 
     # -- the last stage's choice (as `Generator.generate_next_token`) ------------------
 
-    def banned(self, min_length: int, eos: tuple[int, ...]) -> list | None:
+    def banned(self, min_length: int, eos: tuple[int, ...], rows: int | None = None
+               ) -> list | None:
         if not min_length or not eos:
             return None
-        short = (self.length - self.start) < min_length
+        short = ((self.length - self.start) < min_length)[:rows]
         if not short.any():
             return None
         return [(e, short) for e in eos]
 
-    def history(self) -> Any:
-        """The ids each row's repetition penalty counts: all so far, as the in-process
-        generator (and onnxruntime-genai) count a left-padded batch's; a batcher's row
-        from its request's first token (before it: padding, or an earlier request's)."""
+    def history(self, rows: int | None = None) -> Any:
+        """The ids each row's repetition penalty counts (of rows [0, ``rows``)): all so
+        far, as the in-process generator (and onnxruntime-genai) count a left-padded
+        batch's; a batcher's row from its request's first token (before it: padding, or
+        an earlier request's)."""
         if not self.spec.batched:
-            return self.ids[:, :self.length]
-        return [self.ids[r, s:self.length] for r, s in enumerate(self.start)]
+            return self.ids[:rows, :self.length]
+        return [self.ids[r, s:self.length] for r, s in enumerate(self.start[:rows])]
 
     def take(self, chosen: np.ndarray, eos: np.ndarray) -> int:
         """Write the chosen ids at the next position; returns that position."""

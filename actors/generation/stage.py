@@ -84,6 +84,7 @@ class GenerationStage:
         self.pushed = 0  # token columns written to a driver's socket (inbox.py)
         self.step_s = 0.0  # seconds computing steps (the rest of a token's time is Ray)
         self.decodes, self.decode_s = 0, 0.0  # one-token steps only (no prompt, no replay)
+        self.decode_rows = 0  # the rows those steps ran (a batcher's group: its wanted rows)
         self.remade = 0  # steps that made again values too big to carry (`_with`)
         self.started_cores = usable_cores()  # the node's cores for its workers (before `pin`)
         self.pinned = False  # on cores of its own (`pin`)
@@ -301,7 +302,8 @@ class GenerationStage:
                 "pushed": self.pushed, "remade": self.remade, "cores": usable_cores(),
                 "threads": self.runner.threads if self.runner is not None else None,
                 "spin_ms": self.spin.cap_s * 1e3, "spun_s": self.spin.spun_s,
-                "decode_ms": self.decode_s / max(self.decodes, 1) * 1e3}
+                "decode_ms": self.decode_s / max(self.decodes, 1) * 1e3,
+                "decodes": self.decodes, "decode_rows": self.decode_rows}
 
     # -- the ring -----------------------------------------------------------------------
 
@@ -392,8 +394,12 @@ class GenerationStage:
         if job.pieces and job.pieces[0][0] > g.filled:  # the driver's to keep: never computed
             raise RuntimeError(f"a step from position {job.pieces[0][0]} of group {gid}, whose "
                                f"cache here holds {g.filled} positions")
+        if job.rows is not None and not 1 <= job.rows <= g.batch:
+            raise ValueError(f"a step of rows [0, {job.rows}) of group {gid}, which has "
+                             f"{g.batch} rows")
         for (p, t), came in zip(job.pieces, carried):
-            feeds, came = self._with(g.feeds(self.layout, p, t, self.fixed, self.shared), came)
+            feeds, came = self._with(g.feeds(self.layout, p, t, self.fixed, self.shared,
+                                             job.rows), came)
             values = self.runner.run(feeds)
             g.computed(p, t)
             self.steps += 1
@@ -401,12 +407,13 @@ class GenerationStage:
                 last = values[self.part.output]
             else:
                 outs.append(self._sent(values, came))
+        rows = g.batch if job.rows is None else job.rows
         if self.index < self.count - 1:
-            self._count(job, time.perf_counter() - started)
+            self._count(job, time.perf_counter() - started, rows)
             self.link.send(self.ring[self.index + 1], gid, epoch, job, outs + joined)
             return
-        self._choose(gid, g, epoch, last, job.logits, job.joins)
-        self._count(job, time.perf_counter() - started)
+        self._choose(gid, g, epoch, last, job.logits, job.joins, job.rows)
+        self._count(job, time.perf_counter() - started, rows)
 
     def _admit_joins(self, g: StageGroup, epoch: int, job: Job) -> None:
         """Stage 0: the pending joins go with this step when it is a decode step (each
@@ -422,6 +429,8 @@ class GenerationStage:
             j.ok = j.row not in rows and g.fits(j, job.at)
             rows.add(j.row)
             taken.append(j)
+            if j.ok and job.rows is not None:  # the step runs the joining row
+                job.rows = max(job.rows, j.row + 1)
         g.pending = []
         job.joins = taken
 
@@ -483,18 +492,20 @@ class GenerationStage:
                 out[n] = move_value(v, where[n], None) if n in where else v
         return out
 
-    def _count(self, job: Job, seconds: float) -> None:
+    def _count(self, job: Job, seconds: float, rows: int) -> None:
         self.step_s += seconds
         if len(job.pieces) == 1 and job.pieces[0][1] - job.pieces[0][0] == 1:
             self.decodes += 1
             self.decode_s += seconds
+            self.decode_rows += rows
 
     def _choose(self, gid: str, g: StageGroup, epoch: int, logits: Any, keep: bool = False,
-                joins: list[Join] | None = None) -> None:
+                joins: list[Join] | None = None, rows: int | None = None) -> None:
         """The last stage: sample the next token, keep it for the driver, start the next
         step at stage 0 (or, when the group is done, free its cache everywhere); with
         ``keep``, first keep the logits on the host for the driver's `logits`, and push
-        them (and every later step's: ``push_logits``) to its socket."""
+        them (and every later step's: ``push_logits``) to its socket. ``rows``: the step
+        ran rows [0, rows) only (the rest take padding)."""
         logits = logits[:, -1, :] if logits.ndim == 3 else logits
         host = None
         if keep:
@@ -508,15 +519,18 @@ class GenerationStage:
                 self._finish(gid, g, epoch)
                 return
         o = g.sampler.options
-        chosen = g.sampler.choose(logits, g.banned(o.min_length, g.spec.eos),
-                                  g.history() if o.repetition_penalty != 1.0 else None)
+        chosen = g.sampler.choose(logits, g.banned(o.min_length, g.spec.eos, rows),
+                                  g.history(rows) if o.repetition_penalty != 1.0 else None)
+        if rows is not None and rows < g.batch:
+            chosen = np.concatenate([chosen, np.full(g.batch - rows, g.spec.pad, np.int64)])
         at = g.take(chosen, np.asarray(g.spec.eos, dtype=np.int64))
         acks = [(at, j.key, j.row, j.ok) for j in joins or ()]
         g.acks.extend(acks)
         done = g.done()
         if not done:  # the next step first: the ring, not the driver, bounds a token
             self.link.send(self.ring[0], gid, epoch,
-                           Job(at, g.ids[:, at:at + 1].copy(), [(at, at + 1)]), [{}])
+                           Job(at, g.ids[:, at:at + 1].copy(), [(at, at + 1)],
+                               rows=g.live_rows(at)), [{}])
         if g.push_logits or host is not None:
             if host is None:
                 host = np.array(self.runner.output_provider.to_host(logits))

@@ -121,7 +121,8 @@ class Sampler:
     def _uniform(self, rows: int) -> np.ndarray:
         if self.row_rngs is None:
             return self.rng.random((rows, 1))
-        return np.array([[g.random()] for g in self.row_rngs])
+        # the leading rows' streams (a batcher's step may run only those still wanted)
+        return np.array([[g.random()] for g in self.row_rngs[:rows]])
 
     def choose(self, logits: Any, banned: np.ndarray | None = None,
                history: Any = None) -> np.ndarray:

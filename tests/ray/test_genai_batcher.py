@@ -244,3 +244,50 @@ def test_a_request_too_long_to_join_starts_a_group_beside_the_aged_one(llama):
     # (B may have joined A's group, had the loop started it before B was queued)
     assert stats["groups"] == 2 and handles[2].joined_at is None
     assert eventually(lambda: _cache_free(llama))
+
+
+def _decode_counts(model: og.Model) -> list[tuple[int, int]]:
+    """Each stage's (decode steps, rows those steps ran) so far."""
+    return [(s["decodes"], s["decode_rows"]) for s in model.remote.stats()]
+
+
+def _since(before: list[tuple[int, int]], model: og.Model) -> list[tuple[int, int]]:
+    return [(d - d0, r - r0) for (d, r), (d0, r0) in zip(_decode_counts(model), before)]
+
+
+def test_a_group_runs_only_the_rows_still_wanting_tokens(llama):
+    # a group of 4 rows: a lone request runs at batch 1; two requests run at 2 rows
+    # until the second's last token, then at 1; the tokens are those each gets alone
+    local = _local_model("llama")
+    [lone] = _requests(9, [(6, 12)])
+    pair = _requests(10, [(6, 12), (5, 4)])
+    # (a group runs on after its last request until the batcher closes it: at 1 row)
+    with ContinuousBatcher(llama, slots=4, max_length=64, groups_in_flight=1) as batcher:
+        before = _decode_counts(llama)
+        assert batcher.submit(*lone).result(60) == _alone(local, *lone)
+        for decodes, rows in _since(before, llama):
+            assert decodes >= 11 and rows == decodes  # tokens 2..12: one row a step
+        before = _decode_counts(llama)
+        with batcher._cond:  # queued together: they start one group (none joins later)
+            handles = [batcher.submit(p, n) for p, n in pair]
+        got = wait_all(handles)
+        assert batcher.stats()["groups"] == 2 and batcher.stats()["joins"] == 0
+        for decodes, rows in _since(before, llama):
+            assert decodes >= 11 and rows - decodes == 3  # the second's tokens 2..4: 2 rows
+    assert got == [_alone(local, p, n) for p, n in pair]
+    assert eventually(lambda: _cache_free(llama))
+
+
+def test_a_request_joining_above_the_rows_running_widens_the_step(llama):
+    # A runs alone at 1 row once B (row 1) ends; C then joins row 1, and the step that
+    # takes it runs 2 rows again: its tokens are those it gets alone
+    local = _local_model("llama")
+    reqs = _requests(11, [(6, 40), (5, 3), (4, 6)])
+    with ContinuousBatcher(llama, slots=3, max_length=64, groups_in_flight=1) as batcher:
+        a, b = batcher.submit(*reqs[0]), batcher.submit(*reqs[1])
+        b.result(60)
+        c = batcher.submit(*reqs[2])
+        got = wait_all([a, b, c])
+        assert batcher.stats()["joins"] == 1 and c.joined_at is not None
+    assert got == [_alone(local, p, n) for p, n in reqs]
+    assert eventually(lambda: _cache_free(llama))

@@ -44,26 +44,30 @@ def test_a_step_frame_carries_its_joins_and_their_prefill_values():
 def test_a_first_step_frame_carries_its_group_spec():
     spec = GroupSpec(2, 40, 0, np.array([0, 3], np.int64), {"max_length": 40, "top_p": 0.9,
                                                              "do_sample": True, "min_length": None},
-                     (2, 7), ("node", "\0inbox"), batched=True, row_seeds=((5, 12), (9, 14)))
-    job = Job(0, np.array([[3], [4]], dtype=np.int64), [(0, 1)], spec=spec)
+                     (2, 7), ("node", "\0inbox"), batched=True, row_seeds=((5, 12), (9, 14)),
+                     row_stops=(20, -1))
+    job = Job(0, np.array([[3], [4]], dtype=np.int64), [(0, 1)], spec=spec, rows=1)
     _, _, got, _ = decode_step(encode_step("g", 1, job, [{}])[_HEADER.size:])
     assert got.spec.start.tolist() == [0, 3]
     assert (got.spec.batch, got.spec.capacity, got.spec.pad, got.spec.search, got.spec.eos,
-            got.spec.inbox, got.spec.batched, got.spec.row_seeds) == \
-        (2, 40, 0, spec.search, (2, 7), ("node", "\0inbox"), True, ((5, 12), (9, 14)))
-    assert decode_step(encode_step("g", 2, _job(), [{}, {}])[_HEADER.size:])[2].spec is None
+            got.spec.inbox, got.spec.batched, got.spec.row_seeds, got.spec.row_stops,
+            got.rows) == \
+        (2, 40, 0, spec.search, (2, 7), ("node", "\0inbox"), True, ((5, 12), (9, 14)),
+         (20, -1), 1)
+    plain = decode_step(encode_step("g", 2, _job(), [{}, {}])[_HEADER.size:])[2]
+    assert plain.spec is None and plain.rows is None
 
 
-def _step_body(joins, spec=None) -> bytes:
+def _step_body(joins, spec=None, rows=None) -> bytes:
     ids = tensor_to_list(np.array([[3]], dtype=np.int64))
     return msgpack.packb(["g", 1, 5, ids, [[5, 6]], None, None, None, None, [{}], False, joins,
-                          spec], use_bin_type=True)
+                          spec, rows], use_bin_type=True)
 
 
 def _spec_fields(**change) -> list:
     fields = {"batch": 1, "capacity": 9, "pad": 0, "start": tensor_to_list(np.zeros(1, np.int64)),
               "search": {"max_length": 9}, "eos": [2], "inbox": None, "batched": False,
-              "row_seeds": None}
+              "row_seeds": None, "row_stops": None}
     fields.update(change)
     return list(fields.values())
 
@@ -76,6 +80,8 @@ def _spec_fields(**change) -> list:
     (_spec_fields(start=tensor_to_list(np.zeros(1, np.float32))), "start must be int64"),
     (_spec_fields(capacity=9.5), "spec capacity"),
     (_spec_fields(row_seeds=[[1]]), "spec row seed"),
+    (_spec_fields(row_stops=[3, 4]), "row_stops must be a list of ints, one a row"),
+    (_spec_fields(row_stops=[3.5]), "spec row stop"),
 ])
 def test_a_malformed_group_spec_is_refused_naming_it(spec, words):
     with pytest.raises(WireFormatError, match=words):
@@ -96,6 +102,11 @@ def test_a_malformed_join_is_refused_naming_it(joins, words):
         decode_step(_step_body(joins))
 
 
+def test_a_step_frame_with_rows_not_an_int_is_refused():
+    with pytest.raises(WireFormatError, match="rows must be an int"):
+        decode_step(_step_body([], rows="2"))
+
+
 def test_a_join_frame_from_the_driver_round_trips_and_a_bad_one_is_refused():
     join = Join(2, "req-9", np.array([4, 5], dtype=np.int64), 7, epoch=3, seed=11)
     kind, (gid, got) = decode_frame(encode_join("g", join)[_HEADER.size:])
@@ -106,7 +117,7 @@ def test_a_join_frame_from_the_driver_round_trips_and_a_bad_one_is_refused():
         decode_frame(msgpack.packb(["join", "g", [2, "k"]], use_bin_type=True))
     with pytest.raises(WireFormatError, match="group id must be a string"):
         decode_frame(msgpack.packb(["join", 5, []], use_bin_type=True))
-    with pytest.raises(WireFormatError, match="a step frame is a list of 13"):
+    with pytest.raises(WireFormatError, match="a step frame is a list of 14"):
         decode_frame(msgpack.packb(["leave", "g", []], use_bin_type=True))
 
 
@@ -131,7 +142,7 @@ def test_a_halt_frame_round_trips_and_a_bad_one_is_refused():
 def test_carried_maps_must_match_the_pieces_and_joins():
     ids = tensor_to_list(np.array([[3]], dtype=np.int64))
     body = msgpack.packb(["g", 1, 5, ids, [[5, 6]], None, None, None, None, [{}, {}, {}], False,
-                          [], None], use_bin_type=True)
+                          [], None, None], use_bin_type=True)
     with pytest.raises(WireFormatError, match="3 carried maps for 1 pieces and 0 joins"):
         decode_step(body)
 
