@@ -26,6 +26,7 @@ from hetero_exec.genai.widths import (  # noqa: F401  (MIN_WIDTH..: public here 
     check_rows,
     decode_width,
     leading,
+    right_aligned,
 )
 from hetero_exec.kernels.kv_cache import share_buffer
 
@@ -132,25 +133,27 @@ class Generator(TokenRows):
     def _compute(self) -> None:
         """Run the tokens not yet in the cache; keep the last position's logits."""
         p, t = self._filled, self._length
-        if self._fixed and t - p == 1 and p > 0:
-            logits = self._decode_step(p)
-            self._real += self._mask[:, p:t].sum(axis=1)
-        else:
-            for a, b in self._prefill_runs(p, t):
+        for a, b in [(p, t)] if t - p == 1 else self._prefill_runs(p, t):
+            if self._fixed and b - a == 1 and a > 0 and b == t:
+                logits = self._decode_step(a)
+            else:
                 logits = self._runner.run(self._feeds(a, b))
-                self._real += self._mask[:, a:b].sum(axis=1)
+            self._real += self._mask[:, a:b].sum(axis=1)
         self._logits = logits[:, -1, :] if logits.ndim == 3 else logits
         self._filled = t
 
     def _feeds(self, p: int, t: int) -> dict[str, Any]:
         """The feeds of positions [p, t) at their exact shapes (a prompt, a rewind)."""
         layout = self.model.layout
-        feeds: dict[str, Any] = {layout.input_ids: self._ids[:, p:t], PAST_LENGTH: np.array(p)}
+        ids, mask = self._ids[:, p:t], self._mask[:, :t]
+        if self._right_aligned(p):
+            ids, mask = right_aligned(ids, self._start)
+        feeds: dict[str, Any] = {layout.input_ids: ids, PAST_LENGTH: np.array(p)}
         if layout.attention_mask:
-            feeds[layout.attention_mask] = self._mask[:, :t]
+            feeds[layout.attention_mask] = mask
         if layout.position_ids:  # HF's rule: cumsum(mask) - 1, padded positions 1
-            pos = np.cumsum(self._mask[:, :t], axis=1) - 1
-            feeds[layout.position_ids] = np.where(self._mask[:, p:t] == 0, 1, pos[:, p:t])
+            pos = np.cumsum(mask, axis=1) - 1
+            feeds[layout.position_ids] = np.where(mask[:, p:t] == 0, 1, pos[:, p:t])
         feeds.update(self._cache_feeds(p))
         return feeds
 

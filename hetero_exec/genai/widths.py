@@ -29,6 +29,22 @@ def leading(rows: np.ndarray, pad: int) -> np.ndarray:
     return first.astype(np.int64)
 
 
+def right_aligned(ids: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A left-padded first prompt (``start``: each row's leading padding) as an attention
+    op keeping its own buffer reads one: onnxruntime's GroupQueryAttention takes row b's
+    keys from cache position 0 to its length (the mask's sum), so each row's tokens go to
+    its first columns, the padding after them; returns (ids, mask). Its cache then holds
+    the token of column c at c - start[b], where every later step (the op's lengths
+    read from the mask's sums) puts that row's next ones, as the row alone would."""
+    n = ids.shape[1]
+    out = np.empty_like(ids)
+    mask = np.zeros(ids.shape, dtype=np.int64)
+    for b, s in enumerate(start.tolist()):
+        out[b, :n - s], out[b, n - s:] = ids[b, s:], ids[b, :s]
+        mask[b, :n - s] = 1
+    return out, mask
+
+
 def check_rows(tokens: Any, batch: int, vocab: int | None, pad: int, first: bool) -> np.ndarray:
     """``tokens`` as a [batch, n] int64 array (rows of different lengths left-padded
     with ``pad`` on the ``first`` call), or GenerationInputError naming what is wrong."""
@@ -79,6 +95,10 @@ class TokenRows:
     _end: np.ndarray
     capacity: int
     batch: int
+    #: the decoder's attention op keeps its own cache buffer (it reads the lengths from
+    #: the mask's sums), and its decode steps run at a fixed shape
+    _shared: bool
+    _fixed: bool
 
     def is_done(self) -> bool:
         return self._length >= self.capacity or bool((self._end >= 0).all())
@@ -86,8 +106,19 @@ class TokenRows:
     def _prefill_runs(self, p: int, t: int) -> list[tuple[int, int]]:
         """Positions [p, t) as the runs the ``chunk_size`` search option cuts them into; a
         batch of several rows runs whole (onnxruntime-genai refuses chunks there, and a
-        chunk of only left padding for a row would leave it nothing to attend to)."""
+        chunk of only left padding for a row would leave it nothing to attend to). A
+        left-padded first prompt of an attention op keeping its own buffer runs all but
+        its last column right-aligned (`right_aligned`), then that column as a decode
+        step: each row's last token at its own position, whose logits the step makes."""
+        if self._right_aligned(p) and t - p > 1:
+            return [(p, t - 1), (t - 1, t)]
         return chunks(p, t, self.options.chunk_size if self.batch == 1 else 0)
+
+    def _right_aligned(self, p: int) -> bool:
+        """Whether a run from ``p`` is a left-padded first prompt that an attention op
+        keeping its own buffer reads right-aligned (`right_aligned`; onnxruntime-genai
+        feeds it as it is, so there its padded rows make other tokens than alone)."""
+        return self._shared and self._fixed and p == 0 and bool(self._start.any())
 
     def token_count(self) -> int:
         """The sequences' length so far, prompt and left padding included, as

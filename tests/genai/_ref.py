@@ -118,6 +118,22 @@ def seeded_sampling(seed: int, top_k: int = 50, top_p: float = 1.0,
     return choose
 
 
+def genai_alone(mod, model, rows: list[list[int]], new: int) -> list[list[int]]:
+    """The new ids ``mod``'s generator (onnxruntime_genai's) makes from each row alone,
+    greedy, ``new`` at most (fewer where it ends at eos, which it leaves out)."""
+    out = []
+    for row in rows:
+        params = mod.GeneratorParams(model)
+        params.set_search_options(max_length=len(row) + new)
+        gen = mod.Generator(model, params)
+        gen.append_tokens(np.asarray([row], np.int32))
+        while not gen.is_done():
+            gen.generate_next_token()
+        out.append([int(t) for t in gen.get_sequence(0)[len(row):]])
+        del gen
+    return out
+
+
 def token_counts(mod, model, rows: np.ndarray, **search) -> tuple[list[int], list[list[int]]]:
     """``token_count()`` after the prompt ``rows`` and after each token, and the
     sequences, from ``mod``'s generator (onnxruntime_genai's or ours, the same calls)."""

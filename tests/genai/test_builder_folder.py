@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import hetero_exec.genai as hg
-from tests.genai._ref import MODELS, token_counts
+from tests.genai._ref import MODELS, genai_alone, token_counts
 
 og = pytest.importorskip("onnxruntime_genai")  # a test dependency (pyproject's test extra)
 FOLDER = os.path.join(MODELS, "llama_genai")
@@ -43,6 +43,28 @@ def test_builder_folder_matches_onnxruntime_genai(reference, mixed, batch):
     got = _tokens(hg, ours, rows, 24)
     for w, g in zip(want, got):
         np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_left_padded_rows_make_what_each_makes_alone(reference, mixed):
+    """Rows of different lengths, left-padded: the builder's GroupQueryAttention takes
+    each row's keys from cache position 0, so the prompt runs right-aligned and each row
+    makes what onnxruntime-genai makes from it alone. (onnxruntime-genai's own padded
+    batch feeds the padding as it is: its padded rows make other tokens.)"""
+    opts = {"providers": ["sim-gpu", "cpu"], "hetero": True} if mixed else {}
+    ours = hg.Model(FOLDER, **opts)
+    rng = np.random.default_rng(21)
+    rows = [rng.integers(3, 256, n).tolist() for n in (12, 5, 9, 1)]
+    want = genai_alone(og, reference, rows, 16)
+    params = hg.GeneratorParams(ours)
+    params.set_search_options(max_length=12 + 16, batch_size=len(rows))
+    gen = hg.Generator(ours, params)
+    gen.append_tokens(rows)
+    while not gen.is_done():
+        gen.generate_next_token()
+    for i, (row, w) in enumerate(zip(rows, want)):
+        got = [int(t) for t in gen.get_sequence(i)[len(row):]]
+        assert got[:len(w)] == w and len(got) - len(w) in (0, 1), i  # (its eos: ours keeps it)
 
 
 def test_shared_buffer_is_written_in_place():
