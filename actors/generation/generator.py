@@ -56,6 +56,9 @@ class RemoteGenerator(TokenRows):
         self._draws = 0
         self._got = 0  # positions the ring has made and the driver has collected
         self._eos = np.asarray(model.eos_token_ids or [], dtype=np.int64)
+        layout = model.layout  # (as the stages decide: `GenerationStage.fixed`)
+        self._shared = any(e.mode == "shared" for e in layout.entries)
+        self._fixed = bool(layout.attention_mask and (layout.position_ids or self._shared))
         self.gid = uuid.uuid4().hex[:16]
         self.epoch = 0
         self.replays = 0
@@ -288,7 +291,7 @@ class RemoteGenerator(TokenRows):
         n = self._length
         self._fresh = ended
         self._open(self.epoch + 1)
-        self._send(Job(0, self._ids[:, :n].copy(), [(0, n)], rewind=(0, 0),
+        self._send(Job(0, self._ids[:, :n].copy(), self._prefill_runs(0, n), rewind=(0, 0),
                        end=self._end.copy(), draws=self._draws, start=self._start.copy(),
                        rows=self._rows_wanted(n)))
         self._filled = n
@@ -327,8 +330,9 @@ class RemoteGenerator(TokenRows):
                           end=self._end.copy(), draws=self._draws, logits=True)
             else:  # rewound (a halted epoch may not have reached every stage), or ended
                 self._open(self.epoch + 1)
-                job = Job(0, self._ids[:, :n].copy(), [(0, n)], rewind=(0, 0), end=self._end.copy(),
-                          draws=self._draws, start=self._start.copy(), logits=True)
+                job = Job(0, self._ids[:, :n].copy(), self._prefill_runs(0, n), rewind=(0, 0),
+                          end=self._end.copy(), draws=self._draws, start=self._start.copy(),
+                          logits=True)
             self._send(job)
             self.logits_steps += 1
             self._filled = n

@@ -17,7 +17,7 @@ import numpy as np
 
 from hetero_exec.genai.layout import CacheEntry
 from hetero_exec.genai.rewrite import PAST_LENGTH, cache_input
-from hetero_exec.genai.widths import decode_width
+from hetero_exec.genai.widths import decode_width, right_aligned
 from hetero_exec.kernels.kv_cache import share_buffer
 
 
@@ -216,12 +216,15 @@ class StageGroup:
         # would see their positions unmasked
         if fixed and t - p == 1 and p > 0 and t == self.length:
             return self._decode_feeds(layout, p, shared, r)
-        feeds: dict[str, Any] = {layout.input_ids: self.ids[:r, p:t], PAST_LENGTH: np.array(p)}
+        ids, mask = self.ids[:r, p:t], self.mask[:r, :t]
+        if shared and fixed and p == 0 and self.start.any():  # as `TokenRows._prefill_runs`
+            ids, mask = right_aligned(ids, self.start[:r])
+        feeds: dict[str, Any] = {layout.input_ids: ids, PAST_LENGTH: np.array(p)}
         if layout.attention_mask:
-            feeds[layout.attention_mask] = self.mask[:r, :t]
+            feeds[layout.attention_mask] = mask
         if layout.position_ids:
-            pos = np.cumsum(self.mask[:r, :t], axis=1) - 1
-            feeds[layout.position_ids] = np.where(self.mask[:r, p:t] == 0, 1, pos[:, p:t])
+            pos = np.cumsum(mask, axis=1) - 1
+            feeds[layout.position_ids] = np.where(mask[:, p:t] == 0, 1, pos[:, p:t])
         feeds.update(self._cache_feeds(p, r))
         return feeds
 

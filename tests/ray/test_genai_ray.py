@@ -12,6 +12,7 @@ import ray
 import hetero_exec.genai as og
 from tests.genai._ref import (
     GENAI_FOLDER,
+    genai_alone,
     genai_text,
     model_path,
     ort_greedy,
@@ -952,21 +953,38 @@ def test_a_stage_that_fails_to_build_names_itself_and_leaves_no_actor(ray_sessio
     assert eventually(lambda: _generation_actors() == before)
 
 
-def test_token_count_on_two_stages_is_onnxruntime_genais(ray_session):
-    """``token_count()`` (onnxruntime-genai's model-qa prints it) on the builder folder
-    split over two stages, step by step, as onnxruntime-genai counts: two rows that end
-    at their eos on the same step, whose eos it does not count."""
+def test_builder_folder_on_two_stages_counts_and_left_pads_as_onnxruntime_genai(ray_session):
+    """The builder folder (GroupQueryAttention, a shared cache buffer) split over two
+    stages:
+    - ``token_count()`` (onnxruntime-genai's model-qa prints it) step by step as
+      onnxruntime-genai counts: two rows that end at their eos on the same step, whose
+      eos it does not count;
+    - rows of different lengths: each stage runs the left-padded prompt right-aligned
+      (the op takes each row's keys from cache position 0), so each row makes what
+      onnxruntime-genai makes from it alone."""
     import numpy as np
 
     genai = pytest.importorskip("onnxruntime_genai")
-    rows = np.stack([np.random.default_rng(34).integers(3, 256, 12)] * 2).astype(np.int32)
+    reference = genai.Model(GENAI_FOLDER)
     model = og.Model(GENAI_FOLDER, executor="ray", stages=2, providers=DEVICES)
     try:
+        rows = np.stack([np.random.default_rng(34).integers(3, 256, 12)] * 2).astype(np.int32)
         counts = {mod: token_counts(mod, m, rows, max_length=40)[0]
-                  for mod, m in ((genai, genai.Model(GENAI_FOLDER)), (og, model))}
+                  for mod, m in ((genai, reference), (og, model))}
+        rng = np.random.default_rng(35)
+        padded = [rng.integers(3, 256, n).tolist() for n in (11, 4, 8)]
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=11 + 14, batch_size=3)
+        with og.Generator(model, params) as gen:
+            gen.append_tokens(padded)
+            while not gen.is_done():
+                gen.generate_next_token()
+            got = [[int(t) for t in gen.get_sequence(i)[len(r):]] for i, r in enumerate(padded)]
     finally:
         model.close()
     assert counts[og] == counts[genai] and counts[og][-1] == counts[og][-2] < 40
+    for g, w in zip(got, genai_alone(genai, reference, padded, 14)):
+        assert g[:len(w)] == w and len(g) - len(w) in (0, 1)  # (its eos: ours keeps it)
 
 
 def test_cli_generates_on_two_stages(ray_session, capsys):
