@@ -158,14 +158,7 @@ def genai_text(folder: str, prompt: str, new: int) -> str:
     tokenizers = pytest.importorskip("tokenizers")
     tok = tokenizers.Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
     ids = tok.encode(prompt).ids
-    model = og.Model(folder)
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(ids) + new)
-    gen = og.Generator(model, params)
-    gen.append_tokens(np.asarray([ids], np.int32))
-    while not gen.is_done():
-        gen.generate_next_token()
-    return tok.decode([int(t) for t in gen.get_sequence(0)[len(ids):]])
+    return tok.decode(genai_alone(og, og.Model(folder), [ids], new)[0])
 
 
 #: Phi-3's chat template shape: whitespace written into the strings
