@@ -306,6 +306,14 @@ class StageGroup:
             self.end[ended] = at + 1
         return at
 
+    def frees_at_end(self) -> bool:
+        """Whether the ring frees the group's cache when the group ends: at its capacity
+        (nothing more fits), or a batcher's group (the batcher closes it). One ended by
+        its rows' eos keeps it until the driver closes the generator, as the in-process
+        generator keeps its own: a chat's next turn, appended after the eos, then runs
+        its own tokens only, not the whole conversation again."""
+        return self.spec.batched or self.length >= self.capacity
+
     def done(self) -> bool:
         if self.spec.batched:
             return self.length >= self.capacity

@@ -85,6 +85,7 @@ class GenerationStage:
         self.step_s = 0.0  # seconds computing steps (the rest of a token's time is Ray)
         self.decodes, self.decode_s = 0, 0.0  # one-token steps only (no prompt, no replay)
         self.decode_rows = 0  # the rows those steps ran (a batcher's group: its wanted rows)
+        self.positions = 0  # the positions the steps ran (a prompt's, a decode step's one)
         self.remade = 0  # steps that made again values too big to carry (`_with`)
         self.started_cores = usable_cores()  # the node's cores for its workers (before `pin`)
         self.pinned = False  # on cores of its own (`pin`)
@@ -303,7 +304,8 @@ class GenerationStage:
                 "threads": self.runner.threads if self.runner is not None else None,
                 "spin_ms": self.spin.cap_s * 1e3, "spun_s": self.spin.spun_s,
                 "decode_ms": self.decode_s / max(self.decodes, 1) * 1e3,
-                "decodes": self.decodes, "decode_rows": self.decode_rows}
+                "decodes": self.decodes, "decode_rows": self.decode_rows,
+                "positions": self.positions}
 
     # -- the ring -----------------------------------------------------------------------
 
@@ -403,6 +405,7 @@ class GenerationStage:
             values = self.runner.run(feeds)
             g.computed(p, t)
             self.steps += 1
+            self.positions += t - p
             if self.part.output:
                 last = values[self.part.output]
             else:
@@ -516,7 +519,8 @@ class GenerationStage:
             g.push_logits = g.outlet is not None and host.nbytes <= PUSHED_LOGITS_BYTES
             if g.done():  # asked at max_length or after every row's eos: nothing to sample
                 self._push_logits(g, epoch, g.length, host)
-                self._finish(gid, g, epoch)
+                if g.frees_at_end():
+                    self._finish(gid, g, epoch)
                 return
         o = g.sampler.options
         chosen = g.sampler.choose(logits, g.banned(o.min_length, g.spec.eos, rows),
@@ -538,7 +542,7 @@ class GenerationStage:
         if g.outlet is not None and g.outlet.send(epoch, at, g.ids[:, at:at + 1], done, acks):
             self.pushed += 1
         self._notify()
-        if done:
+        if done and g.frees_at_end():  # (ended by eos: kept for the driver's next append)
             self._finish(gid, g, epoch)
 
     def _push_logits(self, g: StageGroup, epoch: int, column: int, host: np.ndarray) -> None:

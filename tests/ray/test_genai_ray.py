@@ -321,6 +321,41 @@ def test_pushed_logits_come_before_their_column_and_a_bad_frame_is_refused():
         inbox.close()
 
 
+def test_a_group_ended_by_eos_keeps_its_cache_for_the_next_append(llama):
+    """A generator whose rows all reached eos keeps its cache on the stages until it is
+    closed, as the in-process generator keeps its own: a chat's next turn, appended
+    after the eos, runs the eos and its own tokens only (9 positions on each stage), not
+    the conversation again, and makes the in-process generator's tokens."""
+    local = _local_model("llama")
+    rows = prompts(1, seed=41)
+    made = _generate(local, rows, 24)[0]
+    eos = next(t for i, t in enumerate(made) if i >= 3 and t not in made[:i])
+    turn = [[t + 1 for t in rows[0][:8]]]
+    saved = (llama.eos_token_ids, local.eos_token_ids)
+    llama.eos_token_ids = local.eos_token_ids = [eos]
+    try:
+        got = []
+        for model in (local, llama):
+            with _start(model, rows, 64) as gen:
+                first = _finish(gen, rows)[0]
+                assert first[-1] == eos
+                if model is llama:
+                    stats = llama.remote.stats()
+                    assert all(s["groups"] == 1 and s["cache_bytes"] > 0 for s in stats)
+                    ran = [s["positions"] - s["decodes"] for s in stats]
+                gen.append_tokens(turn)
+                gen.generate_next_token()
+                if model is llama:  # the eos not yet run, then the turn's 8 (and one-position
+                    # decode steps the ring ran ahead with)
+                    assert [s["positions"] - s["decodes"] - r
+                            for s, r in zip(llama.remote.stats(), ran)] == [9, 9]
+                got.append(first + _finish(gen, rows)[0][len(first):])
+    finally:
+        llama.eos_token_ids, local.eos_token_ids = saved
+    assert got[1] == got[0]
+    assert eventually(lambda: _cache_free(llama))  # closed: freed
+
+
 def test_groups_in_flight_share_the_pipeline_and_free_their_caches(llama):
     groups = [prompts(b, seed=20 + i) for i, b in enumerate((1, 2, 1, 3))]
     # long enough that no group ends before the last one starts (the ring runs ahead)
