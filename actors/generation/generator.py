@@ -321,8 +321,8 @@ class RemoteGenerator(TokenRows):
     def get_logits(self) -> np.ndarray:
         """The logits for the next token, [batch, vocab], on the host: once the live epoch
         has got through every stage (their caches hold the tokens before the last), the
-        group runs its last token again through the ring (after a rewind or its end: all
-        its tokens), and the last stage keeps the logits of that step for the driver
+        group runs its last token again through the ring (after a rewind or an end that
+        freed the cache: all its tokens), and the last stage keeps the logits of that step for the driver
         before it samples and goes on as before (its sampler skips the earlier draws).
         From then on, where the last stage shares this node, it pushes every step's
         logits with its token (`inbox.py`): the next call takes those the ring ran ahead
@@ -341,7 +341,9 @@ class RemoteGenerator(TokenRows):
                 and self._pushing and self._inbox is not None else None
             if kept is not None:  # pushed when the ring ran ahead with them (asked before)
                 return kept
-            if live and not self._finished:  # run the last token again
+            # ended by eos and not rewound since: every stage kept the group's cache
+            ended_kept = self._running and self._finished and not self._cache_freed
+            if (live and not self._finished) or ended_kept:  # run the last token again
                 job = Job(n - 1, self._ids[:, n - 1:n].copy(), [(n - 1, n)], rewind=(n, n - 1),
                           end=self._end.copy(), draws=self._draws, logits=True)
             else:  # rewound (a halted epoch may not have reached every stage), or ended

@@ -323,9 +323,12 @@ def test_pushed_logits_come_before_their_column_and_a_bad_frame_is_refused():
 
 def test_a_group_ended_by_eos_keeps_its_cache_for_the_next_append(llama):
     """A generator whose rows all reached eos keeps its cache on the stages until it is
-    closed, as the in-process generator keeps its own: a chat's next turn, appended
-    after the eos, runs the eos and its own tokens only (9 positions on each stage), not
-    the conversation again, and makes the in-process generator's tokens."""
+    closed, as the in-process generator keeps its own: get_logits then runs the eos
+    alone (one position on each stage) for the in-process logits, and a chat's next
+    turn, appended after it, runs its own 8 tokens only, not the conversation again, and
+    makes the in-process generator's tokens."""
+    import numpy as np
+
     local = _local_model("llama")
     rows = prompts(1, seed=41)
     made = _generate(local, rows, 24)[0]
@@ -334,7 +337,7 @@ def test_a_group_ended_by_eos_keeps_its_cache_for_the_next_append(llama):
     saved = (llama.eos_token_ids, local.eos_token_ids)
     llama.eos_token_ids = local.eos_token_ids = [eos]
     try:
-        got = []
+        got, logits = [], []
         for model in (local, llama):
             with _start(model, rows, 64) as gen:
                 first = _finish(gen, rows)[0]
@@ -342,16 +345,22 @@ def test_a_group_ended_by_eos_keeps_its_cache_for_the_next_append(llama):
                 if model is llama:
                     stats = llama.remote.stats()
                     assert all(s["groups"] == 1 and s["cache_bytes"] > 0 for s in stats)
+                    ran = [s["positions"] for s in stats]
+                logits.append(np.array(gen.get_logits()))
+                if model is llama:  # the eos alone
+                    stats = llama.remote.stats()
+                    assert [s["positions"] - r for s, r in zip(stats, ran)] == [1, 1]
                     ran = [s["positions"] - s["decodes"] for s in stats]
                 gen.append_tokens(turn)
                 gen.generate_next_token()
-                if model is llama:  # the eos not yet run, then the turn's 8 (and one-position
-                    # decode steps the ring ran ahead with)
+                if model is llama:  # the turn's 8 (and the one-position decode steps the
+                    # ring ran ahead with)
                     assert [s["positions"] - s["decodes"] - r
-                            for s, r in zip(llama.remote.stats(), ran)] == [9, 9]
+                            for s, r in zip(llama.remote.stats(), ran)] == [8, 8]
                 got.append(first + _finish(gen, rows)[0][len(first):])
     finally:
         llama.eos_token_ids, local.eos_token_ids = saved
+    np.testing.assert_allclose(logits[1], logits[0], rtol=1e-4, atol=1e-4)
     assert got[1] == got[0]
     assert eventually(lambda: _cache_free(llama))  # closed: freed
 
