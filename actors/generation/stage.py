@@ -396,12 +396,13 @@ class GenerationStage:
         if job.pieces and job.pieces[0][0] > g.filled:  # the driver's to keep: never computed
             raise RuntimeError(f"a step from position {job.pieces[0][0]} of group {gid}, whose "
                                f"cache here holds {g.filled} positions")
-        if job.rows is not None and not 1 <= job.rows <= g.batch:
-            raise ValueError(f"a step of rows [0, {job.rows}) of group {gid}, which has "
+        rows = job.rows if g.stops is not None else None  # (a batcher's group's only)
+        if rows is not None and not 1 <= rows <= g.batch:
+            raise ValueError(f"a step of rows [0, {rows}) of group {gid}, which has "
                              f"{g.batch} rows")
         for (p, t), came in zip(job.pieces, carried):
-            feeds, came = self._with(g.feeds(self.layout, p, t, self.fixed, self.shared,
-                                             job.rows), came)
+            feeds, came = self._with(g.feeds(self.layout, p, t, self.fixed, self.shared, rows),
+                                     came)
             values = self.runner.run(feeds)
             g.computed(p, t)
             self.steps += 1
@@ -410,13 +411,13 @@ class GenerationStage:
                 last = values[self.part.output]
             else:
                 outs.append(self._sent(values, came))
-        rows = g.batch if job.rows is None else job.rows
+        ran = g.batch if rows is None else rows
         if self.index < self.count - 1:
-            self._count(job, time.perf_counter() - started, rows)
+            self._count(job, time.perf_counter() - started, ran)
             self.link.send(self.ring[self.index + 1], gid, epoch, job, outs + joined)
             return
-        self._choose(gid, g, epoch, last, job.logits, job.joins, job.rows)
-        self._count(job, time.perf_counter() - started, rows)
+        self._choose(gid, g, epoch, last, job.logits, job.joins, rows)
+        self._count(job, time.perf_counter() - started, ran)
 
     def _admit_joins(self, g: StageGroup, epoch: int, job: Job) -> None:
         """Stage 0: the pending joins go with this step when it is a decode step (each

@@ -133,7 +133,7 @@ class Generator(TokenRows):
     def _compute(self) -> None:
         """Run the tokens not yet in the cache; keep the last position's logits."""
         p, t = self._filled, self._length
-        for a, b in [(p, t)] if t - p == 1 else self._prefill_runs(p, t):
+        for a, b in self._prefill_runs(p, t):
             if self._fixed and b - a == 1 and a > 0 and b == t:
                 logits = self._decode_step(a)
             else:
