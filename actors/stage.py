@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import ray
 
+from actors.code_version import code_identity
 from actors.remote_errors import FailedValue, SegmentRunError, StageNotLoaded
 from actors.request import Layout, pick
 from actors.stage_model import SegmentPart, StageSpec, load_stage_graph
@@ -156,7 +157,12 @@ class StageActor:
             "weight_bytes": self.spec.weight_bytes,
             "segments": [{"segment": s.part.segment_id, "provider": s.provider.name,
                           "compile_s": s.compile_s} for s in self.segments],
+            "code": code_identity(),
         }
+
+    def code(self) -> dict[str, str]:
+        """The sources this actor runs (`code_version.code_identity`)."""
+        return code_identity()
 
     def ping(self) -> str:
         """This actor's incarnation (a new one after each restart); "" while it has no

@@ -16,6 +16,7 @@ import pytest
 MODULES = [
     "actors.batching",
     "actors.cluster_plan",
+    "actors.code_version",
     "actors.connect",
     "actors.coordinator",
     "actors.data",

@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import ray
 
+from actors.code_version import code_identity
 from actors.generation.channel import LINKS, StageLink, socket_name
 from actors.generation.cores import even_runs, pin_process, usable_cores
 from actors.generation.group import GroupSpec, Job, Join, StageGroup
@@ -93,10 +94,12 @@ class GenerationStage:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    async def load(self, box: list[Any], ring_id: str = "", link: str = "socket") -> str:
+    async def load(self, box: list[Any], ring_id: str = "", link: str = "socket"
+                   ) -> dict[str, Any]:
         """Compile the stage from ``box[0]`` (a ref in a list: fetched here), unless
         loaded, and listen for steps (``link``: "socket" where the next stage shares
-        the node, or "ray" calls only); returns this incarnation."""
+        the node, or "ray" calls only); returns this incarnation and the sources this
+        actor runs (`code_version`: the driver checks them against its own)."""
         if link not in LINKS:
             raise ValueError(f"stage_link must be one of {LINKS}, got {link!r}")
         if self.part is None:
@@ -104,7 +107,11 @@ class GenerationStage:
             self._compile(part)
         self.link.enabled = self.link.enabled and link == "socket"
         await self.link.listen(socket_name(ring_id or "ring", self.index, self.incarnation))
-        return self.incarnation
+        return {"incarnation": self.incarnation, "code": code_identity()}
+
+    def code(self) -> dict[str, str]:
+        """The sources this actor runs (`code_version.code_identity`)."""
+        return code_identity()
 
     def _compile(self, part: StagePart) -> None:
         from hetero_exec.session import InferenceSession

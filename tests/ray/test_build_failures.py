@@ -3,6 +3,7 @@ placement group before the error reaches the caller, and fails in bounded time."
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -116,3 +117,40 @@ def test_a_plan_the_stage_option_cannot_split_is_refused_before_any_actor(nothin
             executor="ray",
             stages=[1],  # a cut inside the device's segments
         )
+
+
+
+def test_stage_actors_of_another_checkout_are_named_at_build(tmp_path):
+    """A driver whose stage actors import other hetero_exec sources (a copy with one
+    comment added) fails each build at once with an error naming both checkouts. Before,
+    a generation ring whose frames the two sides read differently waited out the
+    driver's timeout."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    other = tmp_path / "other_checkout"
+    for package in ("hetero_exec", "actors"):
+        shutil.copytree(os.path.join(root, package), other / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    with open(other / "actors" / "generation" / "group.py", "a") as f:
+        f.write("# a later edit: the frames may differ\n")
+    here = tmp_path / "driver"  # Ray puts the driver's folder first on its workers' path
+    here.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    env["PYTHONPATH"] = root
+    done = subprocess.run([sys.executable, "-m", "tests.ray.other_checkout_main", str(other)],
+                          cwd=here, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    for what, label in (("session", r"the stage actor of stage#0 \(sim-gpu:0\): .+?"),
+                        ("generation", r"stage#0 \(sim-gpu:0\)")):
+        got = report[what]
+        assert got["type"] == "CodeMismatchError", got
+        assert re.match(rf"{label} runs other hetero_exec sources than this driver: "
+                        rf"{re.escape(str(other))} \(digest \w+\) against {re.escape(root)} ",
+                        got["message"]), got["message"]
+        assert got["s"] < 60, got
