@@ -69,6 +69,8 @@ class RemoteGenerator(TokenRows):
         self.replays = 0
         self.polls = 0  # Ray long polls of the last stage (its token socket brings the rest)
         self.logits_steps = 0  # steps sent to run the last token again for its logits
+        #: the last `get_logits`' answer and the (epoch, length) it was for
+        self._last_logits: tuple[tuple[int, int], np.ndarray] | None = None
         self._running = False  # the ring holds a live epoch of this group
         self._finished = False  # the ring ended it (eos, max_length): no step runs
         #: the stages freed the group's cache when the ring ended it (`StageGroup.
@@ -326,10 +328,20 @@ class RemoteGenerator(TokenRows):
         before it samples and goes on as before (its sampler skips the earlier draws).
         From then on, where the last stage shares this node, it pushes every step's
         logits with its token (`inbox.py`): the next call takes those the ring ran ahead
-        with, and runs nothing again."""
+        with, and runs nothing again. A call with nothing appended, generated or rewound
+        since the last one answers what that one did."""
         self._check_open()
         if self._length == 0:
             raise GenerationInputError("no logits yet: call append_tokens first")
+        # asked again with no token in or out since (an append or a rewind bumps the
+        # epoch, a token the length): the same logits, not the last token run again
+        if self._last_logits is not None and self._last_logits[0] == (self.epoch, self._length):
+            return self._last_logits[1].copy()
+        logits = self._run_for_logits()
+        self._last_logits = ((self.epoch, self._length), logits.copy())
+        return logits
+
+    def _run_for_logits(self) -> np.ndarray:
         while True:
             if self._seen != self.decoder.incarnations:
                 self._replay()

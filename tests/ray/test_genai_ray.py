@@ -275,6 +275,8 @@ def test_get_logits_each_token_takes_the_logits_the_ring_ran_ahead_with(llama):
             for _ in range(8):
                 gen.generate_next_token()
                 got.append(np.array(gen.get_logits()))
+                # asked again before the next token: the same, nothing run again
+                np.testing.assert_array_equal(gen.get_logits(), got[-1])
             assert gen.logits_steps == 1 and gen.polls == 0, (gen.logits_steps, gen.polls)
             tokens = _finish(gen, rows)
         assert tokens == want_tokens
@@ -324,7 +326,8 @@ def test_pushed_logits_come_before_their_column_and_a_bad_frame_is_refused():
 def test_a_group_ended_by_eos_keeps_its_cache_for_the_next_append(llama):
     """A generator whose rows all reached eos keeps its cache on the stages until it is
     closed, as the in-process generator keeps its own: get_logits then runs the eos
-    alone (one position on each stage) for the in-process logits, and a chat's next
+    alone (one position on each stage) for the in-process logits (asked again, nothing
+    runs), and a chat's next
     turn, appended after it, runs its own 8 tokens only, not the conversation again, and
     makes the in-process generator's tokens."""
     import numpy as np
@@ -350,6 +353,10 @@ def test_a_group_ended_by_eos_keeps_its_cache_for_the_next_append(llama):
                 if model is llama:  # the eos alone
                     stats = llama.remote.stats()
                     assert [s["positions"] - r for s, r in zip(stats, ran)] == [1, 1]
+                    # asked again: the same logits, nothing run (it ran all the tokens)
+                    np.testing.assert_array_equal(gen.get_logits(), logits[-1])
+                    assert [s["positions"] for s in llama.remote.stats()] == \
+                        [s["positions"] for s in stats]
                     ran = [s["positions"] - s["decodes"] for s in stats]
                 gen.append_tokens(turn)
                 gen.generate_next_token()
