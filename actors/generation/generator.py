@@ -349,9 +349,11 @@ class RemoteGenerator(TokenRows):
             while live and self._got <= self._length and not self._finished:
                 self._collect()  # the live epoch got through every stage: keep its cache
             n = self._length
-            kept = self._inbox.take_logits(self.epoch, n) if live and not self._finished \
-                and self._pushing and self._inbox is not None else None
-            if kept is not None:  # pushed when the ring ran ahead with them (asked before)
+            # pushed when the ring ran ahead with them (asked before), before their column:
+            # here once that column is (a group the ring has ended included)
+            kept = self._inbox.take_logits(self.epoch, n) if self._pushing \
+                and self._inbox is not None and self._got > n else None
+            if kept is not None:
                 return kept
             # ended by eos and not rewound since: every stage kept the group's cache
             ended_kept = self._running and self._finished and not self._cache_freed

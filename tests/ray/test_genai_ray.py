@@ -268,11 +268,13 @@ def test_get_logits_each_token_takes_the_logits_the_ring_ran_ahead_with(llama):
 
     rows = prompts(2, seed=23)
     for search in ({}, {"do_sample": True, "top_k": 5, "random_seed": 9}):
-        want, want_tokens = _logits_along(_local_model("llama"), rows, list(range(1, 9)),
+        want, want_tokens = _logits_along(_local_model("llama"), rows, list(range(1, 10)),
                                           new=10, **search)
         with _start(llama, rows, 10, **search) as gen:
             got = [np.array(gen.get_logits())]
-            for _ in range(8):
+            # up to the last token's logits, which come after the ring ended the group (at
+            # its capacity: it ran ahead)
+            for _ in range(9):
                 gen.generate_next_token()
                 got.append(np.array(gen.get_logits()))
                 # asked again before the next token: the same, nothing run again
