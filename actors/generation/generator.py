@@ -60,6 +60,10 @@ class RemoteGenerator(TokenRows):
         self._filled = 0  # as the in-process generator counts it
         self._draws = 0
         self._got = 0  # positions the ring has made and the driver has collected
+        #: positions every stage's cache holds for the driver's tokens: a column collected
+        #: says every stage ran the positions before it (a rewind's halt, sent by Ray
+        #: calls across nodes, may pass a step still on its way and drop it there)
+        self._settled = 0
         self._eos = np.asarray(model.eos_token_ids or [], dtype=np.int64)
         layout = model.layout  # (as the stages decide: `GenerationStage.fixed`)
         self._shared = any(e.mode == "shared" for e in layout.entries)
@@ -135,6 +139,10 @@ class RemoteGenerator(TokenRows):
         # differs), nor after a rewind or the group's end.
         filled = at if self._running and not self._finished and self._got > at \
             and bool((self._end < 0).all()) else self._filled
+        if not self._running and not self._fresh:  # rewound: from what every stage holds
+            filled = min(filled, self._settled)
+            if filled == 0 and not (self._finished and self._cache_freed):
+                self._open(self.epoch + 1)  # its first step may not have got to every stage
         self._ids[:, at:at + n] = rows
         if first and self.batch > 1:
             self._start = leading(rows, self._pad)
@@ -178,8 +186,8 @@ class RemoteGenerator(TokenRows):
         if self.is_done():
             raise GenerationInputError("generate_next_token after is_done(): every sequence "
                                        "has ended (eos or max_length)")
-        if not self._running:  # rewound, or finished and appended to: run again from here
-            self._resume(ended=self._finished and self._cache_freed)
+        if not self._running:  # rewound: run again from what the stages' caches hold
+            self._rerun(logits=False)
         while self._got <= self._length:
             self._collect()
         chosen = self._ids[:, self._length].copy()
@@ -229,6 +237,7 @@ class RemoteGenerator(TokenRows):
         n = ids.shape[1]
         self._ids[:, self._got:self._got + n] = ids
         self._got += n
+        self._settled = max(self._settled, self._got - 1)
         if done:
             self._finished = True
             self._cache_freed = self._ring_frees()
@@ -300,6 +309,34 @@ class RemoteGenerator(TokenRows):
                              f"(max_replays={self.decoder.opts.max_replays})")
         self._resume()
 
+    def _rerun(self, logits: bool) -> None:
+        """After a rewind: the tokens the stages' caches do not hold, then on as before."""
+        self._send(self._rerun_job(logits))
+        self._filled = self._length
+
+    def _rerun_job(self, logits: bool) -> Job:
+        """The step running the tokens after what every stage's cache holds for them (at
+        least the last, whose logits the step makes), as the in-process generator runs
+        from its cache after a rewind: a chat's answer made again after `rewind_to` runs
+        its last prompt token, not the conversation. All the tokens where the ring freed
+        the cache, and for a left-padded first prompt that ran right-aligned (its cache
+        positions are not its columns)."""
+        n = self._length
+        lo = min(self._settled, self._filled, n - 1)
+        freed = self._finished and self._cache_freed
+        if freed or self._right_aligned(0) or lo <= 0:
+            self._settled = 0
+            # freed: this step opens the group again on each stage; else each opens it now
+            # (its first step may have been halted before it got to every stage)
+            self._fresh = freed
+            self._open(self.epoch + 1)
+            return Job(0, self._ids[:, :n].copy(), self._prefill_runs(0, n), rewind=(0, 0),
+                       end=self._end.copy(), draws=self._draws, start=self._start.copy(),
+                       logits=logits, rows=self._rows_wanted(n))
+        return Job(lo, self._ids[:, lo:n].copy(), self._prefill_runs(lo, n), rewind=(lo, lo),
+                   end=self._end.copy(), draws=self._draws, logits=logits,
+                   rows=self._rows_wanted(n))
+
     def _resume(self, ended: bool = False) -> None:
         """Run all the tokens so far through the ring under a new epoch. ``ended``: the
         stages freed the group's cache (it ended there), so the group opens again with
@@ -308,6 +345,7 @@ class RemoteGenerator(TokenRows):
         first."""
         n = self._length
         self._fresh = ended
+        self._settled = 0
         self._open(self.epoch + 1)
         self._send(Job(0, self._ids[:, :n].copy(), self._prefill_runs(0, n), rewind=(0, 0),
                        end=self._end.copy(), draws=self._draws, start=self._start.copy(),
@@ -354,17 +392,15 @@ class RemoteGenerator(TokenRows):
             kept = self._inbox.take_logits(self.epoch, n) if self._pushing \
                 and self._inbox is not None and self._got > n else None
             if kept is not None:
+                self._settled = max(self._settled, n)  # the logits of every stage's run
                 return kept
             # ended by eos and not rewound since: every stage kept the group's cache
             ended_kept = self._running and self._finished and not self._cache_freed
             if (live and not self._finished) or ended_kept:  # run the last token again
                 job = Job(n - 1, self._ids[:, n - 1:n].copy(), [(n - 1, n)], rewind=(n, n - 1),
                           end=self._end.copy(), draws=self._draws, logits=True)
-            else:  # rewound (a halted epoch may not have reached every stage), or ended
-                self._open(self.epoch + 1)
-                job = Job(0, self._ids[:, :n].copy(), self._prefill_runs(0, n), rewind=(0, 0),
-                          end=self._end.copy(), draws=self._draws, start=self._start.copy(),
-                          logits=True)
+            else:  # rewound, or ended and freed: from what the stages' caches hold
+                job = self._rerun_job(logits=True)
             self._send(job)
             self.logits_steps += 1
             self._filled = n
@@ -372,6 +408,7 @@ class RemoteGenerator(TokenRows):
             if logits is None:
                 logits = self._polled_logits()
             if logits is not None:
+                self._settled = max(self._settled, n)
                 if self.is_done():  # the last stage ended the group again
                     self._finished, self._running = True, False
                     self._cache_freed = self._ring_frees(self._length)
@@ -418,6 +455,7 @@ class RemoteGenerator(TokenRows):
         self._ids[:, new_length:] = self._pad
         self._length = new_length
         self._filled = min(self._filled, max(new_length - 1, 0))
+        self._settled = min(self._settled, new_length)
         self._end = np.where(self._end > new_length, -1, self._end)
         if new_length == 0:
             self._start[:] = 0

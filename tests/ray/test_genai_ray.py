@@ -140,6 +140,37 @@ def test_streaming_rewind_and_append_follow_the_in_process_generator(llama):
     assert eventually(lambda: _cache_free(llama))
 
 
+def test_an_answer_made_again_after_a_rewind_runs_from_the_stages_cache(llama):
+    """A chat's "make the answer again": rewind to the prompt's end, then get_logits and
+    generate. The stages keep the prompt's cache, as the in-process generator does: the
+    ring runs the last prompt token again, not the prompt (before: the whole prompt, after
+    a Ray call to each stage). Sampling goes on with the draws made so far, on both."""
+    import numpy as np
+
+    rows = prompts(2, seed=14)
+    for search in ({}, {"do_sample": True, "top_k": 5, "random_seed": 4}):
+        gens = (_start(_local_model("llama"), rows, 24, **search),
+                _start(llama, rows, 24, **search))
+        for gen in gens:
+            for _ in range(6):
+                gen.generate_next_token()
+        gens[1].rewind_to(len(rows[0]))  # before the ring runs ahead to its capacity (its
+        # end there frees the cache: then all the tokens run again)
+        ran = [s["positions"] - s["decodes"] for s in llama.remote.stats()]
+        logits, tokens = [], []
+        for gen in reversed(gens):
+            gen.rewind_to(len(rows[0]))
+            logits.append(np.array(gen.get_logits()))
+            tokens.append(_finish(gen, rows))
+            gen.close()
+        np.testing.assert_allclose(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+        assert tokens[0] == tokens[1]
+        # one-position steps only since (the ring's decode steps, and the rerun)
+        assert [s["positions"] - s["decodes"] - r
+                for s, r in zip(llama.remote.stats(), ran)] == [0, 0]
+    assert eventually(lambda: _cache_free(llama))
+
+
 def test_a_rewind_halts_the_ring_by_one_frame(llama):
     import time
 
