@@ -18,6 +18,8 @@ Figures per model:
 * a chat's next turn: the time from appending 8 tokens (5 ms after 8 generated, the
   ring running ahead) to the first token after them, on the ring and in process;
 * a scoring loop: get_logits after every token, ms a token, on the ring and in process;
+* an answer made again: ms from rewind_to a 320-token prompt's end (16 tokens after it)
+  to the first token after it, on the ring and in process;
 * continuous batching (actors/generation/batcher.py): 8 requests of different lengths
   submitted at once to a ContinuousBatcher of 4 rows on the two single-threaded stages,
   against one in-process thread running them one after another and as static batches
@@ -96,6 +98,21 @@ def turn_ms(model, rows: np.ndarray, made: int = 8, appended: int = 8,
         time.sleep(pause_s)
         t0 = time.perf_counter()
         gen.append_tokens(rows[:, :appended] + 1)
+        gen.generate_next_token()
+        return (time.perf_counter() - t0) * 1e3
+
+
+def again_ms(model, rows: np.ndarray, made: int = 16) -> float:
+    """An answer made again: ms from `rewind_to` the prompt's end, ``made`` tokens after
+    it, to the first token after the rewind (the prompt's cache stays on each side)."""
+    params = hg.GeneratorParams(model)
+    params.set_search_options(batch_size=1, max_length=rows.shape[1] + made + 200)
+    with hg.Generator(model, params) as gen:
+        gen.append_tokens(rows)
+        for _ in range(made):
+            gen.generate_next_token()
+        t0 = time.perf_counter()
+        gen.rewind_to(rows.shape[1])
         gen.generate_next_token()
         return (time.perf_counter() - t0) * 1e3
 
@@ -424,6 +441,10 @@ def ray_main(args, models_dir: str, prompt_rows, ort_session, time_ort_loop) -> 
                        lambda: turn_ms(remote, rows), lambda: turn_ms(local, rows))
             paired_row(name, "a scoring loop (get_logits after every token), ms a token", rounds,
                        lambda: scoring_ms(remote, rows), lambda: scoring_ms(local, rows))
+            long_rows = prompt_rows(1, 320)
+            paired_row(name, "an answer made again (rewind_to the end of a 320-token prompt, "
+                       "16 tokens after it), ms to its first token", rounds,
+                       lambda: again_ms(remote, long_rows), lambda: again_ms(local, long_rows))
             calls.close()
             spin.close()
             # 4 groups in flight on two single-threaded stages vs one thread in process
