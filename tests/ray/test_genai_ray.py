@@ -724,6 +724,27 @@ def test_the_ray_call_link_gives_the_same_tokens(ray_session):
         assert _generate(model, rows) == _generate(_local_model("gpt2"), rows)
         assert all(s["sent_ray"] > 0 and s["sent_socket"] == 0 and s["pushed"] == 0
                    for s in model.remote.stats())  # the tokens by polls too
+        # a rewind's halt goes to each stage by a Ray call here, and may pass the step of
+        # an append still on its way: the steps after it start from what every stage
+        # is known to hold, and the tokens are the in-process generator's
+        import numpy as np
+
+        made, logits = [], []
+        for m in (_local_model("gpt2"), model):
+            with _start(m, rows, new=24) as gen:
+                for _ in range(3):
+                    gen.generate_next_token()
+                gen.rewind_to(len(rows[0]) + 1)
+                gen.append_tokens([[5, 6, 7], [8, 9, 10]])
+                gen.rewind_to(len(rows[0]) + 3)  # at once: the append's step on its way
+                gen.append_tokens([[11], [12]])
+                logits.append(np.array(gen.get_logits()))
+                for _ in range(2):
+                    gen.generate_next_token()
+                gen.rewind_to(len(rows[0]))  # the answer made again from the prompt
+                made.append(_finish(gen, rows))
+        np.testing.assert_allclose(logits[1], logits[0], rtol=1e-5, atol=1e-5)
+        assert made[1] == made[0]
         assert eventually(lambda: _cache_free(model))
     finally:
         model.close()
