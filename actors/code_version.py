@@ -13,6 +13,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+from typing import Any
+
+import ray
 
 from actors.runtime_env import checkout_root
 from hetero_exec.errors import ActorError
@@ -64,3 +67,13 @@ def check_same_code(what: str, theirs: object) -> None:
         f"against {ours['root']} (digest {ours['digest']}); give the job one checkout "
         f"(a runtime_env working_dir, or PYTHONPATH naming it) or install the same version "
         f"on every node")
+
+
+def actor_code(handle: Any, timeout_s: float = 10.0) -> dict[str, str] | None:
+    """An actor's sources (its ``code`` call), asked after its start failed: a start of
+    another version may fail on what the driver sent. None when it cannot say (gone, or
+    a version without the call)."""
+    try:
+        return ray.get(handle.code.remote(), timeout=timeout_s)
+    except Exception:  # any failure means: no answer
+        return None

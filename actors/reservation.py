@@ -21,7 +21,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.code_version import check_same_code
+from actors.code_version import actor_code, check_same_code
 from actors.connect import ray_usable
 from actors.options import RayOptions
 from actors.remote_errors import user_error
@@ -304,7 +304,7 @@ class Reservation:
         try:
             info = ray.get(ref)
         except ray.exceptions.RayError as e:
-            theirs = _code(slot.handle)
+            theirs = actor_code(slot.handle)
             if theirs is not None:  # another version may fail on what the driver sent
                 check_same_code(what, theirs)
             typed = user_error(e)
@@ -393,15 +393,6 @@ class Reservation:
 #: a stage whose pickle is at most this travels inline in its actor's constructor
 #: (under Ray's 100 KiB limit for inline arguments); a larger one is loaded after it
 INLINE_SPEC_BYTES = 64 << 10
-
-
-def _code(handle: Any) -> Any:
-    """A stage actor's sources (`code_version`), asked after its start failed; None when
-    it cannot say (gone, or a version without the call)."""
-    try:
-        return ray.get(handle.code.remote(), timeout=10)
-    except Exception:
-        return None
 
 
 def send_stage(slot: ActorSlot, handle: Any) -> None:

@@ -47,7 +47,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.code_version import check_same_code
+from actors.code_version import actor_code, check_same_code
 from actors.connect import close_at_exit, ensure_ray, ray_usable
 from actors.generation.channel import LINKS, DriverLink
 from actors.generation.cores import AUTO, check_option
@@ -180,7 +180,7 @@ class RayDecoder:
             try:
                 loaded = ray.get(ref, timeout=timeout)
             except ray.exceptions.RayTaskError as e:
-                theirs = self._code(k)
+                theirs = actor_code(self.actors[k])
                 if theirs is not None:  # another version's load may fail on our arguments
                     check_same_code(f"stage#{k} ({self.devices[k]})", theirs)
                 raise GenaiError(f"stage#{k} ({self.devices[k]}) failed to build: "
@@ -189,14 +189,6 @@ class RayDecoder:
                             loaded.get("code") if isinstance(loaded, dict) else None)
             out[k] = loaded["incarnation"]
         return out
-
-    def _code(self, k: int) -> Any:
-        """Stage ``k``'s sources (`code_version`), asked after its load failed; None when
-        it cannot say (gone, or a version without the call)."""
-        try:
-            return ray.get(self.actors[k].code.remote(), timeout=10)
-        except Exception:  # an actor of another version, or gone
-            return None
 
     def _connect(self) -> list[bool]:
         """Tell every stage the ring and its successor's address; which hops are sockets."""
