@@ -187,7 +187,7 @@ class RemoteGenerator(TokenRows):
             raise GenerationInputError("generate_next_token after is_done(): every sequence "
                                        "has ended (eos or max_length)")
         if not self._running:  # rewound: run again from what the stages' caches hold
-            self._rerun(logits=False)
+            self._rerun()
         while self._got <= self._length:
             self._collect()
         chosen = self._ids[:, self._length].copy()
@@ -309,9 +309,9 @@ class RemoteGenerator(TokenRows):
                              f"(max_replays={self.decoder.opts.max_replays})")
         self._resume()
 
-    def _rerun(self, logits: bool) -> None:
+    def _rerun(self) -> None:
         """After a rewind: the tokens the stages' caches do not hold, then on as before."""
-        self._send(self._rerun_job(logits))
+        self._send(self._rerun_job(logits=False))
         self._filled = self._length
 
     def _rerun_job(self, logits: bool) -> Job:
@@ -325,14 +325,7 @@ class RemoteGenerator(TokenRows):
         lo = min(self._settled, self._filled, n - 1)
         freed = self._finished and self._cache_freed
         if freed or self._right_aligned(0) or lo <= 0:
-            self._settled = 0
-            # freed: this step opens the group again on each stage; else each opens it now
-            # (its first step may have been halted before it got to every stage)
-            self._fresh = freed
-            self._open(self.epoch + 1)
-            return Job(0, self._ids[:, :n].copy(), self._prefill_runs(0, n), rewind=(0, 0),
-                       end=self._end.copy(), draws=self._draws, start=self._start.copy(),
-                       logits=logits, rows=self._rows_wanted(n))
+            return self._from_start(freed, logits)
         return Job(lo, self._ids[:, lo:n].copy(), self._prefill_runs(lo, n), rewind=(lo, lo),
                    end=self._end.copy(), draws=self._draws, logits=logits,
                    rows=self._rows_wanted(n))
@@ -343,14 +336,20 @@ class RemoteGenerator(TokenRows):
         this step, as a new one does (a Ray call to each stage cost a chat turn 4 ms of
         its 13 on two stages); else (a replay after a fault) it opens on each stage
         first."""
+        self._send(self._from_start(ended))
+        self._filled = self._length
+
+    def _from_start(self, fresh: bool, logits: bool = False) -> Job:
+        """The step running all the tokens so far. ``fresh``: the stages freed the group's
+        cache, so this step opens it again on each stage; else each opens it now (a
+        replay; or a first step halted before it got to every stage)."""
         n = self._length
-        self._fresh = ended
+        self._fresh = fresh
         self._settled = 0
         self._open(self.epoch + 1)
-        self._send(Job(0, self._ids[:, :n].copy(), self._prefill_runs(0, n), rewind=(0, 0),
-                       end=self._end.copy(), draws=self._draws, start=self._start.copy(),
-                       rows=self._rows_wanted(n)))
-        self._filled = n
+        return Job(0, self._ids[:, :n].copy(), self._prefill_runs(0, n), rewind=(0, 0),
+                   end=self._end.copy(), draws=self._draws, start=self._start.copy(),
+                   logits=logits, rows=self._rows_wanted(n))
 
     def stream(self) -> Iterator[np.ndarray]:
         """Each new token column ([batch] ids) as the pipeline makes it."""
