@@ -69,11 +69,13 @@ def check_same_code(what: str, theirs: object) -> None:
         f"on every node")
 
 
-def actor_code(handle: Any, timeout_s: float = 10.0) -> dict[str, str] | None:
-    """An actor's sources (its ``code`` call), asked after its start failed: a start of
-    another version may fail on what the driver sent. None when it cannot say (gone, or
-    a version without the call)."""
+def check_failed_actor(what: str, handle: Any, timeout_s: float = 10.0) -> None:
+    """After an actor's start failed: raise `CodeMismatchError` when the actor answers
+    (its ``code`` call) with other sources than this process's, since a start of another
+    version may fail on what the driver sent; nothing when it cannot say (gone, or a
+    version without the call), so the caller reports the failure itself."""
     try:
-        return ray.get(handle.code.remote(), timeout=timeout_s)
+        theirs = ray.get(handle.code.remote(), timeout=timeout_s)
     except Exception:  # any failure means: no answer
-        return None
+        return
+    check_same_code(what, theirs)

@@ -21,7 +21,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.code_version import actor_code, check_same_code
+from actors.code_version import check_failed_actor, check_same_code
 from actors.connect import ray_usable
 from actors.options import RayOptions
 from actors.remote_errors import user_error
@@ -304,9 +304,7 @@ class Reservation:
         try:
             info = ray.get(ref)
         except ray.exceptions.RayError as e:
-            theirs = actor_code(slot.handle)
-            if theirs is not None:  # another version may fail on what the driver sent
-                check_same_code(what, theirs)
+            check_failed_actor(what, slot.handle)
             typed = user_error(e)
             if typed is not None:
                 raise typed from None  # the stage could not be built (its own typed error)

@@ -47,7 +47,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.code_version import actor_code, check_same_code
+from actors.code_version import check_failed_actor, check_same_code
 from actors.connect import close_at_exit, ensure_ray, ray_usable
 from actors.generation.channel import LINKS, DriverLink
 from actors.generation.cores import AUTO, check_option
@@ -180,9 +180,7 @@ class RayDecoder:
             try:
                 loaded = ray.get(ref, timeout=timeout)
             except ray.exceptions.RayTaskError as e:
-                theirs = actor_code(self.actors[k])
-                if theirs is not None:  # another version's load may fail on our arguments
-                    check_same_code(f"stage#{k} ({self.devices[k]})", theirs)
+                check_failed_actor(f"stage#{k} ({self.devices[k]})", self.actors[k])
                 raise GenaiError(f"stage#{k} ({self.devices[k]}) failed to build: "
                                  f"{getattr(e, 'cause', e)}") from None
             check_same_code(f"stage#{k} ({self.devices[k]})",
