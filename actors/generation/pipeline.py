@@ -19,7 +19,9 @@ The ring's hops go over a Unix socket between stages on one node and by Ray call
 across nodes (`channel.py`); ``stage_link="ray"`` makes every hop a Ray call. The
 driver's own steps (a prompt, a rewind's tokens) go to stage 0 the same way
 (`channel.DriverLink`). ``stage_cores`` ("auto", or a core list per stage) pins each
-stage's process to its own cores (`cores.py`); by default the OS places them. With
+stage's process to its own cores (`cores.py`); by default the OS places them, and where
+a node has no core beyond its stages, a stage running one group alone steps on the
+node's turn core, with the others there (`cores.TurnCore`; ``"os"``: never). With
 ``yield_to_stages=True`` the driver waits for tokens without preempting the stages on
 its node (`inbox.yield_thread`): tokens/s over each token's hand-over time.
 A stage's runs split their work over its share of its node's cores (the stages there
@@ -50,7 +52,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from actors.code_version import check_failed_actor, check_same_code
 from actors.connect import close_at_exit, ensure_ray, ray_usable
 from actors.generation.channel import LINKS, DriverLink
-from actors.generation.cores import AUTO, check_option
+from actors.generation.cores import AUTO, OS, check_option
 from actors.generation.spin import check_spin_ms
 from actors.generation.split import split_decoder
 from actors.generation.stage import remote_class
@@ -210,7 +212,7 @@ class RayDecoder:
         """Each stage on its cores (``stage_cores``, `cores.py`): "auto" gives the stages
         sharing a node even runs of its cores, in stage order; a list names them."""
         option = self.cores_option
-        if option is None:
+        if option is None or option == OS:
             return
         if option == AUTO:
             refs = {k: self.actors[k].pin.remote(run=(rank, len(ks)))
@@ -230,7 +232,8 @@ class RayDecoder:
         """Each stage's threads a run (`GenerationStage.share`): its share of its node's
         cores among the stages there, unless ``intra_op_num_threads`` names them."""
         sharing = {k: len(ks) for ks in self._by_node().values() for k in ks}
-        self.threads = ray.get([a.share.remote(sharing[k], self.spin_ms)
+        turns = self.cores_option is None
+        self.threads = ray.get([a.share.remote(sharing[k], self.spin_ms, turns)
                                 for k, a in enumerate(self.actors)])
         log.info("generation stages' threads a run: %s", self.threads)
 

@@ -37,7 +37,7 @@ import ray
 
 from actors.code_version import code_identity
 from actors.generation.channel import LINKS, StageLink, socket_name
-from actors.generation.cores import even_runs, pin_process, usable_cores
+from actors.generation.cores import TurnCore, even_runs, pin_process, usable_cores
 from actors.generation.group import GroupSpec, Job, Join, StageGroup
 from actors.generation.inbox import PUSHED_LOGITS_BYTES, TokenOutlet
 from actors.generation.runner import StageRunner
@@ -91,6 +91,7 @@ class GenerationStage:
         self.started_cores = usable_cores()  # the node's cores for its workers (before `pin`)
         self.pinned = False  # on cores of its own (`pin`)
         self.spin = SpinWait(0.0)  # the loop polling for the next step after one (`share`)
+        self.turns = TurnCore()  # the stepping thread's core while it runs one group (`share`)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -183,14 +184,16 @@ class GenerationStage:
             raise ValueError(f"{self.label} cannot run on cores {list(cores or ())} (this "
                              f"node's workers may use {self.started_cores}): {e}") from None
 
-    def share(self, sharing: int, spin_ms: float | None = None) -> int:
+    def share(self, sharing: int, spin_ms: float | None = None, turns: bool = False) -> int:
         """How many threads a run of this stage splits its work over, now that the driver
         knows the ``sharing`` stages on this node: the session's ``intra_op_num_threads``
         when given; else this process's cores (pinned: its own) shared among those
         stages, at least one each, as onnxruntime's users size the pools of several
         sessions on one machine. Returns it. Also how long the stage polls for its next
         step after one (`spin.spin_cap_ms`: ``spin_ms``, or by default where the node
-        has a core beyond its stages). (Every stage splitting over all the node's
+        has a core beyond its stages), and, with ``turns`` (the stages not pinned), where
+        it does not poll and runs one thread, the core its steps run on while it runs
+        one group alone (`cores.TurnCore`: the last of the node's cores). (Every stage splitting over all the node's
         cores oversubscribes them whenever the stages run at once; on a 2-core VM, where
         the tiny decoders split only their vocabulary product, one thread each against
         two: batch-1 time a token 0.975x, 9 of 15 paired rounds, 4 groups 1.01x.)"""
@@ -201,6 +204,11 @@ class GenerationStage:
         if self.prelude is not None:
             self.prelude.options.intra_op_num_threads = width
         self.spin = SpinWait(spin_cap_ms(spin_ms, len(self.started_cores), sharing) / 1e3)
+        self.turns.leave()
+        cores = self.started_cores
+        taking = turns and not self.pinned and sharing > 1 and self.spin.cap_s == 0 \
+            and width == 1 and len(cores) > 1
+        self.turns = TurnCore(cores[-1] if taking else None, cores)
         return width
 
     def ping(self) -> str:
@@ -307,9 +315,11 @@ class GenerationStage:
                 "cache_bytes": sum(g.cache_bytes for g in self.groups.values()),
                 "steps": self.steps, "step_s": self.step_s,
                 "sent_socket": self.link.sent_socket, "sent_ray": self.link.sent_ray,
-                "pushed": self.pushed, "remade": self.remade, "cores": usable_cores(),
+                "pushed": self.pushed, "remade": self.remade, "cores": _process_cores(),
                 "threads": self.runner.threads if self.runner is not None else None,
                 "spin_ms": self.spin.cap_s * 1e3, "spun_s": self.spin.spun_s,
+                "turn_core": self.turns.core, "turn_moves": self.turns.moves,
+                "turn_thread": self.turns.tid,
                 "decode_ms": self.decode_s / max(self.decodes, 1) * 1e3,
                 "decodes": self.decodes, "decode_rows": self.decode_rows,
                 "positions": self.positions}
@@ -331,8 +341,10 @@ class GenerationStage:
                 self.ring[-1].fail.remote(gid, epoch, error)
                 self._tell_failed(gid, epoch)
         finally:
-            if self.spin.cap_s > 0:
-                self.spin.done(sum(1 for g in self.groups.values() if g.caches) <= 1)
+            if self.spin.cap_s > 0 or self.turns.core is not None:
+                alone = sum(1 for g in self.groups.values() if g.caches) <= 1
+                self.spin.done(alone)
+                self.turns.update(alone)
 
     def fail(self, gid: str, epoch: int, error: Any) -> None:
         """The last stage: a step of ``gid``'s ``epoch`` failed on a stage (``error``, a
@@ -671,6 +683,15 @@ class GenerationStage:
         if self.part is None:
             return {}
         return {p.name: self.limits.get(p.name) for p in self.cache_providers.values()}
+
+
+def _process_cores() -> list[int]:
+    """The cores this process's main thread may run on (a stepping thread on its turn
+    core, `cores.TurnCore`, is not the process's)."""
+    try:
+        return sorted(os.sched_getaffinity(os.getpid()))
+    except (AttributeError, OSError):
+        return []
 
 
 def _zeros(provider: Any, shape: tuple[int, ...], dtype: Any) -> Any:

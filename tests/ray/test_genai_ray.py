@@ -81,10 +81,12 @@ def llama(ray_session):
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
 def test_tokens_equal_the_in_process_generator_on_two_stages(ray_session, arch):
-    # GPT-2's stages poll for their next step after one (spin.py) whatever the node's cores
+    # GPT-2's stages poll for their next step after one (spin.py) whatever the node's cores;
+    # Qwen2's stay where the OS puts them (no turn core: cores.TurnCore)
     spin = {"stage_spin_ms": 5} if arch == "gpt2" else {}
+    placed = {"stage_cores": "os"} if arch == "qwen2" else {}
     model = og.Model(model_path(arch, "optimum"), executor="ray", stages=2, providers=DEVICES,
-                     **spin)
+                     **spin, **placed)
     try:
         info = ray.get([a.info.remote() for a in model.remote.actors])
         assert [i["layers"] for i in info] == [[0], [1]]  # one layer each
@@ -102,6 +104,8 @@ def test_tokens_equal_the_in_process_generator_on_two_stages(ray_session, arch):
         # to spare beyond its stages (spin.py)
         assert all(s["spin_ms"] == (5.0 if spin or len(s["cores"]) > 2 else 0.0) for s in stats)
         assert all((s["spun_s"] > 0) == (s["spin_ms"] > 0) for s in stats)
+        if spin or placed:  # polling, or told to stay: never moved to a turn core
+            assert [s["turn_core"] for s in stats] == [None, None]
         assert want[0] == ort_greedy(model_path(arch, "optimum"), rows, NEW)[0]
         assert eventually(lambda: _cache_free(model))
     finally:
@@ -893,9 +897,9 @@ def test_a_malformed_frame_on_a_stage_socket_drops_that_connection_only(llama):
     assert _generate(llama, rows) == _generate(_local_model("llama"), rows)
 
 
-def _allowed(pid: int) -> list[int]:
-    """The cores the OS lets ``pid`` run on (its Cpus_allowed_list)."""
-    with open(f"/proc/{pid}/status") as f:
+def _allowed(pid: int, tid: int | None = None) -> list[int]:
+    """The cores the OS lets ``pid`` (or its thread ``tid``) run on (Cpus_allowed_list)."""
+    with open(f"/proc/{pid}/task/{tid}/status" if tid else f"/proc/{pid}/status") as f:
         line = next(ln for ln in f if ln.startswith("Cpus_allowed_list:"))
     out: list[int] = []
     for part in line.split(":", 1)[1].strip().split(","):
@@ -956,14 +960,45 @@ def test_stage_cores_pin_each_stage_process_to_its_own_cores(ray_session):
 
 def test_the_stages_on_a_node_share_its_cores_for_their_threads(ray_session):
     """Unless ``intra_op_num_threads`` names a count, the stages on one node divide its
-    cores among their runs (at least one thread each); a count given is every stage's."""
+    cores among their runs (at least one thread each); a count given is every stage's.
+    On a node with no core beyond its stages, a stage running one group alone steps on
+    the node's last core, as the other does, and on all of them while two groups are in
+    flight (`cores.TurnCore`); its process's other threads stay where they were."""
     import os
 
-    n = len(os.sched_getaffinity(0))
+    cores = sorted(os.sched_getaffinity(0))
+    n = len(cores)
     model = og.Model(model_path("gpt2", "optimum"), executor="ray", stages=2, providers=DEVICES)
     try:
         assert model.remote.threads == [max(1, n // 2)] * 2
         assert [s["threads"] for s in model.remote.stats()] == model.remote.threads
+        rows = prompts(1, seed=76)
+        assert _generate(model, rows) == _generate(_local_model("gpt2"), rows)
+        stats, pids = model.remote.stats(), _stage_pids(model)
+        if n != 2:  # one core: nowhere to move; more: each stage polls instead (spin.py)
+            assert [s["turn_core"] for s in stats] == [None, None]
+            return
+        assert [s["turn_core"] for s in stats] == [cores[-1]] * 2
+        assert [_allowed(p, s["turn_thread"]) for p, s in zip(pids, stats)] == [[cores[-1]]] * 2
+        assert [_allowed(p) for p in pids] == [cores] * 2
+        moved = [s["turn_moves"] for s in stats]
+        assert min(moved) >= 1
+        groups = [prompts(1, seed=77), prompts(2, seed=78)]
+        gens = [_start(model, r, new=200) for r in groups]  # both in flight: a step apart
+        try:
+            assert eventually(lambda: all(
+                _allowed(p, s["turn_thread"]) == cores
+                for p, s in zip(pids, model.remote.stats())), timeout=5)
+            want = [_generate(_local_model("gpt2"), r, 200) for r in groups]
+            assert [_finish(g, r) for g, r in zip(gens, groups)] == want
+        finally:
+            for g in gens:
+                g.close()
+        # alone again: back on the turn core
+        assert _generate(model, rows) == _generate(_local_model("gpt2"), rows)
+        stats = model.remote.stats()
+        assert [_allowed(p, s["turn_thread"]) for p, s in zip(pids, stats)] == [[cores[-1]]] * 2
+        assert all(s["turn_moves"] > m for s, m in zip(stats, moved))
     finally:
         model.close()
     model = og.Model(model_path("gpt2", "optimum"), executor="ray", stages=2, providers=DEVICES,
@@ -972,6 +1007,8 @@ def test_the_stages_on_a_node_share_its_cores_for_their_threads(ray_session):
         assert model.remote.threads == [3, 3]
         rows = prompts(1, seed=75)
         assert _generate(model, rows) == _generate(_local_model("gpt2"), rows)
+        # three threads a run: not moved (they would share one core)
+        assert [s["turn_core"] for s in model.remote.stats()] == [None, None]
     finally:
         model.close()
 
@@ -1013,7 +1050,7 @@ def _generation_actors() -> int:
 
 @pytest.mark.parametrize("option, error", [
     ({"stage_cores": [[0]]}, "names 1 core list"),
-    ({"stage_cores": "all"}, "must be None, 'auto' or a list"),
+    ({"stage_cores": "all"}, "must be None, 'auto', 'os' or a list"),
     ({"stage_cores": [[0], []]}, r"stage_cores\[1\] must be a non-empty list"),
     ({"stage_cores": [[0], [4096]]}, r"stage#1 cannot run on cores \[4096\]"),
     ({"yield_to_stages": "yes"}, "yield_to_stages must be True or False"),
