@@ -175,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stage-spin-ms", type=float, default=None,
                     help="the stage actors' stage_spin_ms (default: the generator's, 5 ms "
                          "where a node has a core beyond its stages, else off; 0: off)")
+    ap.add_argument("--stage-cores", default=None, choices=["os", "auto"],
+                    help="the stage actors' stage_cores (default: the generator's, the OS "
+                         "placing them but for one group's turn core, cores.TurnCore)")
     ap.add_argument("--sample", action="store_true",
                     help="sampled streams (top_k 20, temperature 0.8, a seed a prompt) "
                          "instead of greedy ones")
@@ -225,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
                                 stages=args.stages, providers=devices, batch_slots=slots,
                                 batch_max_length=4 * (args.prompt + args.new),
                                 **({} if args.stage_spin_ms is None
-                                   else {"stage_spin_ms": args.stage_spin_ms})),
+                                   else {"stage_spin_ms": args.stage_spin_ms}),
+                                **({} if args.stage_cores is None
+                                   else {"stage_cores": args.stage_cores})),
                       name=label, route_prefix=f"/{label}")
             apps[label] = f"/{label}/v2/models/{label}/generate_stream"
     try:
