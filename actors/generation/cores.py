@@ -2,12 +2,13 @@
 
 By default the OS places the stage processes, except that where a node has no core
 beyond its stages, a stage running one group alone steps on the node's turn core, as
-the node's other stages do then (`TurnCore`). ``"os"`` leaves all of it to the OS. With ``stage_cores="auto"`` the stages
-that share a node each get their own even run of the cores the node's workers may use
-(stage order; the remainder unused; nothing pinned where the node has fewer cores than
-stages, or one stage alone). An explicit list gives each stage its cores
-(``[[0, 1], [2, 3]]``), as onnxruntime's ``session.intra_op_thread_affinities`` gives its
-threads theirs. The driver is never pinned.
+the node's other stages do then (`TurnCore`); ``"os"`` leaves all of it to the OS.
+With ``stage_cores="auto"`` the stages that share a node each get their own even run
+of the cores the node's workers may use (stage order; the remainder unused; nothing
+pinned where the node has fewer cores than stages, or one stage alone). An explicit
+list gives each stage its cores (``[[0, 1], [2, 3]]``), as onnxruntime's
+``session.intra_op_thread_affinities`` gives its threads theirs. The driver is never
+pinned.
 
 Why: with as many busy stages as cores, a stage that loses its core to another process
 starts its next step with cold caches on whichever core it gets. Pinned, and with the
@@ -69,10 +70,11 @@ def even_runs(cores: Sequence[int], n: int) -> list[list[int]] | None:
     return [cores[i * width:(i + 1) * width] for i in range(n)]
 
 
-def usable_cores() -> list[int]:
-    """The cores this process may run on ([] where the OS does not say)."""
+def usable_cores(pid: int = 0) -> list[int]:
+    """The cores the calling thread (or the main thread of process ``pid``) may run on
+    ([] where the OS does not say)."""
     try:
-        return sorted(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(pid))
     except (AttributeError, OSError):
         return []
 
@@ -103,13 +105,15 @@ class TurnCore:
     Why: one group's step runs one stage at a time, so its stages on a node take turns
     and one core serves them all. Each on its own core, every hand-over wakes a core that
     went idle, and on a VM whose idle vCPU halts the step then runs cold. On the 2-core
-    AMD VM of bench/README.md (2026-12-08), batch-1 ms a token on two stages taking
-    turns against the same stages placed by the OS (``"os"``), paired rounds: Llama
-    0.81x (faster in 16 of 20) and 0.87x (15 of 16), GPT-2 0.94x (13 of 20); 4 groups
-    in flight 0.99x the tokens/s (8 of 16). With several groups the stages run at once
-    and need their own cores; a stage moves back and forth only as groups open and end
-    (a syscall each). Only the stepping thread moves: Ray's threads stay free to run on
-    the other cores."""
+    AMD VM of bench/README.md (2026-12-08), batch-1 ms a token taking turns against the
+    same stages placed by the OS (``"os"``), paired rounds in five runs: Llama
+    0.81-1.00x (faster in 15 of 16 rounds at best, 6 of 12 at worst; most gained where
+    the host was slow), GPT-2 0.94x and 0.99x; 4 groups in flight 0.99x the tokens/s.
+    The cost: an append or a rewind that interrupts a ring running ahead waits for the
+    other stage's step under way on the shared core (a chat's next turn 1.04-1.40x).
+    With several groups the stages run at once and need their own cores; a stage moves
+    back and forth only as groups open and end (a syscall each). Only the stepping
+    thread moves: Ray's threads stay free to run on the other cores."""
 
     def __init__(self, core: int | None = None, home: Sequence[int] = ()):
         self.core = core

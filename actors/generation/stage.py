@@ -193,10 +193,11 @@ class GenerationStage:
         step after one (`spin.spin_cap_ms`: ``spin_ms``, or by default where the node
         has a core beyond its stages), and, with ``turns`` (the stages not pinned), where
         it does not poll and runs one thread, the core its steps run on while it runs
-        one group alone (`cores.TurnCore`: the last of the node's cores). (Every stage splitting over all the node's
-        cores oversubscribes them whenever the stages run at once; on a 2-core VM, where
-        the tiny decoders split only their vocabulary product, one thread each against
-        two: batch-1 time a token 0.975x, 9 of 15 paired rounds, 4 groups 1.01x.)"""
+        one group alone (`cores.TurnCore`: the last of the node's cores). (Every stage
+        splitting over all the node's cores oversubscribes them whenever the stages run
+        at once; on a 2-core VM, where the tiny decoders split only their vocabulary
+        product, one thread each against two: batch-1 time a token 0.975x, 9 of 15
+        paired rounds, 4 groups 1.01x.)"""
         given = self.session.options.intra_op_num_threads
         over = 1 if self.pinned else max(int(sharing), 1)  # the stages its cores serve
         width = int(given) if given else int(stage_threads(-over) or 1)
@@ -315,7 +316,7 @@ class GenerationStage:
                 "cache_bytes": sum(g.cache_bytes for g in self.groups.values()),
                 "steps": self.steps, "step_s": self.step_s,
                 "sent_socket": self.link.sent_socket, "sent_ray": self.link.sent_ray,
-                "pushed": self.pushed, "remade": self.remade, "cores": _process_cores(),
+                "pushed": self.pushed, "remade": self.remade, "cores": usable_cores(os.getpid()),
                 "threads": self.runner.threads if self.runner is not None else None,
                 "spin_ms": self.spin.cap_s * 1e3, "spun_s": self.spin.spun_s,
                 "turn_core": self.turns.core, "turn_moves": self.turns.moves,
@@ -683,15 +684,6 @@ class GenerationStage:
         if self.part is None:
             return {}
         return {p.name: self.limits.get(p.name) for p in self.cache_providers.values()}
-
-
-def _process_cores() -> list[int]:
-    """The cores this process's main thread may run on (a stepping thread on its turn
-    core, `cores.TurnCore`, is not the process's)."""
-    try:
-        return sorted(os.sched_getaffinity(os.getpid()))
-    except (AttributeError, OSError):
-        return []
 
 
 def _zeros(provider: Any, shape: tuple[int, ...], dtype: Any) -> Any:
