@@ -58,6 +58,8 @@ def _session_options(args: argparse.Namespace) -> dict[str, Any]:
         opts["stage_layers"] = args.stage_layers
     if getattr(args, "stage_spin_ms", None) is not None:
         opts["stage_spin_ms"] = args.stage_spin_ms
+    if getattr(args, "stage_cores", None):
+        opts["stage_cores"] = args.stage_cores
     return opts
 
 
@@ -320,6 +322,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a decoder on stage actors: how long a stage may poll for its next "
                             "step before it sleeps (default: 5 where a node has a core "
                             "beyond its stages, else 0: off)")
+        p.add_argument("--stage-cores", choices=["os", "auto"],
+                       help="a decoder on stage actors: 'auto' pins each stage's process to "
+                            "its own cores; 'os' leaves them to the OS, one group or several "
+                            "(default: the OS, but one group's stages step on one core where "
+                            "a node has no core beyond its stages)")
 
     r = sub.add_parser("run", help="run a model")
     r.add_argument("model")

@@ -129,9 +129,10 @@ def test_stage_options_reach_the_model():
                                       "ray", "--stage-layers", "3,1"])
     assert _session_options(args) == {"executor": "ray", "stage_layers": [3, 1]}
     args = build_parser().parse_args(["serve", "m.onnx", "--executor", "ray", "--stages", "3",
-                                      "--stage-layers", "1 2 1", "--stage-spin-ms", "0"])
+                                      "--stage-layers", "1 2 1", "--stage-spin-ms", "0",
+                                      "--stage-cores", "os"])
     assert _session_options(args) == {"executor": "ray", "stages": 3, "stage_layers": [1, 2, 1],
-                                      "stage_spin_ms": 0.0}
+                                      "stage_spin_ms": 0.0, "stage_cores": "os"}
 
 
 def test_stage_layers_that_are_not_counts_are_a_usage_error(capsys):
@@ -139,3 +140,10 @@ def test_stage_layers_that_are_not_counts_are_a_usage_error(capsys):
         main(["generate", "m.onnx", "--prompt-ids", "1", "--stage-layers", "3,x"])
     assert e.value.code == 2
     assert "--stage-layers: expects layer counts such as 3,1, got '3,x'" in capsys.readouterr().err
+
+
+def test_stage_cores_other_than_os_or_auto_are_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "m.onnx", "--prompt-ids", "1", "--stage-cores", "0,1"])
+    assert e.value.code == 2
+    assert "--stage-cores: invalid choice: '0,1'" in capsys.readouterr().err
